@@ -1,0 +1,52 @@
+//! `hl7gw`: flat, ack, send and receive — the integration engineer's HL7 v2 tool.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod commands;
+
+#[derive(Debug, Parser)]
+#[command(name = "hl7gw", version, about = "HL7 v2 tool of the hl7gw gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the canonical flat view of each file as one JSON line (see FLAT-FORMAT.md).
+    Flat {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the ACK the gateway would send for a message (segments on separate lines).
+    Ack {
+        file: PathBuf,
+        /// Outcome to acknowledge: accept, error or reject.
+        #[arg(long, default_value = "accept")]
+        outcome: commands::OutcomeArg,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Flat { files } => commands::flat(&files),
+        Command::Ack { file, outcome } => commands::ack(&file, outcome),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "hl7gw: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Reads a file, naming it in the error.
+fn read(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}

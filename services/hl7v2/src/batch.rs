@@ -1,0 +1,270 @@
+//! Batches: FHS/BHS ... BTS/FTS files split into their messages, with the trailer counts checked.
+
+use crate::flat::{FlatEntry, flatten};
+use crate::message::{Segment, Span, body_start, index_segments, read_delimiters};
+use crate::{Delimiters, Message, ParseError};
+
+/// Why a batch file could not be split.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError {
+    /// The file does not start with FHS, BHS or MSH.
+    #[error("batch does not start with FHS, BHS or MSH at byte {offset}")]
+    NotABatch { offset: usize },
+    /// The batch header itself is unusable.
+    #[error("batch header: {0}")]
+    Header(ParseError),
+    /// A segment stands outside any message where only FHS/BHS/BTS/FTS may.
+    #[error("segment outside a message at byte {offset}")]
+    StraySegment { offset: usize },
+    /// An embedded message failed to parse.
+    #[error("message {index} of the batch: {source}")]
+    Message {
+        index: usize,
+        #[source]
+        source: ParseError,
+    },
+}
+
+/// A count in a trailer that disagrees with what the file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountMismatch {
+    /// `BTS` (messages in a batch) or `FTS` (batches in the file).
+    pub trailer: &'static str,
+    /// Which batch (0-based) for BTS; 0 for FTS.
+    pub batch: usize,
+    /// What the trailer says.
+    pub declared: u64,
+    /// What was counted.
+    pub actual: u64,
+}
+
+/// One BHS ... BTS group (or the implicit group of a file without BHS).
+#[derive(Debug, Clone)]
+pub struct SubBatch<'a> {
+    pub header: Option<Segment<'a>>,
+    pub trailer: Option<Segment<'a>>,
+    pub messages: Vec<Message<'a>>,
+}
+
+/// A parsed batch file.
+#[derive(Debug, Clone)]
+pub struct Batch<'a> {
+    delims: Delimiters,
+    segments: Vec<Span>,
+    input: &'a [u8],
+    pub file_header: Option<Segment<'a>>,
+    pub file_trailer: Option<Segment<'a>>,
+    pub batches: Vec<SubBatch<'a>>,
+}
+
+/// True when the input (after BOM and leading blank lines) starts with FHS or BHS.
+pub fn is_batch(input: &[u8]) -> bool {
+    let b = &input[body_start(input)..];
+    b.starts_with(b"FHS") || b.starts_with(b"BHS")
+}
+
+impl<'a> Batch<'a> {
+    /// Splits a batch file into its messages; every message must parse.
+    pub fn parse(input: &'a [u8]) -> Result<Self, BatchError> {
+        let start = body_start(input);
+        let b = &input[start..];
+        if !(b.starts_with(b"FHS") || b.starts_with(b"BHS") || b.starts_with(b"MSH")) {
+            return Err(BatchError::NotABatch { offset: start });
+        }
+        let delims = read_delimiters(input, start).map_err(BatchError::Header)?;
+        let mut segments = Vec::with_capacity(input.len() / 48 + 4);
+        index_segments(input, start, input.len(), delims.field, &mut segments)
+            .map_err(BatchError::Header)?;
+        let seg = |i: usize| {
+            let s: Span = segments[i];
+            Segment::new(&input[s.start as usize..s.end as usize], delims, i == 0)
+        };
+        let mut file_header = None;
+        let mut file_trailer = None;
+        let mut batches: Vec<SubBatch<'a>> = Vec::new();
+        let mut index = 0;
+        let mut i = 0;
+        while i < segments.len() {
+            let s = seg(i);
+            match s.name() {
+                b"FHS" if i == 0 => file_header = Some(s),
+                b"FTS" => file_trailer = Some(s),
+                b"BHS" => batches.push(SubBatch {
+                    header: Some(s),
+                    trailer: None,
+                    messages: Vec::new(),
+                }),
+                b"BTS" => match batches.last_mut() {
+                    Some(last) if last.trailer.is_none() => last.trailer = Some(s),
+                    _ => batches.push(SubBatch {
+                        header: None,
+                        trailer: Some(s),
+                        messages: Vec::new(),
+                    }),
+                },
+                b"MSH" => {
+                    let mut j = i + 1;
+                    while j < segments.len()
+                        && !matches!(seg(j).name(), b"MSH" | b"BHS" | b"BTS" | b"FHS" | b"FTS")
+                    {
+                        j += 1;
+                    }
+                    let from = segments[i].start as usize;
+                    let to = segments.get(j).map_or(input.len(), |s| s.start as usize);
+                    let msg =
+                        Message::parse(&input[from..to]).map_err(|source| BatchError::Message {
+                            index,
+                            source: shift(source, from),
+                        })?;
+                    index += 1;
+                    match batches.last_mut() {
+                        Some(last) if last.trailer.is_none() => last.messages.push(msg),
+                        _ => batches.push(SubBatch {
+                            header: None,
+                            trailer: None,
+                            messages: vec![msg],
+                        }),
+                    }
+                    i = j;
+                    continue;
+                }
+                _ => {
+                    return Err(BatchError::StraySegment {
+                        offset: segments[i].start as usize,
+                    });
+                }
+            }
+            i += 1;
+        }
+        Ok(Self {
+            delims,
+            segments,
+            input,
+            file_header,
+            file_trailer,
+            batches,
+        })
+    }
+
+    /// Every message of every batch, in order.
+    pub fn messages(&self) -> impl Iterator<Item = &Message<'a>> {
+        self.batches.iter().flat_map(|b| b.messages.iter())
+    }
+
+    /// Trailer counts (BTS-1, FTS-1) that disagree with the messages and batches present.
+    pub fn count_mismatches(&self) -> Vec<CountMismatch> {
+        let mut out = Vec::new();
+        for (n, b) in self.batches.iter().enumerate() {
+            if let Some(declared) = b.trailer.and_then(|t| count_field(&t)) {
+                let actual = b.messages.len() as u64;
+                if declared != actual {
+                    out.push(CountMismatch {
+                        trailer: "BTS",
+                        batch: n,
+                        declared,
+                        actual,
+                    });
+                }
+            }
+        }
+        if let Some(declared) = self.file_trailer.and_then(|t| count_field(&t)) {
+            let actual = self.batches.len() as u64;
+            if declared != actual {
+                out.push(CountMismatch {
+                    trailer: "FTS",
+                    batch: 0,
+                    declared,
+                    actual,
+                });
+            }
+        }
+        out
+    }
+
+    /// The flat view of the whole file, occurrences counted over all its segments.
+    pub fn flat(&self) -> Vec<FlatEntry<'a>> {
+        let input = self.input;
+        let d = self.delims;
+        flatten(
+            self.segments.iter().enumerate().map(move |(i, s)| {
+                Segment::new(&input[s.start as usize..s.end as usize], d, i == 0)
+            }),
+        )
+    }
+}
+
+fn count_field(s: &Segment<'_>) -> Option<u64> {
+    let v = s.field(1)?.raw();
+    std::str::from_utf8(v).ok()?.trim().parse().ok()
+}
+
+/// Re-bases a parse error's offset from a message inside the batch to the batch input.
+fn shift(e: ParseError, by: usize) -> ParseError {
+    use ParseError::*;
+    match e {
+        MissingMsh { offset } => MissingMsh {
+            offset: offset + by,
+        },
+        MissingFieldSeparator { offset } => MissingFieldSeparator {
+            offset: offset + by,
+        },
+        BadEncodingCharacters { offset } => BadEncodingCharacters {
+            offset: offset + by,
+        },
+        BadSegmentName { offset } => BadSegmentName {
+            offset: offset + by,
+        },
+        TooFewFields { offset } => TooFewFields {
+            offset: offset + by,
+        },
+        MissingMessageType { offset } => MissingMessageType {
+            offset: offset + by,
+        },
+        MissingVersion { offset } => MissingVersion {
+            offset: offset + by,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &[u8] = b"FHS|^~\\&|APP\rBHS|^~\\&|APP\r\
+MSH|^~\\&|A|B|C|D|2020||ADT^A01|1|P|2.5\rPID|1\r\
+MSH|^~\\&|A|B|C|D|2020||ADT^A08|2|P|2.5\rPID|2\r\
+BTS|2\rFTS|1\r";
+
+    #[test]
+    fn splits_messages_and_checks_counts() {
+        let b = Batch::parse(FILE).unwrap();
+        let ids: Vec<_> = b.messages().map(|m| m.header().control_id).collect();
+        assert_eq!(ids, [&b"1"[..], b"2"]);
+        assert!(b.count_mismatches().is_empty());
+        assert_eq!(b.messages().nth(1).unwrap().get("PID-1"), Some(&b"2"[..]));
+        assert!(is_batch(FILE));
+    }
+
+    #[test]
+    fn reports_disagreeing_trailers() {
+        let f = String::from_utf8_lossy(FILE)
+            .replace("BTS|2", "BTS|3")
+            .replace("FTS|1", "FTS|2");
+        let b = Batch::parse(f.as_bytes()).unwrap();
+        let m = b.count_mismatches();
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].trailer, m[0].declared, m[0].actual), ("BTS", 3, 2));
+        assert_eq!((m[1].trailer, m[1].declared, m[1].actual), ("FTS", 2, 1));
+    }
+
+    #[test]
+    fn a_bad_message_fails_the_batch() {
+        let f = String::from_utf8_lossy(FILE).replace("ADT^A08", "");
+        let e = Batch::parse(f.as_bytes()).unwrap_err();
+        assert!(matches!(e, BatchError::Message { index: 1, .. }), "{e}");
+        let e = Batch::parse(b"FHS|^~\\&\rPID|1\r").unwrap_err();
+        assert!(matches!(e, BatchError::StraySegment { .. }));
+    }
+}
