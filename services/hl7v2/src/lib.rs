@@ -43,3 +43,5 @@ pub mod ack;
 pub use ack::{AckCode, AckError, AckIds, Outcome, write_ack};
 pub mod edit;
 pub use edit::{Edit, EditError};
+pub mod mllp;
+pub use mllp::{MllpCodec, MllpError};
