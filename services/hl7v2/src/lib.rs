@@ -45,3 +45,5 @@ pub mod edit;
 pub use edit::{Edit, EditError};
 pub mod mllp;
 pub use mllp::{MllpCodec, MllpError};
+pub mod charset;
+pub use charset::{Charset, CharsetError, TextDecoder};
