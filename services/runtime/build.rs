@@ -1,0 +1,17 @@
+//! Compiles proto/hl7gw/v1/*.proto with protox (pure Rust: no system protoc) and tonic-prost-build.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = ["hl7gw/v1/envelope.proto", "hl7gw/v1/ingest.proto"];
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", root.join(f).display());
+    }
+    let fds = protox::compile(files, [&root])?;
+    tonic_prost_build::configure()
+        // `bytes` fields as `bytes::Bytes`: the envelope carries the MLLP frame without copying it.
+        .bytes(".")
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

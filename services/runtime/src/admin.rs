@@ -1,0 +1,93 @@
+//! The admin HTTP server: `/healthz` (alive), `/readyz` (ready for traffic), `/metrics` (Prometheus text).
+
+use crate::metrics::{Registry, render};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// What readiness is made of: the dependency (Kafka) answers and the service is not draining.
+#[derive(Debug, Default)]
+pub struct Health {
+    dependency_ok: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Health {
+    /// Records whether the dependency answered its last probe.
+    pub fn set_dependency_ok(&self, ok: bool) {
+        self.dependency_ok.store(ok, Ordering::Relaxed);
+    }
+
+    /// Marks the service as draining: never ready again.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// True while the service should get traffic.
+    pub fn is_ready(&self) -> bool {
+        self.dependency_ok.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// True once draining started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    health: Arc<Health>,
+    registry: Arc<Registry>,
+}
+
+/// Binds the admin server; it serves until `stop` is cancelled.
+pub async fn serve(
+    addr: SocketAddr,
+    health: Arc<Health>,
+    registry: Arc<Registry>,
+    stop: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(AdminState { health, registry });
+    let handle = tokio::spawn(async move {
+        let res = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = res {
+            tracing::warn!(error = %e, "admin server stopped");
+        }
+    });
+    Ok((local, handle))
+}
+
+async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    if s.health.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else if s.health.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        render(&s.registry),
+    )
+}

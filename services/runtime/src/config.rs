@@ -1,0 +1,125 @@
+//! Config loading: defaults, then the YAML file (`--config`), then `HL7GW_...` environment variables, then
+//! command-line flags. Unknown keys and bad values are rejected before any port is bound.
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Yaml};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::path::Path;
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is missing or unreadable.
+    #[error("config file {path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A key is unknown, a value has the wrong type, or a YAML document is malformed.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    /// The values are well-typed but do not make sense together.
+    #[error("invalid configuration: {0}")]
+    Rule(String),
+}
+
+/// Loads a service config: `T::default()`, overlaid by the YAML file, by `HL7GW_` environment variables
+/// (`HL7GW_MLLP_ADDR` sets `mllp_addr`, `HL7GW_TLS__CERT` sets `tls.cert`), and by `flags` (only the fields
+/// that are `Some` there; serialize them with `skip_serializing_if = "Option::is_none"`).
+pub fn load<T, F>(file: Option<&Path>, flags: &F) -> Result<T, ConfigError>
+where
+    T: DeserializeOwned + Serialize + Default,
+    F: Serialize,
+{
+    load_with_env(file, flags, Env::prefixed("HL7GW_").split("__"))
+}
+
+/// [`load`] with an explicit environment provider (tests use this to avoid process-global state).
+pub fn load_with_env<T, F>(file: Option<&Path>, flags: &F, env: Env) -> Result<T, ConfigError>
+where
+    T: DeserializeOwned + Serialize + Default,
+    F: Serialize,
+{
+    let mut fig = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::File {
+            path: path.display().to_string(),
+            source,
+        })?;
+        fig = fig.merge(Yaml::string(&text));
+    }
+    fig.merge(env)
+        .merge(Serialized::defaults(flags))
+        .extract()
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Cfg {
+        addr: String,
+        port: u16,
+        tls: Tls,
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Tls {
+        cert: Option<String>,
+    }
+
+    #[derive(Serialize)]
+    struct Flags {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+    }
+
+    #[test]
+    fn layers_override_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.yaml");
+        std::fs::write(&file, "addr: from-file\nport: 1\ntls:\n  cert: a.pem\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("T_PORT", "2");
+            jail.set_env("T_TLS__CERT", "b.pem");
+            let env = Env::prefixed("T_").split("__");
+            let c: Cfg = load_with_env(Some(&file), &Flags { port: None }, env.clone()).unwrap();
+            assert_eq!(c.addr, "from-file");
+            assert_eq!(c.port, 2);
+            assert_eq!(c.tls.cert.as_deref(), Some("b.pem"));
+            let c: Cfg = load_with_env(Some(&file), &Flags { port: Some(3) }, env).unwrap();
+            assert_eq!(c.port, 3);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.yaml");
+        std::fs::write(&file, "adr: typo\n").unwrap();
+        let none = Flags { port: None };
+        let env = || Env::prefixed("NOTHING_SET_");
+        assert!(load_with_env::<Cfg, _>(Some(&file), &none, env()).is_err());
+        std::fs::write(&file, "port: not-a-number\n").unwrap();
+        assert!(load_with_env::<Cfg, _>(Some(&file), &none, env()).is_err());
+        let missing = dir.path().join("missing.yaml");
+        assert!(matches!(
+            load_with_env::<Cfg, _>(Some(&missing), &none, env()),
+            Err(ConfigError::File { .. })
+        ));
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("T_PROT", "1");
+            assert!(load_with_env::<Cfg, _>(None, &none, Env::prefixed("T_")).is_err());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,95 @@
+//! Helpers around the `Envelope` contract: ids, timestamps, header text, Kafka headers.
+
+use crate::proto::v1::{Envelope, Header};
+use hl7v2::Charset;
+use std::time::SystemTime;
+
+/// Kafka header names consumers filter on (the envelope repeats them).
+pub mod headers {
+    pub const TYPE: &str = "hl7.type";
+    pub const CONTROL_ID: &str = "hl7.control_id";
+    pub const TRACEPARENT: &str = "traceparent";
+    pub const CONTENT_TYPE: &str = "content-type";
+    /// The value of `content-type` on every hl7gw record.
+    pub const ENVELOPE_CONTENT_TYPE: &str = "application/x-protobuf; messageType=hl7gw.v1.Envelope";
+}
+
+/// A new time-ordered envelope id (UUIDv7).
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A protobuf timestamp for `t`.
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+/// Decodes header bytes as text in `charset`, falling back to one char per byte when they are not valid in it.
+pub fn text(bytes: &[u8], charset: Charset) -> String {
+    match charset.decode(bytes) {
+        Ok(s) => s.into_owned(),
+        Err(_) => bytes.iter().map(|&b| char::from(b)).collect(),
+    }
+}
+
+/// The envelope's header from a parsed MSH.
+pub fn header(h: &hl7v2::Header<'_>, charset: Charset) -> Header {
+    let t = |b: &[u8]| text(b, charset);
+    Header {
+        message_type: t(h.message_type),
+        trigger_event: t(h.trigger_event),
+        structure: t(h.structure),
+        control_id: t(h.control_id),
+        version: t(h.version),
+        processing_id: t(h.processing_id),
+        sending_application: t(h.sending_application),
+        sending_facility: t(h.sending_facility),
+        receiving_application: t(h.receiving_application),
+        receiving_facility: t(h.receiving_facility),
+        accept_ack_type: t(h.accept_ack_type),
+        application_ack_type: t(h.application_ack_type),
+        timestamp: t(h.timestamp),
+    }
+}
+
+/// Encodes an envelope into `buf` (cleared first), for a Kafka value.
+pub fn encode_into(env: &Envelope, buf: &mut Vec<u8>) {
+    use prost::Message;
+    buf.clear();
+    buf.reserve(env.encoded_len());
+    // Encoding into a Vec cannot run out of space.
+    let _ = env.encode(buf);
+}
+
+/// Decodes an envelope from a Kafka value.
+pub fn decode(bytes: &[u8]) -> Result<Envelope, prost::DecodeError> {
+    use prost::Message;
+    Envelope::decode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_time_ordered_and_round_trip() {
+        let a = new_id();
+        let b = new_id();
+        assert!(a < b, "{a} {b}");
+        let env = Envelope {
+            id: a.clone(),
+            raw: bytes::Bytes::from_static(b"MSH|^~\\&|x"),
+            received_at: Some(timestamp(SystemTime::now())),
+            ..Envelope::default()
+        };
+        let mut buf = Vec::new();
+        encode_into(&env, &mut buf);
+        assert_eq!(decode(&buf).unwrap(), env);
+    }
+
+    #[test]
+    fn header_text_falls_back_per_byte() {
+        assert_eq!(text(b"H\xf4pital", Charset::Utf8), "H\u{f4}pital");
+        assert_eq!(text("Hôpital".as_bytes(), Charset::Utf8), "Hôpital");
+    }
+}

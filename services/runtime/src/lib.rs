@@ -1,0 +1,30 @@
+//! hl7gw-runtime: what every hl7gw service shares — config loading, telemetry, metrics, Kafka client setup,
+//! the envelope contract, shutdown, and the admin HTTP server.
+
+pub mod proto {
+    //! Generated from `proto/hl7gw/v1`.
+    #![allow(
+        missing_docs,
+        missing_debug_implementations,
+        clippy::all,
+        clippy::pedantic
+    )]
+    pub mod v1 {
+        tonic::include_proto!("hl7gw.v1");
+    }
+}
+
+pub mod admin;
+pub mod config;
+pub mod envelope;
+pub mod kafka;
+pub mod metrics;
+pub mod shutdown;
+pub mod telemetry;
+
+/// This process's pod name: `POD_NAME` (set by the chart from the downward API), else `HOSTNAME`.
+pub fn pod_name() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "local".to_owned())
+}

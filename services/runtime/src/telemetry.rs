@@ -1,0 +1,113 @@
+//! Logs and traces: `tracing` to stderr (text or JSON), OpenTelemetry spans exported over OTLP when the
+//! standard `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace context in and out of Kafka headers.
+//!
+//! Spans and log lines carry message type, control id, facility names, sizes and codes, never patient data.
+
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Keeps the tracer provider alive; flushes spans when dropped.
+#[derive(Debug)]
+pub struct TelemetryGuard {
+    provider: SdkTracerProvider,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// Why telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+    #[error("tracing subscriber: {0}")]
+    Subscriber(String),
+}
+
+/// Installs the global subscriber: `RUST_LOG` filter (default `info`), text or JSON lines on stderr, and the
+/// OpenTelemetry layer (exporting only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).
+pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, TelemetryError> {
+    let mut builder = SdkTracerProvider::builder().with_resource(
+        opentelemetry_sdk::Resource::builder()
+            .with_service_name(service)
+            .build(),
+    );
+    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        builder = builder.with_batch_exporter(exporter);
+    }
+    let provider = builder.build();
+    let tracer = provider.tracer(service);
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let otel = tracing_opentelemetry::layer().with_tracer(tracer);
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    let res = if json {
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()
+    } else {
+        registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init()
+    };
+    res.map_err(|e| TelemetryError::Subscriber(e.to_string()))?;
+    Ok(TelemetryGuard { provider })
+}
+
+/// The W3C `traceparent` and `tracestate` of a span (empty strings when it has no valid context).
+pub fn trace_context(span: &tracing::Span) -> (String, String) {
+    #[derive(Default)]
+    struct Capture(String, String);
+    impl Injector for Capture {
+        fn set(&mut self, key: &str, value: String) {
+            match key {
+                "traceparent" => self.0 = value,
+                "tracestate" => self.1 = value,
+                _ => {}
+            }
+        }
+    }
+    let cx = span.context();
+    let mut c = Capture::default();
+    TraceContextPropagator::new().inject_context(&cx, &mut c);
+    (c.0, c.1)
+}
+
+/// Makes `span` a child of the remote context in `traceparent`/`tracestate` (from a Kafka header or envelope).
+pub fn set_parent(span: &tracing::Span, traceparent: &str, tracestate: &str) {
+    struct Carrier<'a>(&'a str, &'a str);
+    impl Extractor for Carrier<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            match key {
+                "traceparent" => Some(self.0),
+                "tracestate" => Some(self.1),
+                _ => None,
+            }
+        }
+        fn keys(&self) -> Vec<&str> {
+            vec!["traceparent", "tracestate"]
+        }
+    }
+    if traceparent.is_empty() {
+        return;
+    }
+    let cx = TraceContextPropagator::new().extract(&Carrier(traceparent, tracestate));
+    let _ = span.set_parent(cx);
+}
