@@ -1,0 +1,264 @@
+//! The ingress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables and
+//! the main ones by flags. Read and validated before any port is bound.
+
+use hl7gw_runtime::config::ConfigError;
+use hl7gw_runtime::kafka::KafkaSettings;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When the sender gets its accept ACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AckMode {
+    /// AA/CA only after Kafka confirmed the write (acks=all). The default.
+    Durable,
+    /// AA/CA after parsing; the publish happens behind it (a crash or a Kafka outage can lose ACKed messages).
+    Fast,
+}
+
+/// What a sender gets when Kafka does not confirm a write within `ack_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    /// AR/CR with ERR 207 ("system unavailable"): the sender may resend.
+    Nak,
+    /// No answer; the connection is closed, so the sender resends.
+    Close,
+}
+
+/// TLS for the MLLP listener (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Server certificate chain.
+    pub cert: PathBuf,
+    /// Server private key.
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (mutual TLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The whole ingress configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// MLLP listener address.
+    pub mllp_addr: SocketAddr,
+    /// gRPC (Ingest + health) listener address.
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP (`/healthz`, `/readyz`, `/metrics`) address.
+    pub admin_addr: SocketAddr,
+    /// Kafka bootstrap servers.
+    pub kafka_brokers: String,
+    /// Topic for accepted messages.
+    pub inbound_topic: String,
+    /// Topic for rejected input, with the reason.
+    pub dlq_topic: String,
+    /// `durable` (default) or `fast`.
+    pub ack_mode: AckMode,
+    /// How long a message may wait for Kafka's confirmation before the sender gets `on_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub ack_timeout: Duration,
+    /// `nak` (AR/CR with ERR 207) or `close` (no answer, connection closed).
+    pub on_timeout: OnTimeout,
+    /// Terser paths whose values, joined by `|`, make the Kafka key (keeps one patient in one partition).
+    pub key_paths: Vec<String>,
+    /// Largest MLLP payload accepted, in bytes.
+    pub max_frame_bytes: usize,
+    /// Most simultaneous MLLP connections; further connections wait in the accept backlog.
+    pub max_connections: usize,
+    /// A connection with no frame started for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// A frame that stalls for this long between reads is dropped and the connection closed.
+    #[serde(with = "humantime_serde")]
+    pub frame_timeout: Duration,
+    /// Messages of one connection that may wait for Kafka at once (frames beyond wait, in order).
+    pub max_in_flight_per_connection: usize,
+    /// Messages per second one connection may send (0: unlimited); faster senders are slowed, not refused.
+    pub rate_limit_per_connection: f64,
+    /// A repeated (sending application, sending facility, MSH-10) within this window gets the first ACK
+    /// again and is not published twice (0s: off).
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Duration,
+    /// Most remembered messages for duplicate detection.
+    pub duplicate_capacity: usize,
+    /// MLLP release 2: answer each frame with a commit acknowledgement block (0x06 / 0x15) instead of an
+    /// HL7 ACK message.
+    pub mllp2_commit_acks: bool,
+    /// Expect a PROXY protocol v1/v2 header on each connection (behind a load balancer that sends one).
+    pub proxy_protocol: bool,
+    /// TLS for the MLLP listener; absent means plain TCP.
+    pub tls: Option<TlsConfig>,
+    /// Character set of messages without MSH-18 (a table 0211 value).
+    pub charset_fallback: String,
+    /// MSH-12 versions accepted (prefix match: "2.5" accepts "2.5.1").
+    pub versions: Vec<String>,
+    /// MSH-11.1 processing ids accepted (empty: any).
+    pub processing_ids: Vec<String>,
+    /// Longest a SIGTERM drain may take before the process exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Name of the MLLP listener in envelopes and metrics.
+    pub listener_name: String,
+    /// Log lines as JSON.
+    pub log_json: bool,
+    /// Kafka tuning.
+    pub kafka: KafkaSettings,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            mllp_addr: ([0, 0, 0, 0], 2575).into(),
+            grpc_addr: ([0, 0, 0, 0], 50051).into(),
+            admin_addr: ([0, 0, 0, 0], 9464).into(),
+            kafka_brokers: "127.0.0.1:9092".into(),
+            inbound_topic: "hl7.inbound".into(),
+            dlq_topic: "hl7.dlq".into(),
+            ack_mode: AckMode::Durable,
+            ack_timeout: Duration::from_secs(5),
+            on_timeout: OnTimeout::Nak,
+            key_paths: vec!["MSH-4".into(), "PID-3-1".into()],
+            max_frame_bytes: hl7v2::mllp::DEFAULT_MAX_FRAME,
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(300),
+            frame_timeout: Duration::from_secs(30),
+            max_in_flight_per_connection: 256,
+            rate_limit_per_connection: 0.0,
+            duplicate_window: Duration::from_secs(600),
+            duplicate_capacity: 200_000,
+            mllp2_commit_acks: false,
+            proxy_protocol: false,
+            tls: None,
+            charset_fallback: "UNICODE UTF-8".into(),
+            versions: [
+                "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9",
+            ]
+            .map(String::from)
+            .to_vec(),
+            processing_ids: vec!["P".into(), "D".into(), "T".into()],
+            drain_timeout: Duration::from_secs(20),
+            listener_name: "mllp".into(),
+            log_json: false,
+            kafka: KafkaSettings::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the rules serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
+        if self.kafka_brokers.trim().is_empty() {
+            return rule("kafka_brokers is empty");
+        }
+        if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() {
+            return rule("inbound_topic and dlq_topic must be set");
+        }
+        if self.ack_timeout.is_zero() {
+            return rule("ack_timeout must be more than 0");
+        }
+        if self.max_frame_bytes < 64 {
+            return rule("max_frame_bytes must be at least 64");
+        }
+        if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
+            return rule("max_connections and max_in_flight_per_connection must be at least 1");
+        }
+        if self.idle_timeout.is_zero() || self.frame_timeout.is_zero() {
+            return rule("idle_timeout and frame_timeout must be more than 0");
+        }
+        if !(self.rate_limit_per_connection >= 0.0 && self.rate_limit_per_connection.is_finite()) {
+            return rule("rate_limit_per_connection must be 0 or a positive number");
+        }
+        if self.key_paths.is_empty() {
+            return rule("key_paths needs at least one terser path");
+        }
+        for p in &self.key_paths {
+            if let Err(e) = hl7v2::Path::parse(p) {
+                return Err(ConfigError::Rule(format!("key_paths: {e}")));
+            }
+        }
+        if let Err(e) = hl7v2::Charset::from_msh18(self.charset_fallback.as_bytes()) {
+            return Err(ConfigError::Rule(format!(
+                "charset_fallback {:?}: {e}",
+                self.charset_fallback
+            )));
+        }
+        if self.versions.is_empty() {
+            return rule("versions must list at least one HL7 version");
+        }
+        if let Some(tls) = &self.tls {
+            for (what, p) in [("tls.cert", Some(&tls.cert)), ("tls.key", Some(&tls.key))]
+                .into_iter()
+                .chain([("tls.client_ca", tls.client_ca.as_ref())])
+            {
+                if let Some(p) = p
+                    && !p.is_file()
+                {
+                    return Err(ConfigError::Rule(format!(
+                        "{what}: {} is not a file",
+                        p.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_design() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.mllp_addr.port(), 2575);
+        assert_eq!(c.grpc_addr.port(), 50051);
+        assert_eq!(c.admin_addr.port(), 9464);
+        assert_eq!(c.ack_mode, AckMode::Durable);
+        assert_eq!(c.inbound_topic, "hl7.inbound");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let bad = [
+            Config {
+                ack_timeout: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                key_paths: vec!["PID".into()],
+                ..Config::default()
+            },
+            Config {
+                charset_fallback: "EBCDIC".into(),
+                ..Config::default()
+            },
+            Config {
+                max_frame_bytes: 1,
+                ..Config::default()
+            },
+            Config {
+                rate_limit_per_connection: -1.0,
+                ..Config::default()
+            },
+            Config {
+                tls: Some(TlsConfig {
+                    cert: "/nonexistent.pem".into(),
+                    key: "/nonexistent.key".into(),
+                    client_ca: None,
+                }),
+                ..Config::default()
+            },
+        ];
+        for c in bad {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
+    }
+}

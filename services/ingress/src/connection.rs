@@ -1,0 +1,226 @@
+//! One MLLP connection: a reader that frames, submits and queues messages in arrival order, and a writer that
+//! answers them in the same order as Kafka confirms them. At most `max_in_flight_per_connection` wait at once.
+
+use crate::config::Config;
+use crate::metrics::IngressMetrics;
+use crate::pipeline::{Action, Origin, Pending, Pipeline};
+use bytes::BytesMut;
+use hl7v2::mllp::{CR, EB, MllpCodec, MllpError, SB};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::codec::{Decoder, Encoder};
+use tokio_util::sync::CancellationToken;
+
+/// MLLP release 2 commit acknowledgement bytes.
+const COMMIT_ACK: u8 = 0x06;
+const COMMIT_NAK: u8 = 0x15;
+
+/// Serves one connection until the peer closes, a timeout fires, or `stop` (drain) is cancelled between
+/// frames. Messages already read are always answered before the connection closes.
+pub async fn serve<S>(
+    stream: S,
+    origin: Origin,
+    pipe: Arc<Pipeline>,
+    cfg: Arc<Config>,
+    stop: CancellationToken,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut rd, wr) = tokio::io::split(stream);
+    let (tx, rx) = mpsc::channel::<Pending>(cfg.max_in_flight_per_connection);
+    let closing = CancellationToken::new();
+    let writer = tokio::spawn(write_loop(
+        wr,
+        rx,
+        pipe.clone(),
+        cfg.mllp2_commit_acks,
+        closing.clone(),
+    ));
+    let m = &pipe.metrics;
+    let mut codec = MllpCodec::new(cfg.max_frame_bytes);
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let mut sequence = 0u64;
+    let mut skipped = 0u64;
+    let mut limiter = RateLimiter::new(cfg.rate_limit_per_connection);
+    'conn: loop {
+        loop {
+            match codec.decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    m.frames.inc();
+                    limiter.wait().await;
+                    sequence += 1;
+                    let p = pipe.submit(frame.freeze(), &origin, sequence);
+                    if tx.send(p).await.is_err() {
+                        break 'conn;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    m.framing_error(e.kind(), &origin.peer);
+                    let text = match e {
+                        MllpError::FrameTooLarge { limit } => {
+                            format!("message larger than the {limit}-byte limit")
+                        }
+                        MllpError::MissingCarriageReturn => {
+                            "MLLP end block not followed by CR".to_owned()
+                        }
+                        // The sender restarted a frame: the partial one was never complete, nothing to answer.
+                        MllpError::StartBlockInFrame { .. } => continue,
+                        MllpError::Truncated { .. } | MllpError::Io(_) => break 'conn,
+                        _ => break 'conn,
+                    };
+                    if tx
+                        .send(Pending::Ready(pipe.framing_reply(text)))
+                        .await
+                        .is_err()
+                    {
+                        break 'conn;
+                    }
+                }
+            }
+        }
+        let now_skipped = codec.skipped_bytes();
+        if now_skipped > skipped {
+            m.bytes_skipped.inc_by(now_skipped - skipped);
+            skipped = now_skipped;
+        }
+        let between_frames = codec.is_idle() && buf.is_empty();
+        let wait = if between_frames {
+            cfg.idle_timeout
+        } else {
+            cfg.frame_timeout
+        };
+        tokio::select! {
+            biased;
+            _ = closing.cancelled() => break,
+            _ = stop.cancelled(), if between_frames => break,
+            r = tokio::time::timeout(wait, rd.read_buf(&mut buf)) => match r {
+                Ok(Ok(0)) => {
+                    if !between_frames {
+                        m.framing_error("truncated", &origin.peer);
+                    }
+                    break;
+                }
+                Ok(Ok(n)) => {
+                    m.bytes_received.inc_by(n as u64);
+                }
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    if between_frames {
+                        tracing::debug!(peer = %origin.peer, "idle connection closed");
+                    } else {
+                        m.framing_error("frame_timeout", &origin.peer);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+async fn write_loop<W>(
+    mut wr: W,
+    mut rx: mpsc::Receiver<Pending>,
+    pipe: Arc<Pipeline>,
+    mllp2: bool,
+    closing: CancellationToken,
+) where
+    W: AsyncWrite + Unpin,
+{
+    let mut ack = Vec::with_capacity(512);
+    let mut out = BytesMut::with_capacity(4 * 1024);
+    let mut codec = MllpCodec::default();
+    while let Some(p) = rx.recv().await {
+        let reply = pipe.resolve(p).await;
+        if matches!(reply.action, Action::Close) {
+            closing.cancel();
+            break;
+        }
+        let code = pipe.render(&reply, &mut ack);
+        if mllp2 {
+            let b = if matches!(reply.action, Action::Accept | Action::Replay(_)) {
+                COMMIT_ACK
+            } else {
+                COMMIT_NAK
+            };
+            out.extend_from_slice(&[SB, b, EB, CR]);
+        } else if code.is_some() {
+            // Encoding into a BytesMut cannot fail.
+            let _ = codec.encode(&ack[..], &mut out);
+        }
+        if (rx.is_empty() || out.len() > 64 * 1024) && !out.is_empty() {
+            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
+                closing.cancel();
+                break;
+            }
+            out.clear();
+        }
+    }
+    if !out.is_empty() {
+        let _ = wr.write_all(&out).await;
+    }
+    let _ = wr.shutdown().await;
+    // Messages left unanswered (close on timeout, or the peer went away): the sender resends them.
+    rx.close();
+    while let Ok(p) = rx.try_recv() {
+        abandon(&pipe.metrics, p);
+    }
+}
+
+fn abandon(m: &IngressMetrics, p: Pending) {
+    if let Pending::Publishing { .. } = p {
+        m.in_flight.dec();
+    }
+}
+
+/// Spaces messages of one connection to at most `rate` per second (0: no limit).
+#[derive(Debug)]
+struct RateLimiter {
+    interval: Option<Duration>,
+    next: tokio::time::Instant,
+}
+
+impl RateLimiter {
+    fn new(rate: f64) -> Self {
+        Self {
+            interval: (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate)),
+            next: tokio::time::Instant::now(),
+        }
+    }
+
+    async fn wait(&mut self) {
+        let Some(iv) = self.interval else { return };
+        let now = tokio::time::Instant::now();
+        if self.next > now {
+            tokio::time::sleep_until(self.next).await;
+        }
+        self.next = self.next.max(now) + iv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limiter_spaces_messages() {
+        let mut l = RateLimiter::new(10.0);
+        let t0 = tokio::time::Instant::now();
+        for _ in 0..5 {
+            l.wait().await;
+        }
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_millis(500),
+            "{took:?}"
+        );
+        let mut off = RateLimiter::new(0.0);
+        let t1 = tokio::time::Instant::now();
+        off.wait().await;
+        assert_eq!(t1.elapsed(), Duration::ZERO);
+    }
+}

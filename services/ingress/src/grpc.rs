@@ -1,0 +1,184 @@
+//! gRPC `hl7gw.v1.Ingest` (same rules as MLLP) and `grpc.health.v1.Health`.
+
+use crate::config::Config;
+use crate::metrics::ProtocolLabels;
+use crate::pipeline::{Action, Origin, Pending, Pipeline, Reply};
+use hl7gw_runtime::proto::v1::ingest_server::{Ingest, IngestServer};
+use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The Ingest service.
+#[derive(Debug)]
+pub struct IngestService {
+    pipe: Arc<Pipeline>,
+    cfg: Arc<Config>,
+    streams: AtomicU64,
+}
+
+impl IngestService {
+    fn origin(&self, peer: Option<std::net::SocketAddr>) -> Origin {
+        let id = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
+        Origin {
+            listener: Arc::from("grpc"),
+            protocol: "grpc",
+            peer: peer.map(|p| p.to_string()).unwrap_or_default(),
+            connection_id: format!("grpc-{id}"),
+            tls_client: String::new(),
+        }
+    }
+
+    fn submit(&self, message: bytes::Bytes, origin: &Origin, seq: u64) -> Pending {
+        if message.len() > self.cfg.max_frame_bytes {
+            self.pipe
+                .metrics
+                .framing_error("frame_too_large", &origin.peer);
+            return Pending::Ready(self.pipe.framing_reply(format!(
+                "message larger than the {}-byte limit",
+                self.cfg.max_frame_bytes
+            )));
+        }
+        self.pipe.submit(message, origin, seq)
+    }
+
+    fn respond(pipe: &Pipeline, reply: Reply) -> Result<SendResponse, Status> {
+        if matches!(reply.action, Action::Close) {
+            return Err(Status::unavailable(
+                "Kafka did not confirm the write in time; resend",
+            ));
+        }
+        let mut ack = Vec::with_capacity(256);
+        let code = pipe.render(&reply, &mut ack);
+        let control_id = hl7v2::Header::salvage(&reply.frame).control_id;
+        Ok(SendResponse {
+            ack: ack.into(),
+            ack_code: code.map(|c| c.as_str().to_owned()).unwrap_or_default(),
+            control_id: String::from_utf8_lossy(control_id).into_owned(),
+            envelope_id: if matches!(reply.action, Action::Accept) {
+                reply.envelope_id.clone()
+            } else {
+                String::new()
+            },
+            reason: reply.reason().to_owned(),
+            duplicate: matches!(reply.action, Action::Replay(_)),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Ingest for IngestService {
+    async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
+        let origin = self.origin(req.remote_addr());
+        let m = &self.pipe.metrics;
+        m.connections
+            .get_or_create(&ProtocolLabels { protocol: "grpc" })
+            .inc();
+        let p = self.submit(req.into_inner().message, &origin, 1);
+        let reply = self.pipe.resolve(p).await;
+        Self::respond(&self.pipe, reply).map(Response::new)
+    }
+
+    type SendStreamStream = ReceiverStream<Result<SendResponse, Status>>;
+
+    async fn send_stream(
+        &self,
+        req: Request<Streaming<SendRequest>>,
+    ) -> Result<Response<Self::SendStreamStream>, Status> {
+        let origin = self.origin(req.remote_addr());
+        self.pipe
+            .metrics
+            .connections
+            .get_or_create(&ProtocolLabels { protocol: "grpc" })
+            .inc();
+        let mut inbound = req.into_inner();
+        let (pending_tx, mut pending_rx) =
+            mpsc::channel::<Pending>(self.cfg.max_in_flight_per_connection);
+        let (out_tx, out_rx) = mpsc::channel(self.cfg.max_in_flight_per_connection);
+        let pipe = self.pipe.clone();
+        // Answers in request order.
+        tokio::spawn(async move {
+            while let Some(p) = pending_rx.recv().await {
+                let reply = pipe.resolve(p).await;
+                let close = matches!(reply.action, Action::Close);
+                if out_tx.send(Self::respond(&pipe, reply)).await.is_err() || close {
+                    break;
+                }
+            }
+        });
+        let this = IngestService {
+            pipe: self.pipe.clone(),
+            cfg: self.cfg.clone(),
+            streams: AtomicU64::new(0),
+        };
+        tokio::spawn(async move {
+            let mut seq = 0u64;
+            while let Ok(Some(req)) = inbound.message().await {
+                seq += 1;
+                let p = this.submit(req.message, &origin, seq);
+                if pending_tx.send(p).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(out_rx)))
+    }
+}
+
+/// Serves Ingest and Health on `listener` until `stop`; health reports SERVING while `ready()` holds.
+pub async fn serve(
+    listener: TcpListener,
+    pipe: Arc<Pipeline>,
+    cfg: Arc<Config>,
+    health: Arc<hl7gw_runtime::admin::Health>,
+    stop: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let watch_stop = stop.clone();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let ready = health.is_ready();
+            if last != Some(ready) {
+                if ready {
+                    reporter.set_serving::<IngestServer<IngestService>>().await;
+                    reporter
+                        .set_service_status("", tonic_health::ServingStatus::Serving)
+                        .await;
+                } else {
+                    reporter
+                        .set_not_serving::<IngestServer<IngestService>>()
+                        .await;
+                    reporter
+                        .set_service_status("", tonic_health::ServingStatus::NotServing)
+                        .await;
+                }
+                last = Some(ready);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = watch_stop.cancelled() => {
+                    reporter.set_not_serving::<IngestServer<IngestService>>().await;
+                    reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+                    break;
+                }
+            }
+        }
+    });
+    let max = cfg.max_frame_bytes + 4096;
+    let svc = IngestServer::new(IngestService {
+        pipe,
+        cfg,
+        streams: AtomicU64::new(0),
+    })
+    .max_decoding_message_size(max);
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled())
+        .await
+}

@@ -1,0 +1,204 @@
+//! hl7gw-ingress: takes HL7 v2 messages over MLLP (TCP or TLS) and gRPC, publishes them to Kafka keyed by
+//! patient, and acknowledges them only once Kafka holds them (durable mode).
+//!
+//! [`run`] binds the listeners, serves until the shutdown token is cancelled, then drains: readiness goes
+//! false, the listeners stop, every message already read is answered, the producer flushes.
+
+pub mod config;
+pub mod connection;
+pub mod dedup;
+pub mod grpc;
+pub mod listener;
+pub mod metrics;
+pub mod pipeline;
+pub mod tls;
+
+use config::Config;
+use hl7gw_runtime::admin::{self, Health};
+use hl7gw_runtime::kafka::{ensure_topics, producer_config};
+use rdkafka::producer::{FutureProducer, Producer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Why the ingress could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    #[error(transparent)]
+    Config(#[from] hl7gw_runtime::config::ConfigError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("Kafka producer: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The addresses the ingress listens on (useful when the config asked for port 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub mllp: SocketAddr,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// Runs the ingress until `stop` is cancelled, then drains within `drain_timeout`. `on_bound` is called once
+/// every port is bound.
+pub async fn run(
+    cfg: Config,
+    stop: CancellationToken,
+    on_bound: impl FnOnce(Bound),
+) -> Result<(), IngressError> {
+    cfg.validate()?;
+    let cfg = Arc::new(cfg);
+    let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
+    let mut registry = hl7gw_runtime::metrics::registry();
+    let metrics = metrics::IngressMetrics::register(&mut registry);
+    let producer: FutureProducer = producer_config(
+        &cfg.kafka_brokers,
+        "hl7gw-ingress",
+        &cfg.kafka,
+        cfg.ack_timeout,
+    )
+    .create()?;
+
+    let bind = |what, addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| IngressError::Bind { what, addr, source })
+    };
+    let mllp = bind("MLLP", cfg.mllp_addr).await?;
+    let grpc = bind("gRPC", cfg.grpc_addr).await?;
+    let health = Arc::new(Health::default());
+    let admin_stop = CancellationToken::new();
+    let (admin_addr, admin_task) = admin::serve(
+        cfg.admin_addr,
+        health.clone(),
+        Arc::new(registry),
+        admin_stop.clone(),
+    )
+    .await
+    .map_err(|source| IngressError::Bind {
+        what: "admin HTTP",
+        addr: cfg.admin_addr,
+        source,
+    })?;
+    let bound = Bound {
+        mllp: mllp.local_addr().unwrap_or(cfg.mllp_addr),
+        grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
+        admin: admin_addr,
+    };
+    tracing::info!(mllp = %bound.mllp, grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
+    on_bound(bound);
+
+    let probe_stop = CancellationToken::new();
+    tokio::spawn(probe_kafka(
+        producer.clone(),
+        cfg.clone(),
+        health.clone(),
+        probe_stop.clone(),
+    ));
+
+    let pipe = Arc::new(pipeline::Pipeline::new(
+        cfg.clone(),
+        producer.clone(),
+        metrics,
+    ));
+    let tracker = TaskTracker::new();
+    let mllp_task = tokio::spawn(listener::serve(
+        mllp,
+        tls,
+        pipe.clone(),
+        cfg.clone(),
+        stop.clone(),
+        tracker.clone(),
+    ));
+    let grpc_task = tokio::spawn(grpc::serve(
+        grpc,
+        pipe.clone(),
+        cfg.clone(),
+        health.clone(),
+        stop.clone(),
+    ));
+
+    stop.cancelled().await;
+    let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
+    health.set_draining();
+    tracing::info!("draining: listener closed, answering messages in flight");
+    let _ = mllp_task.await;
+    tracker.close();
+    if tokio::time::timeout_at(deadline, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timeout: closing connections with messages still in flight");
+    }
+    let _ = tokio::time::timeout_at(deadline, grpc_task).await;
+    probe_stop.cancel();
+    let left = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(Duration::from_millis(100));
+    let p = producer.clone();
+    let flushed = tokio::task::spawn_blocking(move || p.flush(left)).await;
+    if !matches!(flushed, Ok(Ok(()))) {
+        tracing::warn!("producer flush incomplete at shutdown");
+    }
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    tracing::info!("ingress stopped");
+    Ok(())
+}
+
+/// Creates the topics when missing and keeps readiness in step with Kafka's answers.
+async fn probe_kafka(
+    producer: FutureProducer,
+    cfg: Arc<Config>,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) {
+    let mut topics_ready = false;
+    loop {
+        if !topics_ready {
+            match ensure_topics(
+                &cfg.kafka_brokers,
+                &cfg.kafka,
+                &[&cfg.inbound_topic, &cfg.dlq_topic],
+            )
+            .await
+            {
+                Ok(()) => topics_ready = true,
+                Err(e) => tracing::warn!(error = %e, "cannot create topics yet"),
+            }
+        }
+        let p = producer.clone();
+        let topic = cfg.inbound_topic.clone();
+        let ok = tokio::task::spawn_blocking(move || {
+            p.client()
+                .fetch_metadata(Some(&topic), Duration::from_secs(2))
+                .map(|m| {
+                    m.topics()
+                        .iter()
+                        .any(|t| t.error().is_none() && !t.partitions().is_empty())
+                })
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false);
+        if ok != health.is_ready() && !health.is_draining() {
+            tracing::info!(kafka_reachable = ok, "readiness changed");
+        }
+        health.set_dependency_ok(ok && topics_ready);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(if ok { 2 } else { 1 })) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! `hl7gw-ingress`: reads the config, starts telemetry, runs the ingress until SIGTERM.
+
+use anyhow::Context;
+use clap::Parser;
+use hl7gw_ingress::config::{AckMode, Config};
+use serde::Serialize;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+
+/// Flags override the config file and `HL7GW_...` variables.
+#[derive(Debug, Parser, Serialize)]
+#[command(
+    name = "hl7gw-ingress",
+    version,
+    about = "hl7gw ingress: MLLP/gRPC in, ACK once Kafka holds it"
+)]
+struct Flags {
+    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
+    #[arg(long, env = "HL7GW_CONFIG")]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    check_config: bool,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mllp_addr: Option<SocketAddr>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_addr: Option<SocketAddr>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kafka_brokers: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inbound_topic: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dlq_topic: Option<String>,
+    /// durable (ACK after Kafka confirmed) or fast (ACK after parse).
+    #[arg(long, value_parser = parse_mode)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ack_mode: Option<AckMode>,
+}
+
+fn parse_mode(s: &str) -> Result<AckMode, String> {
+    match s {
+        "durable" => Ok(AckMode::Durable),
+        "fast" => Ok(AckMode::Fast),
+        _ => Err("expected durable or fast".into()),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let flags = Flags::parse();
+    let cfg: Config = hl7gw_runtime::config::load(flags.config.as_deref(), &flags)?;
+    cfg.validate()?;
+    if flags.check_config {
+        println!("configuration is valid");
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let _telemetry = hl7gw_runtime::telemetry::init("hl7gw-ingress", cfg.log_json)?;
+        let stop = CancellationToken::new();
+        hl7gw_runtime::shutdown::cancel_on_signal(stop.clone());
+        hl7gw_ingress::run(cfg, stop, |b| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "hl7gw-ingress listening mllp={} grpc={} admin={}",
+                b.mllp, b.grpc, b.admin
+            );
+            let _ = out.flush();
+        })
+        .await?;
+        Ok(())
+    })
+}

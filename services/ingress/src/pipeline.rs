@@ -1,0 +1,735 @@
+//! One message's way through the ingress, shared by MLLP and gRPC: parse and validate the header, answer
+//! duplicates from memory, wrap the frame in an `Envelope`, publish it keyed by patient, and decide the ACK.
+//!
+//! `submit` does everything that needs no waiting and returns a [`Pending`]; `resolve` waits for Kafka's
+//! delivery report (durable mode) so a connection can keep several messages in flight and still answer them
+//! in order. The ACK bytes are written by `render` into the caller's reused buffer.
+
+use crate::config::{AckMode, Config, OnTimeout};
+use crate::dedup::{self, Dedup};
+use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
+use bytes::Bytes;
+use hl7gw_runtime::envelope::{self, headers};
+use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
+use hl7v2::ack::{
+    AckCode, AckError, AckIds, ErrorLocation, Outcome, Severity, accept_ack_wanted, ack_code,
+    hl7_timestamp, write_ack,
+};
+use hl7v2::{Charset, ErrorCode, Header, Message};
+use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime};
+use tracing::Span;
+
+/// Where messages come from: one per connection or gRPC stream.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub listener: Arc<str>,
+    pub protocol: &'static str,
+    pub peer: String,
+    pub connection_id: String,
+    pub tls_client: String,
+}
+
+/// Why a message gets a negative answer, as the ERR segment and the DLQ record say it.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    pub outcome: Outcome,
+    pub code: ErrorCode,
+    /// Bounded label: metrics, logs, DLQ record.
+    pub reason: &'static str,
+    /// Text for the sender (no message content).
+    pub text: String,
+    pub location: Option<(&'static [u8], usize)>,
+}
+
+/// What to answer.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Accepted (stored, or parsed in fast mode).
+    Accept,
+    /// Refused with a reason.
+    Reject(Rejected),
+    /// The first ACK of a duplicate, sent again.
+    Replay(Bytes),
+    /// Kafka did not confirm in time and the config says close: no answer, close the connection.
+    Close,
+}
+
+/// The answer to one message, before its bytes are written.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub action: Action,
+    /// The payload as received (its MSH is read again to address the ACK).
+    pub frame: Bytes,
+    /// The envelope published, if any.
+    pub envelope_id: String,
+    dedup_key: Option<Box<[u8]>>,
+}
+
+impl Reply {
+    /// The reason label for a negative answer ("" when accepted).
+    pub fn reason(&self) -> &'static str {
+        match &self.action {
+            Action::Reject(r) => r.reason,
+            Action::Close => "kafka_timeout",
+            _ => "",
+        }
+    }
+}
+
+/// A message whose answer may still depend on Kafka.
+pub enum Pending {
+    Ready(Reply),
+    Publishing {
+        frame: Bytes,
+        delivery: DeliveryFuture,
+        started: Instant,
+        envelope_id: String,
+        dedup_key: Option<Box<[u8]>>,
+        msg_type: MsgType,
+        span: Span,
+    },
+}
+
+/// The shared per-process message pipeline.
+pub struct Pipeline {
+    cfg: Arc<Config>,
+    producer: FutureProducer,
+    dedup: Dedup,
+    pub metrics: IngressMetrics,
+    key_paths: Vec<hl7v2::Path>,
+    fallback: Charset,
+    pod: String,
+    ack_prefix: [u8; 8],
+    ack_seq: AtomicU64,
+}
+
+impl Pipeline {
+    /// Builds the pipeline (the config was validated).
+    pub fn new(cfg: Arc<Config>, producer: FutureProducer, metrics: IngressMetrics) -> Self {
+        let key_paths = cfg
+            .key_paths
+            .iter()
+            .filter_map(|p| hl7v2::Path::parse(p).ok())
+            .collect();
+        let fallback =
+            Charset::from_msh18(cfg.charset_fallback.as_bytes()).unwrap_or(Charset::Utf8);
+        let start = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut ack_prefix = [0u8; 8];
+        let digits = b"0123456789ABCDEFGHIJKLMNOPQRSTUV";
+        let mut v = start ^ u64::from(std::process::id()).rotate_left(40);
+        for b in ack_prefix.iter_mut() {
+            *b = digits[(v & 31) as usize];
+            v >>= 5;
+        }
+        Self {
+            dedup: Dedup::new(cfg.duplicate_window, cfg.duplicate_capacity),
+            cfg,
+            producer,
+            metrics,
+            key_paths,
+            fallback,
+            pod: hl7gw_runtime::pod_name(),
+            ack_prefix,
+            ack_seq: AtomicU64::new(0),
+        }
+    }
+
+    /// The producer (flushed on shutdown).
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
+    /// Everything up to the publish: returns the answer, or the delivery to wait for.
+    pub fn submit(&self, frame: Bytes, origin: &Origin, sequence: u64) -> Pending {
+        let received = SystemTime::now();
+        let span = tracing::info_span!(
+            "hl7.ingest",
+            hl7.type = tracing::field::Empty,
+            hl7.control_id = tracing::field::Empty,
+            hl7.size = frame.len(),
+            hl7.ack = tracing::field::Empty,
+        );
+        let msg = match Message::parse(&frame) {
+            Ok(m) => m,
+            Err(e) => {
+                let r = Rejected {
+                    outcome: Outcome::Error,
+                    code: e.code(),
+                    reason: e.kind(),
+                    text: e.to_string(),
+                    location: None,
+                };
+                return Pending::Ready(self.reject(frame, r, origin, sequence, received));
+            }
+        };
+        let h = *msg.header();
+        let t = MsgType::new(h.message_type);
+        span.record("hl7.type", tracing::field::display(MsgTypeText(&h)));
+        span.record(
+            "hl7.control_id",
+            String::from_utf8_lossy(&h.control_id[..h.control_id.len().min(64)]).as_ref(),
+        );
+        let charset = match self.validate(&h, &frame) {
+            Ok(c) => c,
+            Err(r) => return Pending::Ready(self.reject(frame, r, origin, sequence, received)),
+        };
+        let dedup_key = self
+            .dedup
+            .enabled()
+            .then(|| dedup::key(h.sending_application, h.sending_facility, h.control_id));
+        if let Some(ack) = dedup_key
+            .as_deref()
+            .and_then(|k| self.dedup.lookup(k, Instant::now()))
+        {
+            self.metrics.message(t, outcome::DUPLICATE);
+            tracing::debug!(parent: &span, "duplicate: replaying the first ACK");
+            return Pending::Ready(Reply {
+                action: Action::Replay(ack),
+                frame,
+                envelope_id: String::new(),
+                dedup_key: None,
+            });
+        }
+        let key = self.kafka_key(&msg);
+        let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
+        let id = envelope::new_id();
+        let env = Envelope {
+            id: id.clone(),
+            received_at: Some(envelope::timestamp(received)),
+            source: Some(self.source(origin)),
+            raw: frame.clone(),
+            charset: charset_label(&h, &self.cfg.charset_fallback),
+            header: Some(envelope::header(&h, charset)),
+            trace: Some(TraceContext {
+                traceparent: traceparent.clone(),
+                tracestate,
+            }),
+            sequence,
+            attempts: 0,
+            stages: vec![Stage {
+                name: "ingress".into(),
+                at: Some(envelope::timestamp(received)),
+                pod: self.pod.clone(),
+            }],
+            rejection: None,
+            destination: String::new(),
+            key: String::from_utf8_lossy(&key).into_owned(),
+        };
+        let mut payload = Vec::new();
+        envelope::encode_into(&env, &mut payload);
+        let type_header = type_header(&h);
+        let hdrs = OwnedHeaders::new_with_capacity(4)
+            .insert(KafkaHeader {
+                key: headers::TYPE,
+                value: Some(&type_header),
+            })
+            .insert(KafkaHeader {
+                key: headers::CONTROL_ID,
+                value: Some(h.control_id),
+            })
+            .insert(KafkaHeader {
+                key: headers::TRACEPARENT,
+                value: Some(&traceparent),
+            })
+            .insert(KafkaHeader {
+                key: headers::CONTENT_TYPE,
+                value: Some(headers::ENVELOPE_CONTENT_TYPE),
+            });
+        let mut record = FutureRecord::to(&self.cfg.inbound_topic)
+            .payload(&payload)
+            .headers(hdrs);
+        if !key.is_empty() {
+            record = record.key(&key);
+        }
+        let started = Instant::now();
+        let delivery = match self.producer.send_result(record) {
+            Ok(d) => d,
+            Err((e, _)) => {
+                self.metrics
+                    .publish_failures
+                    .get_or_create(&ReasonLabels {
+                        reason: kafka_reason(&e),
+                    })
+                    .inc();
+                tracing::warn!(parent: &span, error = %e, "publish refused by the producer");
+                self.metrics.message(t, outcome::UNAVAILABLE);
+                return Pending::Ready(self.unavailable(frame, "kafka_unavailable"));
+            }
+        };
+        match self.cfg.ack_mode {
+            AckMode::Durable => {
+                self.metrics.in_flight.inc();
+                Pending::Publishing {
+                    frame,
+                    delivery,
+                    started,
+                    envelope_id: id,
+                    dedup_key,
+                    msg_type: t,
+                    span,
+                }
+            }
+            AckMode::Fast => {
+                self.metrics.message(t, outcome::ACCEPTED);
+                let metrics = self.metrics.clone();
+                tokio::spawn(async move {
+                    match delivery.await {
+                        Ok(Ok(_)) => metrics
+                            .publish_duration
+                            .observe(started.elapsed().as_secs_f64()),
+                        Ok(Err((e, _))) => {
+                            metrics
+                                .publish_failures
+                                .get_or_create(&ReasonLabels {
+                                    reason: kafka_reason(&e),
+                                })
+                                .inc();
+                            tracing::error!(parent: &span, error = %e, "fast mode: an ACKed message was not stored");
+                        }
+                        Err(_) => {
+                            metrics
+                                .publish_failures
+                                .get_or_create(&ReasonLabels { reason: "canceled" })
+                                .inc();
+                        }
+                    }
+                });
+                Pending::Ready(Reply {
+                    action: Action::Accept,
+                    frame,
+                    envelope_id: id,
+                    dedup_key,
+                })
+            }
+        }
+    }
+
+    /// Waits for Kafka's answer, bounded by `ack_timeout` from the publish.
+    pub async fn resolve(&self, p: Pending) -> Reply {
+        let (frame, delivery, started, envelope_id, dedup_key, msg_type, span) = match p {
+            Pending::Ready(r) => return r,
+            Pending::Publishing {
+                frame,
+                delivery,
+                started,
+                envelope_id,
+                dedup_key,
+                msg_type,
+                span,
+            } => (
+                frame,
+                delivery,
+                started,
+                envelope_id,
+                dedup_key,
+                msg_type,
+                span,
+            ),
+        };
+        let deadline = tokio::time::Instant::from_std(started + self.cfg.ack_timeout);
+        let res = tokio::time::timeout_at(deadline, delivery).await;
+        self.metrics.in_flight.dec();
+        match res {
+            Ok(Ok(Ok(_))) => {
+                self.metrics
+                    .publish_duration
+                    .observe(started.elapsed().as_secs_f64());
+                self.metrics.message(msg_type, outcome::ACCEPTED);
+                Reply {
+                    action: Action::Accept,
+                    frame,
+                    envelope_id,
+                    dedup_key,
+                }
+            }
+            Ok(Ok(Err((e, _)))) => {
+                self.metrics
+                    .publish_failures
+                    .get_or_create(&ReasonLabels {
+                        reason: kafka_reason(&e),
+                    })
+                    .inc();
+                tracing::warn!(parent: &span, error = %e, "Kafka did not store the message");
+                self.metrics.message(msg_type, outcome::UNAVAILABLE);
+                self.unavailable(frame, "kafka_unavailable")
+            }
+            Ok(Err(_)) => {
+                self.metrics.message(msg_type, outcome::UNAVAILABLE);
+                self.unavailable(frame, "kafka_unavailable")
+            }
+            Err(_) => {
+                self.metrics
+                    .publish_failures
+                    .get_or_create(&ReasonLabels { reason: "timeout" })
+                    .inc();
+                tracing::warn!(parent: &span, "Kafka did not confirm within ack_timeout");
+                self.metrics.message(msg_type, outcome::UNAVAILABLE);
+                match self.cfg.on_timeout {
+                    OnTimeout::Nak => self.unavailable(frame, "kafka_timeout"),
+                    OnTimeout::Close => Reply {
+                        action: Action::Close,
+                        frame,
+                        envelope_id: String::new(),
+                        dedup_key: None,
+                    },
+                }
+            }
+        }
+    }
+
+    /// Writes the ACK for `r` into `buf` (cleared first) and returns its code, or `None` when nothing is to be
+    /// sent (enhanced mode whose MSH-15 asks for no such ACK, or a close).
+    pub fn render(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {
+        buf.clear();
+        let (outcome, err) = match &r.action {
+            Action::Close => return None,
+            Action::Replay(ack) => {
+                buf.extend_from_slice(ack);
+                let code = replay_code(ack);
+                self.metrics.ack(code.map_or("unknown", AckCode::as_str));
+                return code;
+            }
+            Action::Accept => (Outcome::Accept, None),
+            Action::Reject(rej) => (
+                rej.outcome,
+                Some(AckError {
+                    code: rej.code,
+                    severity: Severity::Error,
+                    text: &rej.text,
+                    location: rej.location.map(|(segment, field)| ErrorLocation {
+                        segment,
+                        sequence: 1,
+                        field,
+                    }),
+                }),
+            ),
+        };
+        let h = Header::salvage(&r.frame);
+        if !accept_ack_wanted(&h, outcome) {
+            return None;
+        }
+        let code = ack_code(&h, outcome);
+        let mut id = [0u8; 28];
+        let n = self.next_ack_id(&mut id);
+        let ts = hl7_timestamp(SystemTime::now());
+        write_ack(
+            buf,
+            &h,
+            code,
+            err.as_ref(),
+            &AckIds {
+                control_id: &id[..n],
+                timestamp: &ts,
+            },
+        );
+        self.metrics.ack(code.as_str());
+        if outcome == Outcome::Accept
+            && let Some(k) = &r.dedup_key
+        {
+            self.dedup
+                .remember(k.clone(), Bytes::copy_from_slice(buf), Instant::now());
+        }
+        Some(code)
+    }
+
+    /// A NAK for a frame that never reached the parser (oversize, framing): AE with ERR 207 and the text.
+    pub fn framing_reply(&self, text: String) -> Reply {
+        Reply {
+            action: Action::Reject(Rejected {
+                outcome: Outcome::Error,
+                code: ErrorCode::ApplicationInternalError,
+                reason: "framing",
+                text,
+                location: None,
+            }),
+            frame: Bytes::new(),
+            envelope_id: String::new(),
+            dedup_key: None,
+        }
+    }
+
+    fn next_ack_id(&self, out: &mut [u8; 28]) -> usize {
+        out[..8].copy_from_slice(&self.ack_prefix);
+        let mut n = self.ack_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let len = digits.len() - i;
+        out[8..8 + len].copy_from_slice(&digits[i..]);
+        8 + len
+    }
+
+    fn validate(&self, h: &Header<'_>, frame: &[u8]) -> Result<Charset, Rejected> {
+        if h.control_id.is_empty() {
+            return Err(Rejected {
+                outcome: Outcome::Error,
+                code: ErrorCode::RequiredFieldMissing,
+                reason: "missing_control_id",
+                text: "MSH-10 (message control id) is empty".into(),
+                location: Some((b"MSH", 10)),
+            });
+        }
+        if h.version.is_empty()
+            || !self
+                .cfg
+                .versions
+                .iter()
+                .any(|v| h.version.starts_with(v.as_bytes()))
+        {
+            return Err(Rejected {
+                outcome: Outcome::Reject,
+                code: ErrorCode::UnsupportedVersionId,
+                reason: "unsupported_version",
+                text: format!(
+                    "MSH-12 version {:?} is not accepted",
+                    String::from_utf8_lossy(&h.version[..h.version.len().min(16)])
+                ),
+                location: Some((b"MSH", 12)),
+            });
+        }
+        if !self.cfg.processing_ids.is_empty()
+            && !self
+                .cfg
+                .processing_ids
+                .iter()
+                .any(|p| p.as_bytes() == h.processing_id)
+        {
+            return Err(Rejected {
+                outcome: Outcome::Reject,
+                code: ErrorCode::UnsupportedProcessingId,
+                reason: "unsupported_processing_id",
+                text: "MSH-11 processing id is not accepted".into(),
+                location: Some((b"MSH", 11)),
+            });
+        }
+        if h.charset.is_empty() {
+            return Ok(self.fallback);
+        }
+        let cs = Charset::from_msh18(h.charset).map_err(|_| Rejected {
+            outcome: Outcome::Reject,
+            code: ErrorCode::TableValueNotFound,
+            reason: "unsupported_charset",
+            text: "MSH-18 character set is not supported".into(),
+            location: Some((b"MSH", 18)),
+        })?;
+        cs.decode(frame).map_err(|_| Rejected {
+            outcome: Outcome::Error,
+            code: ErrorCode::DataType,
+            reason: "charset_mismatch",
+            text: format!("message bytes are not valid {}", cs.name()),
+            location: Some((b"MSH", 18)),
+        })?;
+        Ok(cs)
+    }
+
+    fn kafka_key(&self, msg: &Message<'_>) -> Vec<u8> {
+        let mut key = Vec::with_capacity(48);
+        for (i, p) in self.key_paths.iter().enumerate() {
+            if i > 0 {
+                key.push(b'|');
+            }
+            if let Some(v) = msg.get_path(p) {
+                key.extend_from_slice(v);
+            }
+        }
+        if key.iter().all(|&b| b == b'|') {
+            key.clear();
+        }
+        key
+    }
+
+    fn source(&self, o: &Origin) -> Source {
+        Source {
+            listener: o.listener.to_string(),
+            peer: o.peer.clone(),
+            pod: self.pod.clone(),
+            protocol: o.protocol.into(),
+            connection_id: o.connection_id.clone(),
+            tls_client: o.tls_client.clone(),
+        }
+    }
+
+    /// AR/CR 207: the sender may resend.
+    fn unavailable(&self, frame: Bytes, reason: &'static str) -> Reply {
+        Reply {
+            action: Action::Reject(Rejected {
+                outcome: Outcome::Reject,
+                code: ErrorCode::ApplicationInternalError,
+                reason,
+                text: "system unavailable, resend later".into(),
+                location: None,
+            }),
+            frame,
+            envelope_id: String::new(),
+            dedup_key: None,
+        }
+    }
+
+    /// Counts a rejection, sends the input to the DLQ (without waiting), and returns the NAK reply.
+    fn reject(
+        &self,
+        frame: Bytes,
+        r: Rejected,
+        origin: &Origin,
+        sequence: u64,
+        received: SystemTime,
+    ) -> Reply {
+        let h = Header::salvage(&frame);
+        self.metrics.rejected(
+            MsgType::new(h.message_type),
+            r.reason,
+            r.code.code(),
+            h.control_id,
+        );
+        let id = envelope::new_id();
+        let env = Envelope {
+            id: id.clone(),
+            received_at: Some(envelope::timestamp(received)),
+            source: Some(self.source(origin)),
+            raw: frame.clone(),
+            charset: charset_label(&h, &self.cfg.charset_fallback),
+            header: Some(envelope::header(&h, self.fallback)),
+            trace: None,
+            sequence,
+            attempts: 0,
+            stages: vec![Stage {
+                name: "ingress".into(),
+                at: Some(envelope::timestamp(received)),
+                pod: self.pod.clone(),
+            }],
+            rejection: Some(Rejection {
+                stage: "ingress".into(),
+                reason: r.reason.into(),
+                hl7_error_code: u32::from(r.code.code()),
+                detail: r.text.clone(),
+                ack: Bytes::new(),
+            }),
+            destination: String::new(),
+            key: String::new(),
+        };
+        let mut payload = Vec::new();
+        envelope::encode_into(&env, &mut payload);
+        let hdrs = OwnedHeaders::new_with_capacity(3)
+            .insert(KafkaHeader {
+                key: headers::TYPE,
+                value: Some(&type_header(&h)),
+            })
+            .insert(KafkaHeader {
+                key: headers::CONTROL_ID,
+                value: Some(h.control_id),
+            })
+            .insert(KafkaHeader {
+                key: headers::CONTENT_TYPE,
+                value: Some(headers::ENVELOPE_CONTENT_TYPE),
+            });
+        let record = FutureRecord::<(), _>::to(&self.cfg.dlq_topic)
+            .payload(&payload)
+            .headers(hdrs);
+        let reason = r.reason;
+        match self.producer.send_result(record) {
+            Ok(delivery) => {
+                let metrics = self.metrics.clone();
+                tokio::spawn(async move {
+                    match delivery.await {
+                        Ok(Ok(_)) => metrics
+                            .dlq_writes
+                            .get_or_create(&ReasonLabels { reason })
+                            .inc(),
+                        _ => metrics.dlq_failures.inc(),
+                    }
+                });
+            }
+            Err(_) => {
+                self.metrics.dlq_failures.inc();
+            }
+        }
+        Reply {
+            action: Action::Reject(r),
+            frame,
+            envelope_id: id,
+            dedup_key: None,
+        }
+    }
+}
+
+/// `ADT^A01` for the `hl7.type` header.
+fn type_header(h: &Header<'_>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(h.message_type.len() + h.trigger_event.len() + 1);
+    v.extend_from_slice(h.message_type);
+    if !h.trigger_event.is_empty() {
+        v.push(b'^');
+        v.extend_from_slice(h.trigger_event);
+    }
+    v
+}
+
+struct MsgTypeText<'h, 'a>(&'h Header<'a>);
+
+impl std::fmt::Display for MsgTypeText<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&type_header(self.0)))
+    }
+}
+
+fn charset_label(h: &Header<'_>, fallback: &str) -> String {
+    if h.charset.is_empty() {
+        fallback.to_owned()
+    } else {
+        String::from_utf8_lossy(h.charset).into_owned()
+    }
+}
+
+fn replay_code(ack: &[u8]) -> Option<AckCode> {
+    Message::parse(ack)
+        .ok()
+        .and_then(|m| m.get("MSA-1").and_then(AckCode::parse))
+}
+
+fn kafka_reason(e: &rdkafka::error::KafkaError) -> &'static str {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode as C};
+    match e.rdkafka_error_code() {
+        Some(C::QueueFull) => "queue_full",
+        Some(C::MessageTimedOut) => "timed_out",
+        Some(C::MessageSizeTooLarge) => "too_large",
+        Some(C::UnknownTopicOrPartition) | Some(C::UnknownTopic) => "unknown_topic",
+        Some(C::AllBrokersDown) => "brokers_down",
+        _ => match e {
+            KafkaError::Canceled => "canceled",
+            _ => "kafka_error",
+        },
+    }
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ready(r) => f.debug_tuple("Ready").field(r).finish(),
+            Self::Publishing { envelope_id, .. } => f
+                .debug_struct("Publishing")
+                .field("envelope_id", envelope_id)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("inbound_topic", &self.cfg.inbound_topic)
+            .field("ack_mode", &self.cfg.ack_mode)
+            .finish_non_exhaustive()
+    }
+}
