@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod commands;
+mod receive;
+mod sanitise;
+mod send;
+mod tls;
 
 #[derive(Debug, Parser)]
 #[command(name = "hl7gw", version, about = "HL7 v2 tool of the hl7gw gateway")]
@@ -29,6 +33,10 @@ enum Command {
         #[arg(long, default_value = "accept")]
         outcome: commands::OutcomeArg,
     },
+    /// Send message files to an MLLP receiver (TLS optional) and print each ACK.
+    Send(send::SendArgs),
+    /// Listen for MLLP connections, store each message as a file and ACK it.
+    Receive(receive::ReceiveArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +44,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Flat { files } => commands::flat(&files),
         Command::Ack { file, outcome } => commands::ack(&file, outcome),
+        Command::Send(args) => send::run(args),
+        Command::Receive(args) => receive::run(args),
     };
     match result {
         Ok(code) => code,
