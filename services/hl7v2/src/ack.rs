@@ -301,6 +301,29 @@ fn push_num(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(&buf[i..]);
 }
 
+/// MSA-1 and MSA-2 of an acknowledgment, read leniently: a receiver's ACK need not be a message that
+/// [`Message::parse`](crate::Message::parse) accepts (many omit MSH-12). `None` when there is no MSA with a
+/// known code.
+pub fn read_ack(bytes: &[u8]) -> Option<(AckCode, &[u8])> {
+    let start = crate::message::body_start(bytes);
+    let b = &bytes[start..];
+    if !b.starts_with(b"MSH") || b.len() < 4 {
+        return None;
+    }
+    let fs = b[3];
+    b.split(|&c| c == b'\r' || c == b'\n')
+        .map(|l| {
+            let n = l.iter().take_while(|c| c.is_ascii_whitespace()).count();
+            &l[n..]
+        })
+        .find(|l| l.starts_with(b"MSA") && l.get(3) == Some(&fs))
+        .and_then(|msa| {
+            let mut f = msa[4..].split(|&c| c == fs);
+            let code = AckCode::parse(f.next()?)?;
+            Some((code, f.next().unwrap_or_default()))
+        })
+}
+
 /// `YYYYMMDDHHMMSS+0000` (UTC) for MSH-7.
 pub fn hl7_timestamp(t: SystemTime) -> [u8; 19] {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -457,6 +480,20 @@ mod tests {
             write_ack(&mut out, m.header(), AckCode::AA, None, &IDS);
         }
         assert_eq!(out.capacity(), cap);
+    }
+
+    #[test]
+    fn read_ack_is_lenient() {
+        assert_eq!(
+            read_ack(b"MSH|^~\\&|R|F|S|SF|2020||ACK|9\rMSA|AE|MSG7|oops\r"),
+            Some((AckCode::AE, &b"MSG7"[..]))
+        );
+        assert_eq!(
+            read_ack(b"MSH|^~\\&\nMSA|CA\n"),
+            Some((AckCode::CA, &b""[..]))
+        );
+        assert_eq!(read_ack(b"MSH|^~\\&\rMSA|XX|1"), None);
+        assert_eq!(read_ack(b"garbage"), None);
     }
 
     #[test]

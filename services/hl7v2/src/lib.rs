@@ -19,7 +19,7 @@ pub use header::Header;
 pub use message::{Message, Segment, Value};
 pub use path::{Path, PathError};
 pub mod batch;
-pub use batch::Batch;
+pub use batch::{Batch, is_batch};
 
 /// The flat view of a file: a batch (FHS/BHS first) or a single message.
 pub fn flat_file(input: &[u8]) -> Result<Vec<FlatEntry<'_>>, FileError> {
@@ -40,7 +40,7 @@ pub enum FileError {
     Batch(#[from] batch::BatchError),
 }
 pub mod ack;
-pub use ack::{AckCode, AckError, AckIds, Outcome, write_ack};
+pub use ack::{AckCode, AckError, AckIds, Outcome, ack_code, hl7_timestamp, read_ack, write_ack};
 pub mod edit;
 pub use edit::{Edit, EditError};
 pub mod mllp;

@@ -159,32 +159,39 @@ impl<'a> Message<'a> {
 
     /// The segments in wire order.
     pub fn segments(&self) -> impl ExactSizeIterator<Item = Segment<'a>> + '_ {
-        (0..self.segs.len()).map(move |i| self.segment_at(i))
+        self.segs
+            .iter()
+            .enumerate()
+            .map(move |(i, s)| self.segment_of(*s, i == 0))
     }
 
     /// The segment at `index` (0-based wire position).
-    pub fn segment_at(&self, index: usize) -> Segment<'a> {
-        let s = self.segs[index];
+    pub fn segment_at(&self, index: usize) -> Option<Segment<'a>> {
+        self.segs
+            .get(index)
+            .map(|s| self.segment_of(*s, index == 0))
+    }
+
+    fn segment_of(&self, s: Span, first: bool) -> Segment<'a> {
         Segment {
             raw: &self.input[s.start as usize..s.end as usize],
             delims: self.delims,
-            first: index == 0,
+            first,
         }
     }
 
     /// The `occurrence`-th (1-based) segment called `name`, counted over the whole message.
     pub fn segment(&self, name: &str, occurrence: usize) -> Option<Segment<'a>> {
         self.find_segment(name.as_bytes(), occurrence)
-            .map(|i| self.segment_at(i))
     }
 
-    pub(crate) fn find_segment(&self, name: &[u8], occurrence: usize) -> Option<usize> {
+    pub(crate) fn find_segment(&self, name: &[u8], occurrence: usize) -> Option<Segment<'a>> {
         let mut seen = 0;
-        for i in 0..self.segs.len() {
-            if self.segment_at(i).name() == name {
+        for seg in self.segments() {
+            if seg.name() == name {
                 seen += 1;
                 if seen == occurrence {
-                    return Some(i);
+                    return Some(seg);
                 }
             }
         }
@@ -215,9 +222,8 @@ impl<'a> Message<'a> {
 
     /// The raw bytes at a pre-parsed path.
     pub fn get_path(&self, p: &Path) -> Option<&'a [u8]> {
-        let idx = self.find_segment(p.segment(), p.occurrence)?;
         let v = self
-            .segment_at(idx)
+            .find_segment(p.segment(), p.occurrence)?
             .field(p.field)?
             .repetition(p.repetition)?;
         let v = match p.component {

@@ -122,7 +122,7 @@ proptest! {
         // Segments of 3 bytes with no fields are ignored only when shorter than 3: ours are always 3+.
         prop_assert_eq!(m.segment_count(), g.segments.len() + 1);
         for (i, (name, fields)) in g.segments.iter().enumerate() {
-            let seg = m.segment_at(i + 1);
+            let seg = m.segment_at(i + 1).expect("segment present");
             prop_assert_eq!(seg.name(), &name[..]);
             for (fi, f) in fields.iter().enumerate() {
                 let fv = seg.field(fi + 1).expect("field present");
