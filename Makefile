@@ -4,7 +4,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 .DEFAULT_GOAL := help
 
-.PHONY: help run test lint fmt bench build fuzz fuzz-smoke
+.PHONY: help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -12,12 +12,20 @@ help: ## list the targets
 build: ## build every binary (release)
 	$(CARGO) build --release --workspace --bins
 
-run: build ## run hl7gw on this machine: flat view, ACK, and an MLLP send to a local receiver
+run: build ## start the local Kafka and the ingress on 127.0.0.1:2575, send the samples, keep running (Ctrl-C stops)
+	@scripts/run.sh
+
+demo: build ## the CLI alone: flat view, ACK, and an MLLP send to a local `hl7gw receive`
 	@scripts/run-demo.sh
 
-test: lint ## fmt check, clippy -D warnings, then every test (unit, property, corpus, integration)
-	$(CARGO) test --workspace --all-targets
-	$(CARGO) test --workspace --doc
+test: lint ## fmt check, clippy -D warnings, then every test (unit, property, corpus, e2e with a real Kafka)
+	@scripts/test.sh
+
+kafka-up: ## start the local single-node Kafka (KRaft) on 127.0.0.1:9092 (KAFKA_PORT to change)
+	@scripts/kafka.sh up
+
+kafka-down: ## stop the local Kafka
+	@scripts/kafka.sh down
 
 lint: ## cargo fmt --check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check

@@ -93,12 +93,16 @@ wait_ready() {
 }
 
 up() {
-  if running; then log "already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"))"; return; fi
+  mkdir -p "$KAFKA_DATA_DIR"
+  # Tests of several binaries may ask for the same broker at once: one of them starts it.
+  exec 9>"$KAFKA_DATA_DIR.lock"
+  flock -w 300 9 || { log "timed out waiting for another start of this broker"; return 1; }
+  if running; then log "already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"))"; wait_ready 120; return; fi
   fetch
   configure
   nohup bash -c 'exec "$@"' _ java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$KAFKA_DATA_DIR/log4j2.properties" -cp "$libs/*" \
-    kafka.Kafka "$KAFKA_DATA_DIR/server.properties" >"$KAFKA_DATA_DIR/kafka.log" 2>&1 &
+    kafka.Kafka "$KAFKA_DATA_DIR/server.properties" >"$KAFKA_DATA_DIR/kafka.log" 2>&1 9>&- &
   echo $! >"$pidfile"
   wait_ready 120
   log "up on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"), data in $KAFKA_DATA_DIR)"

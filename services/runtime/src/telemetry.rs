@@ -8,9 +8,10 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// Keeps the tracer provider alive; flushes spans when dropped.
 #[derive(Debug)]
@@ -51,20 +52,29 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
     let provider = builder.build();
     let tracer = provider.tracer(service);
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let otel = tracing_opentelemetry::layer().with_tracer(tracer);
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    // RUST_LOG filters log lines only: message spans (INFO) always exist, so the W3C trace context that goes
+    // into Kafka headers does not depend on the log level.
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(LevelFilter::INFO);
+    let registry = tracing_subscriber::registry().with(otel);
     let res = if json {
         registry
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter()),
             )
             .try_init()
     } else {
         registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter()),
+            )
             .try_init()
     };
     res.map_err(|e| TelemetryError::Subscriber(e.to_string()))?;

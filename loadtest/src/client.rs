@@ -1,0 +1,323 @@
+//! One client: a persistent connection, one message in flight, latency of each round trip.
+//!
+//! The loop reuses its write buffer (the framed message), its read buffer and its MLLP decoder; a message is
+//! built before its timer starts. On a connection error or an ACK timeout the message counts as an error, the
+//! connection is dropped and re-made after a short backoff, and the loop goes on with the next message (a
+//! failed message is not resent: a load run counts, it does not deliver).
+
+use crate::ack::{self, AckCheck};
+use crate::messages::MessageSet;
+use crate::record::RecordHandle;
+use crate::stats::{ClientStats, ErrorKind};
+use bytes::BytesMut;
+use hl7v2::MllpCodec;
+use rustls_pki_types::ServerName;
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Barrier;
+use tokio::time::Sleep;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::codec::Decoder;
+use tokio_util::either::Either;
+
+/// A connection: plain TCP or TLS.
+pub type Conn = Either<TcpStream, TlsStream<TcpStream>>;
+
+/// First wait before reconnecting; doubled per failure up to [`MAX_BACKOFF`], reset by an ACK.
+const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Where and how to connect.
+#[derive(Clone)]
+pub struct Target {
+    /// `HOST:PORT`, resolved at each connect (a restarted pod may have a new address).
+    pub addr: String,
+    pub tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// Bound on TCP connect plus TLS handshake.
+    pub connect_timeout: Duration,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("addr", &self.addr)
+            .field("tls", &self.tls.as_ref().map(|(_, name)| name))
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl Target {
+    /// Connects (TCP_NODELAY, then the TLS handshake when configured).
+    pub async fn connect(&self) -> io::Result<Conn> {
+        let attempt = async {
+            let tcp = TcpStream::connect(&self.addr).await?;
+            tcp.set_nodelay(true)?;
+            match &self.tls {
+                None => Ok(Either::Left(tcp)),
+                Some((connector, name)) => {
+                    Ok(Either::Right(connector.connect(name.clone(), tcp).await?))
+                }
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no connection within {:?}", self.connect_timeout),
+            )),
+        }
+    }
+}
+
+/// When a client stops.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// After this many measured messages (or at the run's time limit).
+    Count(u64),
+    /// After this long (the last message's ACK is still awaited, up to the ACK timeout).
+    Duration(Duration),
+}
+
+/// What the clients of one run share.
+#[derive(Debug)]
+pub struct Plan {
+    pub target: Target,
+    pub messages: Arc<MessageSet>,
+    pub run_id: Vec<u8>,
+    /// Warm-up messages per client.
+    pub warmup: u64,
+    pub mode: Mode,
+    /// Longest wait for one ACK.
+    pub timeout: Duration,
+    /// Messages per second per client (`None`: as fast as the ACKs come).
+    pub rate: Option<f64>,
+    /// Bounds the warm-up, and in count mode the whole run (`--max-seconds`).
+    pub hard_deadline: Instant,
+    /// Lets every client finish its warm-up before any starts measuring.
+    pub barrier: Barrier,
+}
+
+struct Client<'p> {
+    id: u32,
+    plan: &'p Plan,
+    conn: Option<Conn>,
+    /// The ACK timer, reset for each message. Pushing a registered timer's deadline later is a lock-free
+    /// store in tokio, where a fresh timer per message takes the timer wheel's lock twice and can wake a
+    /// parked worker thread.
+    ack_timer: Pin<Box<Sleep>>,
+    wbuf: Vec<u8>,
+    rbuf: BytesMut,
+    codec: MllpCodec,
+    backoff: Duration,
+    stats: ClientStats,
+}
+
+/// Why [`Client::send_one`] sent nothing: no connection could be made before the deadline.
+struct NotSent;
+
+/// Runs one client to the end of the plan, starting on `conn`.
+pub async fn run_client(
+    id: u32,
+    plan: Arc<Plan>,
+    conn: Conn,
+    record: Option<RecordHandle>,
+) -> ClientStats {
+    let plan = &*plan;
+    let mut c = Client {
+        id,
+        plan,
+        conn: Some(conn),
+        ack_timer: Box::pin(tokio::time::sleep(plan.timeout)),
+        wbuf: Vec::with_capacity(2048),
+        rbuf: BytesMut::with_capacity(8192),
+        codec: MllpCodec::default(),
+        backoff: INITIAL_BACKOFF,
+        stats: ClientStats::default(),
+    };
+
+    for seq in 0..plan.warmup {
+        match c
+            .send_one(seq, true, plan.hard_deadline, Some(plan.hard_deadline))
+            .await
+        {
+            Err(NotSent) => break,
+            Ok(Ok(_)) => c.stats.warmup_messages += 1,
+            Ok(Err(_)) => {
+                c.stats.warmup_messages += 1;
+                c.stats.warmup_errors += 1;
+            }
+        }
+    }
+    // Bounded: a client that died would otherwise hold the others here.
+    let _ = tokio::time::timeout_at(plan.hard_deadline.into(), plan.barrier.wait()).await;
+
+    let start = Instant::now();
+    let (send_until, ack_until, counted) = match plan.mode {
+        Mode::Count(n) => (plan.hard_deadline, Some(plan.hard_deadline), Some(n)),
+        Mode::Duration(d) => (start + d, None, None),
+    };
+    let mut seq = 0u64;
+    loop {
+        if counted.is_some_and(|n| seq >= n) {
+            break;
+        }
+        if let Some(rate) = plan.rate {
+            let at = Duration::try_from_secs_f64(seq as f64 / rate)
+                .ok()
+                .and_then(|d| start.checked_add(d))
+                .filter(|at| *at < send_until);
+            let Some(at) = at else {
+                c.stats.stopped_early = counted.is_some();
+                break;
+            };
+            tokio::time::sleep_until(at.into()).await;
+        }
+        if Instant::now() >= send_until {
+            c.stats.stopped_early = counted.is_some();
+            break;
+        }
+        match c.send_one(seq, false, send_until, ack_until).await {
+            Err(NotSent) => {
+                c.stats.stopped_early = counted.is_some();
+                break;
+            }
+            Ok(Ok((check, latency))) => {
+                c.stats.messages += 1;
+                c.stats.ack(check.class, check.id_matches, latency);
+                if check.accepted()
+                    && let Some(r) = &record
+                {
+                    r.acked(id, seq);
+                }
+            }
+            Ok(Err(kind)) => {
+                c.stats.messages += 1;
+                c.stats.errors.add(kind);
+            }
+        }
+        seq += 1;
+    }
+    c.stats.start = Some(start);
+    c.stats.end = Some(Instant::now());
+    c.stats
+}
+
+impl Client<'_> {
+    /// Sends message `seq` and reads its ACK. Reconnects first when needed (until `connect_until`); the ACK
+    /// wait ends at the ACK timeout or `ack_until`, whichever comes first.
+    async fn send_one(
+        &mut self,
+        seq: u64,
+        warmup: bool,
+        connect_until: Instant,
+        ack_until: Option<Instant>,
+    ) -> Result<Result<(AckCheck, Duration), ErrorKind>, NotSent> {
+        if self.conn.is_none() {
+            self.reconnect(connect_until, warmup).await?;
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(NotSent);
+        };
+        let built = Instant::now();
+        self.wbuf.clear();
+        let cid = self.plan.messages.pick(seq).write_frame(
+            &mut self.wbuf,
+            &self.plan.run_id,
+            self.id,
+            seq,
+            warmup,
+        );
+        let t0 = Instant::now();
+        if !warmup {
+            self.stats.build += t0 - built;
+        }
+        let by_timeout = t0 + self.plan.timeout;
+        let limit = ack_until.map_or(by_timeout, |d| d.min(by_timeout));
+        self.ack_timer.as_mut().reset(limit.into());
+        let r = tokio::select! {
+            biased;
+            r = exchange(conn, &self.wbuf, &mut self.rbuf, &mut self.codec) => Some(r),
+            () = &mut self.ack_timer => None,
+        };
+        let latency = t0.elapsed();
+        let outcome = match r {
+            Some(Ok(frame)) => {
+                self.backoff = INITIAL_BACKOFF;
+                Ok((ack::check(&frame, &self.wbuf[cid]), latency))
+            }
+            Some(Err(kind)) => Err(kind),
+            None if limit < by_timeout => Err(ErrorKind::Deadline),
+            None => Err(ErrorKind::Timeout),
+        };
+        if outcome.is_err() {
+            self.disconnect();
+        }
+        Ok(outcome)
+    }
+
+    fn disconnect(&mut self) {
+        self.conn = None;
+        self.rbuf.clear();
+        self.codec = MllpCodec::default();
+    }
+
+    /// Re-connects after the backoff; each failed attempt is a `connect` error.
+    async fn reconnect(&mut self, until: Instant, warmup: bool) -> Result<(), NotSent> {
+        loop {
+            let wake = Instant::now() + self.backoff;
+            if wake >= until {
+                return Err(NotSent);
+            }
+            tokio::time::sleep_until(wake.into()).await;
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.plan.target.connect()).await {
+                Ok(Ok(conn)) => {
+                    self.conn = Some(conn);
+                    self.stats.reconnects += 1;
+                    return Ok(());
+                }
+                Ok(Err(_)) | Err(_) => {
+                    if warmup {
+                        self.stats.warmup_errors += 1;
+                    } else {
+                        self.stats.errors.add(ErrorKind::Connect);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes one framed message and reads one frame back.
+async fn exchange(
+    conn: &mut Conn,
+    frame: &[u8],
+    rbuf: &mut BytesMut,
+    codec: &mut MllpCodec,
+) -> Result<BytesMut, ErrorKind> {
+    conn.write_all(frame).await.map_err(|_| ErrorKind::Io)?;
+    conn.flush().await.map_err(|_| ErrorKind::Io)?;
+    loop {
+        match codec.decode(rbuf) {
+            Ok(Some(ack)) => return Ok(ack),
+            Ok(None) => {}
+            Err(_) => return Err(ErrorKind::Framing),
+        }
+        if rbuf.capacity() - rbuf.len() < 1024 {
+            rbuf.reserve(8192);
+        }
+        match conn.read_buf(rbuf).await {
+            Ok(0) => return Err(ErrorKind::Closed),
+            Ok(_) => {}
+            Err(_) => return Err(ErrorKind::Io),
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! End-to-end tests of the ingress binary against a real Kafka broker started by scripts/kafka.sh.
+#![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+use support::*;
+
+fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
+    let inbound = unique_topic("test.inbound");
+    let dlq = unique_topic("test.dlq");
+    let env = vec![
+        ("HL7GW_KAFKA_BROKERS", brokers.to_owned()),
+        ("HL7GW_INBOUND_TOPIC", inbound.clone()),
+        ("HL7GW_DLQ_TOPIC", dlq.clone()),
+    ];
+    (inbound, dlq, env)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_connections_thousand_messages_each_are_acked_stored_and_ordered() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        let addr = ingress.mllp;
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Mllp::connect(addr).await;
+            let mut codes = Vec::new();
+            for i in 0..1000 {
+                let ack = conn
+                    .call(&adt(&format!("C{c}-{i}"), &format!("P{c}-{}", i % 5)))
+                    .await
+                    .expect("an ACK");
+                codes.push(ack_code(&ack));
+            }
+            codes
+        }));
+    }
+    let mut aa = 0;
+    for t in tasks {
+        for code in t.await.unwrap() {
+            assert_eq!(code, "AA");
+            aa += 1;
+        }
+    }
+    assert_eq!(aa, 8000);
+
+    let records = read_topic(brokers, &inbound, 8000, Duration::from_secs(120));
+    assert_eq!(
+        records.len(),
+        8000,
+        "the topic holds exactly the acknowledged messages"
+    );
+    let ids: HashSet<String> = records
+        .iter()
+        .map(|r| r.envelope.header.as_ref().unwrap().control_id.clone())
+        .collect();
+    assert_eq!(ids.len(), 8000, "no duplicates");
+    // Per connection, per partition (one patient's messages share a partition): published in the order sent.
+    let mut last: HashMap<(String, i32), (u64, i64)> = HashMap::new();
+    let mut sorted: Vec<&Record> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    for r in sorted {
+        let e = &r.envelope;
+        let src = e.source.as_ref().unwrap();
+        let h = e.header.as_ref().unwrap();
+        let (c, i) = h.control_id[1..].split_once('-').unwrap();
+        let i: u64 = i.parse().unwrap();
+        assert_eq!(
+            e.sequence,
+            i + 1,
+            "sequence is the position on the connection"
+        );
+        let k = (src.connection_id.clone(), r.partition);
+        if let Some((prev, _)) = last.get(&k) {
+            assert!(e.sequence > *prev, "order kept within connection {k:?}");
+        }
+        last.insert(k, (e.sequence, r.offset));
+        // The envelope carries the frame unchanged, and the contract's fields.
+        let patient = format!("P{c}-{}", i % 5);
+        assert_eq!(&e.raw[..], &adt(&h.control_id, &patient)[..]);
+        assert_eq!(h.message_type, "ADT");
+        assert_eq!(h.trigger_event, "A01");
+        assert_eq!(h.sending_facility, "TESTFAC");
+        assert_eq!(h.version, "2.5.1");
+        assert_eq!(e.charset, "UNICODE UTF-8");
+        assert_eq!(src.protocol, "mllp");
+        assert_eq!(e.stages[0].name, "ingress");
+        assert!(e.received_at.is_some());
+        assert_eq!(e.key, format!("TESTFAC|{patient}"));
+        assert_eq!(r.key.as_deref(), Some(e.key.as_bytes()));
+        assert_eq!(r.header("hl7.type"), Some(&b"ADT^A01"[..]));
+        assert_eq!(r.header("hl7.control_id"), Some(h.control_id.as_bytes()));
+        assert_eq!(
+            r.header("content-type"),
+            Some(hl7gw_runtime::envelope::headers::ENVELOPE_CONTENT_TYPE.as_bytes())
+        );
+        let tp = String::from_utf8(r.header("traceparent").unwrap().to_vec()).unwrap();
+        assert!(tp.starts_with("00-") && tp.len() == 55, "{tp}");
+        assert_eq!(e.trace.as_ref().unwrap().traceparent, tp);
+    }
+    // Keys keep one patient in one partition.
+    let mut partition_of: HashMap<&str, i32> = HashMap::new();
+    for r in &records {
+        let p = *partition_of
+            .entry(r.envelope.key.as_str())
+            .or_insert(r.partition);
+        assert_eq!(p, r.partition);
+    }
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_acks_total{code=\"AA\"}"),
+        8000.0
+    );
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    hl7v2::mllp::frame(payload).to_vec()
+}
+
+async fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8], wait: Duration) -> (Vec<u8>, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) => return (out, true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Ok(Err(_)) => return (out, true),
+            Err(_) => return (out, false),
+        }
+    }
+}
+
+fn acks_in(bytes: &[u8]) -> Vec<(String, String)> {
+    use tokio_util::codec::Decoder;
+    let mut codec = hl7v2::MllpCodec::default();
+    let mut buf = bytes::BytesMut::from(bytes);
+    let mut out = Vec::new();
+    while let Ok(Some(f)) = codec.decode(&mut buf) {
+        let (code, id) = hl7v2::read_ack(&f).expect("an ACK");
+        let err3 = hl7v2::Message::parse(&f)
+            .ok()
+            .and_then(|m| {
+                m.get("ERR-3-1")
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+            .unwrap_or_default();
+        let _ = id;
+        out.push((code.as_str().to_owned(), err3));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
+    let brokers = broker();
+    let (_, dlq, mut env) = topics_env(brokers);
+    env.extend([
+        ("HL7GW_MAX_FRAME_BYTES", "4096".to_owned()),
+        ("HL7GW_FRAME_TIMEOUT", "1s".to_owned()),
+        ("HL7GW_IDLE_TIMEOUT", "2s".to_owned()),
+    ]);
+    let mut ingress = Ingress::start(&env);
+    let addr = ingress.mllp;
+    let wait = Duration::from_secs(10);
+    let ok = adt("OK1", "P1");
+
+    // Junk between frames is skipped and counted; the message behind it is accepted.
+    let mut junk = b"\r\nnoise before".to_vec();
+    junk.extend(frame(&ok));
+    let mut conn = Mllp::connect(addr).await;
+    {
+        use tokio::io::AsyncWriteExt;
+        conn.0.get_mut().write_all(&junk).await.unwrap();
+    }
+    assert_eq!(ack_code(&conn.recv(wait).await.unwrap()), "AA");
+    assert!(ingress.metric("hl7gw_ingress_skipped_bytes_total") >= 14.0);
+
+    // Rejected messages: (payload, ACK code, ERR-3 code, reason label).
+    let cases: Vec<(Vec<u8>, &str, &str, &str)> = vec![
+        (b"PID|1||X".to_vec(), "AE", "100", "missing_msh"),
+        (
+            b"MSH|^~|A|B|C|D|E||ADT^A01|X|P|2.5".to_vec(),
+            "AE",
+            "101",
+            "bad_encoding_characters",
+        ),
+        (
+            b"MSH|^~\\&|A|B|C|D|2020||ADT^A01||P|2.5.1\rPID|1".to_vec(),
+            "AE",
+            "101",
+            "missing_control_id",
+        ),
+        (
+            b"MSH|^~\\&|A|B|C|D|2020||ADT^A01|V3|P|3.0\rPID|1".to_vec(),
+            "AR",
+            "203",
+            "unsupported_version",
+        ),
+        (
+            b"MSH|^~\\&|A|B|C|D|2020||ADT^A01|CS1|P|2.5||||||KLINGON\rPID|1".to_vec(),
+            "AR",
+            "103",
+            "unsupported_charset",
+        ),
+        (
+            b"MSH|^~\\&|A|B|C|D|2020||ADT^A01|CS2|P|2.5||||||UNICODE UTF-8\rPID|1||\xff\xfe"
+                .to_vec(),
+            "AE",
+            "102",
+            "charset_mismatch",
+        ),
+        (
+            b"MSH|^~\\&|A|B|C|D|2020||ADT|T1|P|2.5".to_vec(),
+            "AE",
+            "200",
+            "missing_message_type",
+        ),
+    ];
+    for (payload, code, err, reason) in &cases {
+        let mut c = Mllp::connect(addr).await;
+        let ack = c.call(payload).await.expect("a NAK");
+        let m = hl7v2::Message::parse(&ack).expect("the NAK is a valid message");
+        assert_eq!(m.get("MSA-1"), Some(code.as_bytes()), "{reason}");
+        assert_eq!(m.get("ERR-3-1"), Some(err.as_bytes()), "{reason}");
+        assert_eq!(
+            ingress.metric(&format!(
+                "hl7gw_ingress_rejects_total{{reason=\"{reason}\"}}"
+            )),
+            1.0,
+            "{reason}"
+        );
+    }
+
+    // Oversize: a NAK while the frame is still arriving, the rest discarded, the connection goes on.
+    let mut big = frame(&vec![b'X'; 20_000]);
+    big.extend(frame(&adt("AFTERBIG", "P1")));
+    let (out, _) = raw_exchange(addr, &big, Duration::from_secs(3)).await;
+    let acks = acks_in(&out);
+    assert_eq!(acks.len(), 2, "{acks:?}");
+    assert_eq!(acks[0], ("AE".to_owned(), "207".to_owned()));
+    assert_eq!(acks[1].0, "AA");
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_framing_errors_total{reason=\"frame_too_large\"}"),
+        1.0
+    );
+
+    // Truncated frame then close: no answer, counted.
+    let (out, closed) =
+        raw_exchange(addr, b"\x0bMSH|^~\\&|partial", Duration::from_millis(300)).await;
+    assert!(out.is_empty() && !closed);
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"\x0bMSH|^~\\&|partial").await.unwrap();
+        s.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(ingress.metric("hl7gw_ingress_framing_errors_total{reason=\"truncated\"}") >= 1.0);
+
+    // A sender that stalls mid-frame is cut off after frame_timeout (1 s).
+    let t = std::time::Instant::now();
+    let (out, closed) = raw_exchange(addr, b"\x0bMSH|^~\\&|stall", Duration::from_secs(5)).await;
+    assert!(out.is_empty() && closed, "stalled frame closed");
+    assert!(t.elapsed() < Duration::from_secs(4));
+    assert!(ingress.metric("hl7gw_ingress_framing_errors_total{reason=\"frame_timeout\"}") >= 1.0);
+
+    // An idle connection is closed after idle_timeout (2 s).
+    let t = std::time::Instant::now();
+    let (_, closed) = raw_exchange(addr, b"", Duration::from_secs(6)).await;
+    assert!(closed && t.elapsed() >= Duration::from_millis(1500));
+
+    // Memory stays bounded under a stream of oversized frames.
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        flood.extend(frame(&vec![b'Y'; 256 * 1024]));
+    }
+    let (out, _) = raw_exchange(addr, &flood, Duration::from_secs(5)).await;
+    assert_eq!(acks_in(&out).len(), 40);
+    let rss_kb: u64 = std::fs::read_to_string(format!("/proc/{}/status", ingress.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(rss_kb < 200 * 1024, "RSS {rss_kb} kB");
+
+    // Still up and accepting.
+    assert!(ingress.is_running());
+    let mut c = Mllp::connect(addr).await;
+    assert_eq!(ack_code(&c.call(&adt("OK2", "P1")).await.unwrap()), "AA");
+
+    // The rejected messages that could be stored are in the DLQ with their reason.
+    let dlq_records = read_topic(brokers, &dlq, cases.len(), Duration::from_secs(60));
+    let reasons: HashSet<String> = dlq_records
+        .iter()
+        .map(|r| r.envelope.rejection.as_ref().unwrap().reason.clone())
+        .collect();
+    for (_, _, _, reason) in &cases {
+        assert!(reasons.contains(*reason), "{reason} in DLQ: {reasons:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_get_the_first_ack_and_are_published_once() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let first = c.call(&adt("DUP1", "P1")).await.unwrap();
+    let again = c.call(&adt("DUP1", "P1")).await.unwrap();
+    let mut other = Mllp::connect(ingress.mllp).await;
+    let third = other.call(&adt("DUP1", "P1")).await.unwrap();
+    assert_eq!(ack_code(&first), "AA");
+    assert_eq!(first, again);
+    assert_eq!(first, third);
+    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_answers_what_was_read_and_exits_zero() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let mut ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    for i in 0..300 {
+        c.send(&adt(&format!("D{i}"), "P1")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    ingress.sigterm();
+    let mut acked = Vec::new();
+    while let Some(ack) = c.recv(Duration::from_secs(20)).await {
+        let (code, id) = hl7v2::read_ack(&ack).unwrap();
+        assert_eq!(code.as_str(), "AA");
+        acked.push(String::from_utf8_lossy(id).into_owned());
+    }
+    let status = tokio::task::spawn_blocking(move || ingress.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(!acked.is_empty());
+    let stored: HashSet<String> =
+        read_topic(brokers, &inbound, acked.len(), Duration::from_secs(60))
+            .into_iter()
+            .map(|r| r.envelope.header.unwrap().control_id)
+            .collect();
+    for id in &acked {
+        assert!(stored.contains(id), "{id} was ACKed but is not stored");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_ingest_follows_the_same_rules() {
+    use hl7gw_runtime::proto::v1::SendRequest;
+    use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut client = IngestClient::connect(format!("http://{}", ingress.grpc))
+        .await
+        .unwrap();
+    let r = client
+        .send(SendRequest {
+            message: adt("G1", "P1").into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.ack_code, "AA");
+    assert_eq!(r.control_id, "G1");
+    assert!(!r.envelope_id.is_empty());
+    let bad = client
+        .send(SendRequest {
+            message: bytes::Bytes::from_static(b"not hl7"),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(bad.ack_code, "AE");
+    assert_eq!(bad.reason, "missing_msh");
+
+    let reqs: Vec<SendRequest> = (0..50)
+        .map(|i| SendRequest {
+            message: adt(&format!("GS{i}"), "P2").into(),
+        })
+        .collect();
+    let mut stream = client
+        .send_stream(tokio_stream::iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut n = 0;
+    while let Some(resp) = stream.message().await.unwrap() {
+        assert_eq!(resp.ack_code, "AA");
+        assert_eq!(
+            resp.control_id,
+            format!("GS{n}"),
+            "answers in request order"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 50);
+    let records = read_topic(brokers, &inbound, 51, Duration::from_secs(60));
+    assert_eq!(records.len(), 51);
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", ingress.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[test]
+fn bad_config_is_refused_before_any_port_is_bound() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
+        .args([
+            "--mllp-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .env("HL7GW_ACK_TIMEOUT", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .to_lowercase()
+            .contains("ack_timeout")
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
+        .arg("--check-config")
+        .env("HL7GW_NO_SUCH_KEY", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
+        .args(["--check-config", "--ack-mode", "fast"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

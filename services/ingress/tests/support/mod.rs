@@ -1,0 +1,316 @@
+//! Test support: a real Kafka broker started by the project's script, the real ingress binary, an MLLP
+//! client, and a Kafka reader to check what the topic holds.
+#![allow(dead_code)]
+
+use bytes::BytesMut;
+use futures_util::{SinkExt, StreamExt};
+use hl7gw_runtime::proto::v1::Envelope;
+use hl7v2::MllpCodec;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message as _};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Starts (once per port) a single-node KRaft broker on 127.0.0.1 with the project's script.
+pub fn broker_on(port: u16) -> String {
+    let root = repo_root();
+    let status = Command::new("bash")
+        .arg(root.join("scripts/kafka.sh"))
+        .arg("up")
+        .env("KAFKA_PORT", port.to_string())
+        .env(
+            "KAFKA_DATA_DIR",
+            root.join(format!("target/kafka-test/{port}")),
+        )
+        .env("KAFKA_PARTITIONS", "3")
+        .status()
+        .expect("running scripts/kafka.sh");
+    assert!(
+        status.success(),
+        "scripts/kafka.sh up failed for port {port}"
+    );
+    format!("127.0.0.1:{port}")
+}
+
+pub fn stop_broker(port: u16) {
+    let root = repo_root();
+    let _ = Command::new("bash")
+        .arg(root.join("scripts/kafka.sh"))
+        .arg("down")
+        .env("KAFKA_PORT", port.to_string())
+        .env(
+            "KAFKA_DATA_DIR",
+            root.join(format!("target/kafka-test/{port}")),
+        )
+        .status();
+}
+
+/// The shared test broker (port 39092 unless HL7GW_TEST_KAFKA_PORT says otherwise).
+pub fn broker() -> &'static str {
+    static B: OnceLock<String> = OnceLock::new();
+    B.get_or_init(|| {
+        let port = std::env::var("HL7GW_TEST_KAFKA_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(39092);
+        broker_on(port)
+    })
+}
+
+/// A topic name no other test uses.
+pub fn unique_topic(prefix: &str) -> String {
+    format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
+}
+
+/// A running `hl7gw-ingress` process, killed on drop.
+pub struct Ingress {
+    pub child: Child,
+    pub mllp: SocketAddr,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Ingress {
+    /// Starts the ingress with `env` (HL7GW_... variables) on ephemeral ports and waits until it is ready.
+    pub fn start(env: &[(&str, String)]) -> Self {
+        Self::start_with(env, &[], true)
+    }
+
+    pub fn start_with(env: &[(&str, String)], args: &[&str], wait_ready: bool) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"));
+        cmd.args([
+            "--mllp-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("starting hl7gw-ingress");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("reading the listening line");
+        let addr = |key: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+                .parse()
+                .expect("address")
+        };
+        let me = Self {
+            mllp: addr("mllp"),
+            grpc: addr("grpc"),
+            admin: addr("admin"),
+            child,
+        };
+        if wait_ready {
+            me.wait_ready(Duration::from_secs(60));
+        }
+        me
+    }
+
+    pub fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if http_get(self.admin, "/readyz").0 == 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("ingress not ready within {limit:?}");
+    }
+
+    /// The value of a metric line (exact name with labels), 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        let (_, body) = http_get(self.admin, "/metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn sigterm(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    pub fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Ingress {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal blocking HTTP GET: (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A synthetic ADT^A01 with the given control id and patient id.
+pub fn adt(control_id: &str, patient: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|TESTAPP|TESTFAC|HL7GW|HL7GW|20261122120000||ADT^A01^ADT_A01|{control_id}|P|2.5.1\r\
+         EVN|A01|20261122120000\r\
+         PID|1||{patient}^^^TESTFAC^MR||DOE^JANE||19700101|F\r"
+    )
+    .into_bytes()
+}
+
+/// An MLLP client connection.
+pub struct Mllp(pub Framed<TcpStream, MllpCodec>);
+
+impl Mllp {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let s = TcpStream::connect(addr).await.expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Self(Framed::new(s, MllpCodec::default()))
+    }
+
+    pub async fn send(&mut self, payload: &[u8]) {
+        self.0.send(payload).await.expect("send");
+    }
+
+    /// The next ACK payload, or None on close/timeout.
+    pub async fn recv(&mut self, limit: Duration) -> Option<BytesMut> {
+        match tokio::time::timeout(limit, self.0.next()).await {
+            Ok(Some(Ok(f))) => Some(f),
+            _ => None,
+        }
+    }
+
+    pub async fn call(&mut self, payload: &[u8]) -> Option<BytesMut> {
+        self.send(payload).await;
+        self.recv(Duration::from_secs(30)).await
+    }
+}
+
+/// MSA-1 of an ACK.
+pub fn ack_code(ack: &[u8]) -> String {
+    hl7v2::Message::parse(ack)
+        .ok()
+        .and_then(|m| {
+            m.get("MSA-1")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+        .unwrap_or_else(|| format!("unparseable: {:?}", String::from_utf8_lossy(ack)))
+}
+
+/// A record read back from Kafka.
+#[derive(Debug)]
+pub struct Record {
+    pub key: Option<Vec<u8>>,
+    pub partition: i32,
+    pub offset: i64,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub envelope: Envelope,
+}
+
+impl Record {
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Reads every record of `topic` from the beginning until `expected` arrived or `limit` passed.
+pub fn read_topic(brokers: &str, topic: &str, expected: usize, limit: Duration) -> Vec<Record> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "group.id",
+            format!("test-{}", uuid::Uuid::now_v7().simple()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                quiet_since = Instant::now();
+                let headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(Record {
+                    key: m.key().map(<[u8]>::to_vec),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    headers,
+                    envelope: hl7gw_runtime::envelope::decode(m.payload().unwrap_or_default())
+                        .expect("envelope decodes"),
+                });
+            }
+            Some(Err(e)) => eprintln!("consumer: {e}"),
+            None => {
+                // Once the expected count is reached, wait a little more to see any extra record.
+                if out.len() >= expected && quiet_since.elapsed() > Duration::from_secs(2) {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
