@@ -184,7 +184,8 @@ pub fn write_ack(
     ids: &AckIds<'_>,
 ) {
     out.clear();
-    let valid = Delimiters::from_msh(h.delimiters.field, h.encoding_characters).is_some();
+    // A header from the parser or `Header::salvage` has MSH-2 only when its delimiters are valid.
+    let valid = !h.encoding_characters.is_empty();
     let d = if valid {
         h.delimiters
     } else {

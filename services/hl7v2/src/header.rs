@@ -52,20 +52,24 @@ const LAST_FIELD: usize = 18;
 impl<'a> Header<'a> {
     /// Reads the header of a well-formed MSH segment (`msh` without terminator) and applies the parser's rules
     /// to MSH-9 and MSH-12. `base` is the segment's offset in the input, for error offsets.
-    pub(crate) fn validate(msh: &'a [u8], d: Delimiters, base: usize) -> Result<Self, ParseError> {
-        let (h, last_nonempty) = Self::read(msh, d);
-        let comps = trimmed_count(h_field(msh, d, 9), d.component);
+    pub(crate) fn validate(
+        msh: &'a [u8],
+        d: Delimiters,
+        base: usize,
+    ) -> Result<(Self, usize), ParseError> {
+        let (h, split) = Self::read(msh, d);
+        let comps = trimmed_count(split.msh9, d.component);
         if h.message_type.is_empty() || (comps < 2 && h.message_type != b"ACK") {
             return Err(ParseError::MissingMessageType {
                 offset: base + field_offset(msh, d, 9),
             });
         }
-        if last_nonempty >= 12 && h.version.is_empty() {
+        if split.last_nonempty >= 12 && h.version.is_empty() {
             return Err(ParseError::MissingVersion {
                 offset: base + field_offset(msh, d, 12),
             });
         }
-        Ok(h)
+        Ok((h, split.separators))
     }
 
     /// Reads what it can of the header of bytes that may not parse (for a NAK that still names the sender and
@@ -77,42 +81,49 @@ impl<'a> Header<'a> {
             return Self::default();
         }
         let line = &b[..memchr2(b'\r', b'\n', b).unwrap_or(b.len())];
-        let d = crate::message::read_delimiters(input, start).unwrap_or_else(|_| Delimiters {
+        let d = crate::message::read_delimiters(input, start).unwrap_or(Delimiters {
             field: b[3],
             ..Delimiters::default()
         });
+        let valid = crate::message::read_delimiters(input, start).is_ok();
         let (mut h, _) = Self::read(line, d);
-        if h.encoding_characters.len() > 5 {
+        if !valid {
+            // Empty MSH-2 tells the ACK writer to fall back to the default delimiters.
             h.encoding_characters = b"";
         }
         h
     }
 
-    /// Splits MSH once, returning the header and the number of the last non-empty field.
-    fn read(msh: &'a [u8], d: Delimiters) -> (Self, usize) {
+    /// Splits MSH once (a plain byte loop: MSH fields are short, a `memchr` call per field costs more).
+    fn read(msh: &'a [u8], d: Delimiters) -> (Self, Split<'a>) {
         let mut f: [&'a [u8]; LAST_FIELD + 1] = [b""; LAST_FIELD + 1];
         let mut last_nonempty = 1;
         let mut n = 2;
+        let mut separators = usize::from(msh.len() > 3);
         let mut start = 4.min(msh.len());
-        for pos in memchr_iter(d.field, msh.get(4..).unwrap_or_default()).map(|p| p + 4) {
-            let v = &msh[start..pos];
-            if n <= LAST_FIELD {
-                f[n] = v;
+        let fs = d.field;
+        for (i, &b) in msh.iter().enumerate().skip(start) {
+            if b != fs {
+                continue;
             }
-            if !v.is_empty() {
+            separators += 1;
+            if i > start {
                 last_nonempty = n;
             }
+            if n <= LAST_FIELD {
+                f[n] = &msh[start..i];
+            }
             n += 1;
-            start = pos + 1;
+            start = i + 1;
         }
-        let v = &msh[start..];
-        if n <= LAST_FIELD {
-            f[n] = v;
-        }
-        if !v.is_empty() {
+        if start < msh.len() {
             last_nonempty = n;
         }
-        let comp = |v: &'a [u8], i| nth(v, d.component, i).unwrap_or_default();
+        if n <= LAST_FIELD {
+            f[n] = &msh[start..];
+        }
+        let cs = d.component;
+        let (message_type, trigger_event, structure) = three(f[9], cs);
         let h = Self {
             delimiters: d,
             encoding_characters: f[2],
@@ -121,19 +132,26 @@ impl<'a> Header<'a> {
             receiving_application: f[5],
             receiving_facility: f[6],
             timestamp: f[7],
-            message_type: comp(f[9], 1),
-            trigger_event: comp(f[9], 2),
-            structure: comp(f[9], 3),
+            message_type,
+            trigger_event,
+            structure,
             control_id: f[10],
-            processing_id: comp(f[11], 1),
+            processing_id: first(f[11], cs),
             processing_field: f[11],
-            version: comp(f[12], 1),
+            version: first(f[12], cs),
             version_field: f[12],
             accept_ack_type: f[15],
             application_ack_type: f[16],
-            charset: nth(f[18], d.repetition, 1).unwrap_or_default(),
+            charset: first(f[18], d.repetition),
         };
-        (h, last_nonempty)
+        (
+            h,
+            Split {
+                msh9: f[9],
+                last_nonempty,
+                separators,
+            },
+        )
     }
 
     /// True when MSH-15 or MSH-16 is valued: the sender asked for enhanced acknowledgment mode.
@@ -148,6 +166,33 @@ impl<'a> Header<'a> {
         let minor = parts.next().map_or(Some(0), parse_small)?;
         Some((major, minor))
     }
+}
+
+/// What the single MSH split found besides the header fields.
+struct Split<'a> {
+    msh9: &'a [u8],
+    last_nonempty: usize,
+    /// Field separators in MSH (MSH-1 counts).
+    separators: usize,
+}
+
+/// The part of `v` before the first `sep`.
+#[inline]
+fn first(v: &[u8], sep: u8) -> &[u8] {
+    match v.iter().position(|&b| b == sep) {
+        Some(i) => &v[..i],
+        None => v,
+    }
+}
+
+/// Components 1, 2 and 3 of `v`.
+#[inline]
+fn three(v: &[u8], sep: u8) -> (&[u8], &[u8], &[u8]) {
+    let a = first(v, sep);
+    let rest = v.get(a.len() + 1..).unwrap_or_default();
+    let b = first(rest, sep);
+    let rest = rest.get(b.len() + 1..).unwrap_or_default();
+    (a, b, first(rest, sep))
 }
 
 fn parse_small(s: &[u8]) -> Option<u8> {

@@ -113,18 +113,23 @@ impl<'a> Message<'a> {
         segs: Vec<Span>,
     ) -> Result<Self, ParseError> {
         let first = segs[0];
-        let body = &input[first.start as usize..];
-        let end_of_last = segs.last().map_or(first.end, |s| s.end) as usize - first.start as usize;
-        if memchr_iter(delims.field, &body[..end_of_last])
-            .nth(10)
-            .is_none()
-        {
-            return Err(ParseError::TooFewFields {
-                offset: first.end as usize,
-            });
-        }
         let msh = &input[first.start as usize..first.end as usize];
-        let header = Header::validate(msh, delims, first.start as usize)?;
+        let checked = Header::validate(msh, delims, first.start as usize);
+        // At least 11 field separators in the message (MSH-12 can exist); usually all in MSH already.
+        let in_msh = match &checked {
+            Ok((_, n)) => *n,
+            Err(_) => memchr_iter(delims.field, msh).count(),
+        };
+        if in_msh < 11 {
+            let end_of_last = segs.last().map_or(first.end, |s| s.end) as usize;
+            let rest = &input[first.end as usize..end_of_last];
+            if in_msh + memchr_iter(delims.field, rest).take(11).count() < 11 {
+                return Err(ParseError::TooFewFields {
+                    offset: first.end as usize,
+                });
+            }
+        }
+        let (header, _) = checked?;
         Ok(Self {
             input,
             delims,
@@ -273,7 +278,7 @@ impl<'a> Segment<'a> {
 
     /// The name: the first three bytes of the first segment, else everything before the first field separator.
     pub fn name(&self) -> &'a [u8] {
-        if self.first {
+        if self.first || (self.raw.len() > 3 && self.raw[3] == self.delims.field) {
             &self.raw[..3.min(self.raw.len())]
         } else {
             let end = memchr(self.delims.field, self.raw).unwrap_or(self.raw.len());
