@@ -308,7 +308,10 @@ impl<'a> Segment<'a> {
         let (idx, atomic) = if header {
             if n == 1 {
                 let at = self.name().len();
-                return Some(Value::atomic(&self.raw[at..at + 1], self.delims));
+                return self
+                    .raw
+                    .get(at..at + 1)
+                    .map(|sep| Value::atomic(sep, self.delims));
             }
             (n - 1, n == 2)
         } else {
@@ -326,9 +329,12 @@ impl<'a> Segment<'a> {
     pub fn fields(&self) -> impl Iterator<Item = (usize, Value<'a>)> + '_ {
         let header = self.is_header();
         let d = self.delims;
+        // A header segment written without any separator (`MSH` alone on a later line) has no fields.
         let sep = if header {
             let at = self.name().len();
-            Some((1, Value::atomic(&self.raw[at..at + 1], d)))
+            self.raw
+                .get(at..at + 1)
+                .map(|sep| (1, Value::atomic(sep, d)))
         } else {
             None
         };
@@ -575,6 +581,19 @@ OBX|3|TX|C^D\r";
         assert!(Message::parse(b"MSH|^~\\&|A|B|C|D|E|F|ACK|1|P|2.5").is_ok());
         assert!(Message::parse(b"MSH|^~\\&|A|B|C|D|E|F|ADT^A01|1|P").is_err());
         assert!(Message::parse(b"MSH|^~\\&|A|B|C|D|E|F|ADT^A01|1|P\rPID|1|2").is_ok());
+    }
+
+    #[test]
+    fn a_bare_header_name_later_in_a_message_has_no_fields() {
+        // Found by `cargo fuzz` (target parse): `MSH` alone on a later line used to slice past its end.
+        let input = b"MSH|^~\\&|A|B|C|D|E|F|ADT^A01|1|P|2.5\nMSH\nBHS\n";
+        let m = Message::parse(input).unwrap();
+        let later = m.segment_at(1).unwrap();
+        assert!(later.is_header());
+        assert_eq!(later.fields().count(), 0);
+        assert!(later.field(1).is_none() && later.field(2).is_none());
+        assert_eq!(m.get("MSH(2)-1"), None);
+        let _ = m.flat();
     }
 
     #[test]

@@ -223,6 +223,19 @@ proptest! {
     }
 }
 
+/// Inputs that once crashed a fuzz target (tests/fuzz-regressions): each must now pass every check.
+#[test]
+fn fuzz_regressions_stay_fixed() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("regressions dir") {
+        let bytes = std::fs::read(entry.expect("entry").path()).expect("read");
+        exercise(&bytes);
+        n += 1;
+    }
+    assert!(n > 0);
+}
+
 fn exercise(bytes: &[u8]) {
     if let Ok(m) = Message::parse(bytes) {
         let _ = m.flat();
