@@ -108,8 +108,13 @@ async fn handle(
         Some(acceptor) => {
             match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
-                    if stream.get_ref().1.peer_certificates().is_some() {
-                        origin.tls_client = "client-certificate".into();
+                    if let Some(cert) = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                    {
+                        origin.tls_client = crate::tls::subject(cert);
                     }
                     connection::serve(stream, origin, pipe, cfg, stop).await;
                 }

@@ -348,7 +348,10 @@ impl Pipeline {
                     dedup_key,
                 }
             }
-            Ok(Ok(Err((e, _)))) => {
+            Ok(Ok(Err((e, _))))
+                if e.rdkafka_error_code()
+                    != Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) =>
+            {
                 self.metrics
                     .publish_failures
                     .get_or_create(&ReasonLabels {
@@ -363,7 +366,8 @@ impl Pipeline {
                 self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 self.unavailable(frame, "kafka_unavailable")
             }
-            Err(_) => {
+            // Our timer or librdkafka's own delivery timeout (set to the same bound): `on_timeout` decides.
+            Ok(Ok(Err(_))) | Err(_) => {
                 self.metrics
                     .publish_failures
                     .get_or_create(&ReasonLabels { reason: "timeout" })
@@ -387,11 +391,16 @@ impl Pipeline {
     /// sent (enhanced mode whose MSH-15 asks for no such ACK, or a close).
     pub fn render(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {
         buf.clear();
+        let h = Header::salvage(&r.frame);
         let (outcome, err) = match &r.action {
             Action::Close => return None,
             Action::Replay(ack) => {
+                // The resend asks for an accept ACK the same way the first message did (MSH-15).
+                if !accept_ack_wanted(&h, Outcome::Accept) {
+                    return None;
+                }
                 buf.extend_from_slice(ack);
-                let code = replay_code(ack);
+                let code = hl7v2::read_ack(ack).map(|(c, _)| c);
                 self.metrics.ack(code.map_or("unknown", AckCode::as_str));
                 return code;
             }
@@ -410,8 +419,9 @@ impl Pipeline {
                 }),
             ),
         };
-        let h = Header::salvage(&r.frame);
-        if !accept_ack_wanted(&h, outcome) {
+        let wanted = accept_ack_wanted(&h, outcome);
+        let remember = outcome == Outcome::Accept && r.dedup_key.is_some();
+        if !wanted && !remember {
             return None;
         }
         let code = ack_code(&h, outcome);
@@ -428,13 +438,16 @@ impl Pipeline {
                 timestamp: &ts,
             },
         );
-        self.metrics.ack(code.as_str());
-        if outcome == Outcome::Accept
-            && let Some(k) = &r.dedup_key
-        {
+        // Remember accepted messages even when MSH-15 asked for no ACK, so a resend is not published twice.
+        if let (true, Some(k)) = (remember, &r.dedup_key) {
             self.dedup
                 .remember(k.clone(), Bytes::copy_from_slice(buf), Instant::now());
         }
+        if !wanted {
+            buf.clear();
+            return None;
+        }
+        self.metrics.ack(code.as_str());
         Some(code)
     }
 
@@ -690,12 +703,6 @@ fn charset_label(h: &Header<'_>, fallback: &str) -> String {
     } else {
         String::from_utf8_lossy(h.charset).into_owned()
     }
-}
-
-fn replay_code(ack: &[u8]) -> Option<AckCode> {
-    Message::parse(ack)
-        .ok()
-        .and_then(|m| m.get("MSA-1").and_then(AckCode::parse))
 }
 
 fn kafka_reason(e: &rdkafka::error::KafkaError) -> &'static str {

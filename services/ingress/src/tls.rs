@@ -61,3 +61,12 @@ pub fn acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
     let config = builder.with_single_cert(certs, key)?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
+
+/// The subject of a client certificate (e.g. `CN=lab-sender, O=Hospital`), for the envelope's `tls_client`.
+/// A certificate that does not parse gives `unparsed-certificate`; the TLS layer already verified it.
+pub fn subject(cert: &CertificateDer<'_>) -> String {
+    match x509_parser::parse_x509_certificate(cert.as_ref()) {
+        Ok((_, c)) => c.subject().to_string(),
+        Err(_) => "unparsed-certificate".to_owned(),
+    }
+}

@@ -9,9 +9,10 @@ use hl7v2::MllpCodec;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message as _};
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -313,4 +314,105 @@ pub fn read_topic(brokers: &str, topic: &str, expected: usize, limit: Duration) 
         }
     }
     out
+}
+
+/// A child process killed (SIGKILL) when the test ends, whether it passed or panicked.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `hl7gw-load`, built with the workspace (`cargo test --workspace` builds every binary first).
+pub fn load_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test step");
+    let dir = exe.parent().and_then(Path::parent).expect("test step");
+    let bin = dir.join("hl7gw-load");
+    assert!(
+        bin.exists(),
+        "{} missing: run the tests with `cargo test --workspace` (make test)",
+        bin.display()
+    );
+    bin
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("test step")
+        .local_addr()
+        .expect("test step")
+        .port()
+}
+
+/// Starts the ingress on a fixed MLLP port (so a restarted one takes over the same address).
+pub fn ingress_on(port: u16, env: &[(&str, String)]) -> KillOnDrop {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"));
+    cmd.args([
+        "--mllp-addr",
+        &format!("127.0.0.1:{port}"),
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ])
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = KillOnDrop(cmd.spawn().expect("test step"));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("test step");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "ingress did not listen on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
+}
+
+pub fn recorded(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every recorded id is stored; returns (recorded, stored records, duplicates among them).
+pub fn check_all_acked_are_stored(
+    brokers: &str,
+    topic: &str,
+    ids: &[String],
+) -> (usize, usize, usize) {
+    let records = read_topic(brokers, topic, ids.len(), Duration::from_secs(120));
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for r in &records {
+        *count
+            .entry(
+                r.envelope
+                    .header
+                    .as_ref()
+                    .expect("test step")
+                    .control_id
+                    .clone(),
+            )
+            .or_default() += 1;
+    }
+    let missing: Vec<&String> = ids.iter().filter(|id| !count.contains_key(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} ACKed ids are not in the topic, e.g. {:?}",
+        missing.len(),
+        ids.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let duplicates = count.values().filter(|&&n| n > 1).map(|n| n - 1).sum();
+    (ids.len(), records.len(), duplicates)
 }

@@ -1,0 +1,897 @@
+//! The ingress's optional features, each against the real binary and a real Kafka broker (scripts/kafka.sh):
+//! TLS and mutual TLS, the PROXY protocol, MLLP release 2 commit acknowledgements, enhanced acknowledgement
+//! mode, the per-connection rate limit, pipelining, fast ACK mode, `on_timeout` with an unreachable broker,
+//! and the admin endpoints.
+//!
+//! Every test starts its own ingress on ephemeral 127.0.0.1 ports, uses its own topics, and bounds every wait.
+#![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
+
+mod support;
+
+use bytes::BytesMut;
+use futures_util::{SinkExt, StreamExt};
+use hl7v2::MllpCodec;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::codec::{Decoder, Framed};
+
+/// The longest wait for one ACK.
+const ACK_WAIT: Duration = Duration::from_secs(15);
+
+fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
+    let inbound = unique_topic("test.features");
+    let dlq = unique_topic("test.features.dlq");
+    let env = vec![
+        ("HL7GW_KAFKA_BROKERS", brokers.to_owned()),
+        ("HL7GW_INBOUND_TOPIC", inbound.clone()),
+        ("HL7GW_DLQ_TOPIC", dlq.clone()),
+    ];
+    (inbound, dlq, env)
+}
+
+/// An ADT^A01 with MSH-12 `version` and MSH-15/16 (empty: original acknowledgement mode).
+fn adt_enhanced(control_id: &str, version: &str, msh15: &str, msh16: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|TESTAPP|TESTFAC|HL7GW|HL7GW|20261122120000||ADT^A01^ADT_A01|{control_id}|P|{version}|||{msh15}|{msh16}\r\
+         EVN|A01|20261122120000\r\
+         PID|1||P1^^^TESTFAC^MR||DOE^JANE||19700101|F\r"
+    )
+    .into_bytes()
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    hl7v2::mllp::frame(payload).to_vec()
+}
+
+/// What the next read on a connection brought.
+#[derive(Debug)]
+enum Next {
+    Frame(BytesMut),
+    Closed,
+    Silent,
+}
+
+/// The next MLLP frame, or whether the connection closed (EOF or error) or stayed silent for `limit`.
+async fn next_frame<S>(f: &mut Framed<S, MllpCodec>, limit: Duration) -> Next
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(limit, f.next()).await {
+        Ok(Some(Ok(frame))) => Next::Frame(frame),
+        Ok(Some(Err(_)) | None) => Next::Closed,
+        Err(_) => Next::Silent,
+    }
+}
+
+/// Sends one payload and returns the next frame (None: closed or nothing within `ACK_WAIT`).
+async fn call_on<S>(f: &mut Framed<S, MllpCodec>, payload: &[u8]) -> Option<BytesMut>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if f.send(payload).await.is_err() {
+        return None;
+    }
+    match next_frame(f, ACK_WAIT).await {
+        Next::Frame(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// (MSA-1, MSA-2) of an ACK.
+fn msa(ack: &[u8]) -> (String, String) {
+    let (code, id) = hl7v2::read_ack(ack).expect("an ACK");
+    (
+        code.as_str().to_owned(),
+        String::from_utf8_lossy(id).into_owned(),
+    )
+}
+
+fn err3(ack: &[u8]) -> Option<String> {
+    hl7v2::Message::parse(ack).ok().and_then(|m| {
+        m.get("ERR-3-1")
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+/// Writes `bytes` on a new plain TCP connection and reads until close or `wait`: (bytes read, closed).
+async fn raw_exchange(addr: SocketAddr, bytes: &[u8], wait: Duration) -> (Vec<u8>, bool) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(bytes).await;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => return (out, false),
+        }
+    }
+}
+
+/// The MLLP frames in `bytes`.
+fn frames_in(bytes: &[u8]) -> Vec<BytesMut> {
+    let mut codec = MllpCodec::default();
+    let mut buf = BytesMut::from(bytes);
+    let mut out = Vec::new();
+    while let Ok(Some(f)) = codec.decode(&mut buf) {
+        out.push(f);
+    }
+    out
+}
+
+/// Polls a metric until it reaches `at_least` or `limit` passes; returns the last value.
+async fn wait_metric(ingress: &Ingress, series: &str, at_least: f64, limit: Duration) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = ingress.metric(series);
+        if v >= at_least || Instant::now() > deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The record of `control_id` among `records`.
+fn record_of<'r>(records: &'r [Record], control_id: &str) -> &'r Record {
+    records
+        .iter()
+        .find(|r| r.envelope.header.as_ref().unwrap().control_id == control_id)
+        .unwrap_or_else(|| panic!("{control_id} not in the topic"))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// TLS material, generated at test time.
+
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn env(&self, client_ca: bool) -> Vec<(&'static str, String)> {
+        let s = |n: &str| self.path(n).to_str().unwrap().to_owned();
+        let mut env = vec![
+            ("HL7GW_TLS__CERT", s("server.pem")),
+            ("HL7GW_TLS__KEY", s("server.key")),
+        ];
+        if client_ca {
+            env.push(("HL7GW_TLS__CLIENT_CA", s("ca.pem")));
+        }
+        env
+    }
+}
+
+fn ca(name: &str) -> (rcgen::Certificate, Issuer<'static, KeyPair>) {
+    let mut params = CertificateParams::new(Vec::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    (cert, Issuer::new(params, key))
+}
+
+fn leaf(
+    issuer: &Issuer<'static, KeyPair>,
+    names: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+) -> (String, String) {
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    params.distinguished_name.push(DnType::CommonName, names[0]);
+    params.extended_key_usages = vec![usage];
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A CA, a server certificate for 127.0.0.1/localhost, a client certificate from the same CA, and a client
+/// certificate from another CA.
+fn pki() -> Pki {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, pem: &str| std::fs::write(dir.path().join(name), pem).unwrap();
+    let (ca_cert, issuer) = ca("hl7gw features test CA");
+    write("ca.pem", &ca_cert.pem());
+    let (cert, key) = leaf(
+        &issuer,
+        &["localhost", "127.0.0.1"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    write("server.pem", &cert);
+    write("server.key", &key);
+    let (cert, key) = leaf(
+        &issuer,
+        &["hl7-client"],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    write("client.pem", &cert);
+    write("client.key", &key);
+    let (_, other) = ca("some other CA");
+    let (cert, key) = leaf(&other, &["intruder"], ExtendedKeyUsagePurpose::ClientAuth);
+    write("intruder.pem", &cert);
+    write("intruder.key", &key);
+    Pki { dir }
+}
+
+/// A client config (ring provider) trusting only the test CA, presenting `identity` (cert, key file names).
+fn client_config(pki: &Pki, identity: Option<(&str, &str)>) -> Arc<rustls::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.path("ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match identity {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(pki.path(cert))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(pki.path(key)).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Arc::new(config)
+}
+
+/// Connects over TLS (server name 127.0.0.1, as the certificate says) and frames MLLP on top.
+async fn tls_connect(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<Framed<TlsStream<TcpStream>, MllpCodec>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio::time::timeout(
+        Duration::from_secs(10),
+        TlsConnector::from(config).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    Ok(Framed::new(tls, MllpCodec::default()))
+}
+
+/// A TLS attempt that must not produce an ACK: Ok(()) when the handshake failed or the connection closed
+/// (or stayed silent) without one.
+async fn tls_refused(addr: SocketAddr, config: Arc<rustls::ClientConfig>, control_id: &str) {
+    let Ok(mut conn) = tls_connect(addr, config).await else {
+        return; // the handshake failed: refused
+    };
+    // TLS 1.3: the client finishes before the server has checked its certificate; the refusal arrives
+    // as an alert on the first read.
+    let _ = conn.send(&adt(control_id, "P1")[..]).await;
+    match next_frame(&mut conn, Duration::from_secs(5)).await {
+        Next::Frame(f) => panic!(
+            "a refused client got an answer: {:?}",
+            String::from_utf8_lossy(&f)
+        ),
+        Next::Closed | Next::Silent => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 1. TLS
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_accepts_mllp_over_tls_and_refuses_plain_tcp() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    let pki = pki();
+    env.extend(pki.env(false));
+    let ingress = Ingress::start(&env);
+
+    let mut conn = tls_connect(ingress.mllp, client_config(&pki, None))
+        .await
+        .expect("TLS handshake");
+    let ack = call_on(&mut conn, &adt("TLS1", "P1"))
+        .await
+        .expect("an ACK over TLS");
+    assert_eq!(msa(&ack), ("AA".to_owned(), "TLS1".to_owned()));
+    // A second message on the same TLS connection.
+    let ack = call_on(&mut conn, &adt("TLS2", "P1")).await.unwrap();
+    assert_eq!(msa(&ack), ("AA".to_owned(), "TLS2".to_owned()));
+
+    // Plain MLLP to the TLS port: no ACK, the connection is closed, the refusal is counted.
+    let (out, closed) = raw_exchange(
+        ingress.mllp,
+        &frame(&adt("PLAIN1", "P1")),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(closed, "the plain connection is closed");
+    assert!(frames_in(&out).is_empty(), "no MLLP answer: {out:?}");
+    let refused = wait_metric(
+        &ingress,
+        "hl7gw_ingress_connections_refused_total{reason=\"tls_handshake\"}",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(refused, 1.0);
+
+    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    assert_eq!(records.len(), 2, "only the TLS messages are stored");
+    let src = record_of(&records, "TLS1").envelope.source.clone().unwrap();
+    assert_eq!(src.protocol, "mllp");
+    assert!(src.peer.starts_with("127.0.0.1:"), "{}", src.peer);
+    assert!(
+        src.tls_client.is_empty(),
+        "no client certificate: {:?}",
+        src.tls_client
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 2. Mutual TLS
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    let pki = pki();
+    env.extend(pki.env(true));
+    let ingress = Ingress::start(&env);
+    let refused_series = "hl7gw_ingress_connections_refused_total{reason=\"tls_handshake\"}";
+
+    let mut conn = tls_connect(
+        ingress.mllp,
+        client_config(&pki, Some(("client.pem", "client.key"))),
+    )
+    .await
+    .expect("mutual TLS handshake");
+    let ack = call_on(&mut conn, &adt("MTLS1", "P1"))
+        .await
+        .expect("an ACK over mutual TLS");
+    assert_eq!(msa(&ack), ("AA".to_owned(), "MTLS1".to_owned()));
+    assert_eq!(ingress.metric(refused_series), 0.0);
+
+    // No client certificate: refused.
+    tls_refused(ingress.mllp, client_config(&pki, None), "NOCERT1").await;
+    assert_eq!(
+        wait_metric(&ingress, refused_series, 1.0, Duration::from_secs(5)).await,
+        1.0
+    );
+    // A certificate from another CA: refused as well.
+    tls_refused(
+        ingress.mllp,
+        client_config(&pki, Some(("intruder.pem", "intruder.key"))),
+        "INTRUDER1",
+    )
+    .await;
+    assert_eq!(
+        wait_metric(&ingress, refused_series, 2.0, Duration::from_secs(5)).await,
+        2.0
+    );
+
+    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1, "only the authenticated message is stored");
+    let src = record_of(&records, "MTLS1")
+        .envelope
+        .source
+        .clone()
+        .unwrap();
+    assert!(
+        !src.tls_client.is_empty(),
+        "the envelope names the TLS client"
+    );
+}
+
+/// proto/hl7gw/v1/envelope.proto: `tls_client` is the "TLS client certificate subject, when mutual TLS
+/// identified the sender", so a consumer can tell which client sent a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_envelope_names_the_client_certificate_subject() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    let pki = pki();
+    env.extend(pki.env(true));
+    let ingress = Ingress::start(&env);
+    let mut conn = tls_connect(
+        ingress.mllp,
+        client_config(&pki, Some(("client.pem", "client.key"))),
+    )
+    .await
+    .expect("mutual TLS handshake");
+    let ack = call_on(&mut conn, &adt("SUBJ1", "P1")).await.unwrap();
+    assert_eq!(msa(&ack).0, "AA");
+    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    let src = record_of(&records, "SUBJ1")
+        .envelope
+        .source
+        .clone()
+        .unwrap();
+    assert!(
+        src.tls_client.contains("hl7-client"),
+        "tls_client should carry the certificate subject (CN=hl7-client), got {:?}",
+        src.tls_client
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 3. PROXY protocol
+
+fn proxy_v2_header() -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.push(0x21); // version 2, PROXY
+    h.push(0x11); // AF_INET, STREAM
+    h.extend_from_slice(&12u16.to_be_bytes());
+    h.extend_from_slice(&[198, 51, 100, 9]); // source
+    h.extend_from_slice(&[10, 0, 0, 1]); // destination
+    h.extend_from_slice(&41000u16.to_be_bytes());
+    h.extend_from_slice(&2575u16.to_be_bytes());
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_v1_and_v2_give_the_senders_address_and_a_missing_header_is_refused() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    env.push(("HL7GW_PROXY_PROTOCOL", "true".to_owned()));
+    let ingress = Ingress::start(&env);
+
+    // v1: header and frame in one write; the ingress must consume the header and nothing after it.
+    let mut s = TcpStream::connect(ingress.mllp).await.unwrap();
+    let mut bytes = b"PROXY TCP4 203.0.113.7 10.0.0.1 40000 2575\r\n".to_vec();
+    bytes.extend(frame(&adt("PROXY1", "P1")));
+    s.write_all(&bytes).await.unwrap();
+    let mut v1 = Mllp(Framed::new(s, MllpCodec::default()));
+    let ack = v1.recv(ACK_WAIT).await.expect("an ACK after a v1 header");
+    assert_eq!(msa(&ack), ("AA".to_owned(), "PROXY1".to_owned()));
+    // The connection goes on after the header.
+    let ack = v1.call(&adt("PROXY1B", "P1")).await.unwrap();
+    assert_eq!(msa(&ack), ("AA".to_owned(), "PROXY1B".to_owned()));
+
+    // v2 (binary): the header in its own write, then the frame.
+    let mut s = TcpStream::connect(ingress.mllp).await.unwrap();
+    s.write_all(&proxy_v2_header()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut v2 = Mllp(Framed::new(s, MllpCodec::default()));
+    let ack = v2
+        .call(&adt("PROXY2", "P1"))
+        .await
+        .expect("an ACK after a v2 header");
+    assert_eq!(msa(&ack), ("AA".to_owned(), "PROXY2".to_owned()));
+
+    // No header: closed without an answer, counted.
+    let (out, closed) = raw_exchange(
+        ingress.mllp,
+        &frame(&adt("NOPROXY", "P1")),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(closed, "a connection without a PROXY header is closed");
+    assert!(out.is_empty(), "no answer: {out:?}");
+    assert_eq!(
+        wait_metric(
+            &ingress,
+            "hl7gw_ingress_connections_refused_total{reason=\"proxy_header\"}",
+            1.0,
+            Duration::from_secs(5),
+        )
+        .await,
+        1.0
+    );
+
+    let records = read_topic(brokers, &inbound, 3, Duration::from_secs(30));
+    assert_eq!(records.len(), 3, "NOPROXY is not stored");
+    let peer = |id: &str| {
+        record_of(&records, id)
+            .envelope
+            .source
+            .clone()
+            .unwrap()
+            .peer
+    };
+    assert_eq!(peer("PROXY1"), "203.0.113.7:40000");
+    assert_eq!(peer("PROXY1B"), "203.0.113.7:40000");
+    assert_eq!(peer("PROXY2"), "198.51.100.9:41000");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 4. MLLP release 2 commit acknowledgements
+
+/// Writes one frame and reads exactly four bytes back.
+async fn read4(s: &mut TcpStream, payload: &[u8]) -> [u8; 4] {
+    s.write_all(&frame(payload)).await.unwrap();
+    let mut got = [0u8; 4];
+    tokio::time::timeout(ACK_WAIT, s.read_exact(&mut got))
+        .await
+        .expect("a commit block in time")
+        .expect("four bytes");
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mllp2_commit_acks_are_exactly_four_bytes() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    env.push(("HL7GW_MLLP2_COMMIT_ACKS", "true".to_owned()));
+    let ingress = Ingress::start(&env);
+
+    let mut s = TcpStream::connect(ingress.mllp).await.unwrap();
+    assert_eq!(
+        read4(&mut s, &adt("COMMIT1", "P1")).await,
+        [0x0B, 0x06, 0x1C, 0x0D],
+        "commit ACK for a good message"
+    );
+    assert_eq!(
+        read4(&mut s, &adt_enhanced("COMMIT2", "3.0", "", "")).await,
+        [0x0B, 0x15, 0x1C, 0x0D],
+        "commit NAK for an unsupported version"
+    );
+    assert_eq!(
+        read4(&mut s, b"PID|1||NOMSH").await,
+        [0x0B, 0x15, 0x1C, 0x0D],
+        "commit NAK for a message without MSH"
+    );
+    assert_eq!(
+        read4(&mut s, &adt("COMMIT3", "P1")).await,
+        [0x0B, 0x06, 0x1C, 0x0D],
+        "commit ACK again"
+    );
+    // Nothing else follows the commit blocks (no HL7 ACK behind them).
+    let mut extra = [0u8; 64];
+    match tokio::time::timeout(Duration::from_millis(700), s.read(&mut extra)).await {
+        Err(_) => {}
+        Ok(r) => panic!("unexpected bytes after the commit blocks: {r:?} {extra:?}"),
+    }
+    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    assert_eq!(records.len(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 5. Enhanced acknowledgement mode
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enhanced_mode_follows_msh15() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let quiet = Duration::from_millis(1500);
+
+    // AL: a commit accept.
+    let ack = c.call(&adt_enhanced("ENH-AL", "2.5.1", "AL", "AL")).await;
+    assert_eq!(msa(&ack.unwrap()), ("CA".to_owned(), "ENH-AL".to_owned()));
+
+    // NE (application ACK AL): no accept ACK at all; the next message on the connection gets its own.
+    c.send(&adt_enhanced("ENH-NE", "2.5.1", "NE", "AL")).await;
+    match next_frame(&mut c.0, quiet).await {
+        Next::Silent => {}
+        other => panic!("MSH-15=NE got {other:?}"),
+    }
+    let ack = c.call(&adt("ENH-AFTER-NE", "P1")).await.unwrap();
+    assert_eq!(msa(&ack), ("AA".to_owned(), "ENH-AFTER-NE".to_owned()));
+
+    // ER: nothing for a good message, CR for a bad one (and it is the bad one's answer).
+    c.send(&adt_enhanced("ENH-ER-OK", "2.5.1", "ER", "AL"))
+        .await;
+    match next_frame(&mut c.0, quiet).await {
+        Next::Silent => {}
+        other => panic!("MSH-15=ER on a good message got {other:?}"),
+    }
+    let ack = c
+        .call(&adt_enhanced("ENH-ER-BAD", "3.0", "ER", "AL"))
+        .await
+        .unwrap();
+    assert_eq!(msa(&ack), ("CR".to_owned(), "ENH-ER-BAD".to_owned()));
+    assert_eq!(err3(&ack).as_deref(), Some("203"));
+
+    // SU: CA for a good message, nothing for a bad one.
+    let ack = c
+        .call(&adt_enhanced("ENH-SU-OK", "2.5.1", "SU", "AL"))
+        .await
+        .unwrap();
+    assert_eq!(msa(&ack), ("CA".to_owned(), "ENH-SU-OK".to_owned()));
+    c.send(&adt_enhanced("ENH-SU-BAD", "3.0", "SU", "AL")).await;
+    match next_frame(&mut c.0, quiet).await {
+        Next::Silent => {}
+        other => panic!("MSH-15=SU on a bad message got {other:?}"),
+    }
+    let ack = c.call(&adt("ENH-LAST", "P1")).await.unwrap();
+    assert_eq!(msa(&ack), ("AA".to_owned(), "ENH-LAST".to_owned()));
+
+    // Unanswered is not unstored: the good messages without an ACK are in the topic too.
+    let records = read_topic(brokers, &inbound, 6, Duration::from_secs(30));
+    let ids: HashSet<String> = records
+        .iter()
+        .map(|r| r.envelope.header.as_ref().unwrap().control_id.clone())
+        .collect();
+    let want: HashSet<String> = [
+        "ENH-AL",
+        "ENH-NE",
+        "ENH-AFTER-NE",
+        "ENH-ER-OK",
+        "ENH-SU-OK",
+        "ENH-LAST",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(ids, want);
+    assert_eq!(records.len(), 6);
+}
+
+/// README: "A resent message (same MSH-3, MSH-4, MSH-10) within `duplicate_window` gets its first ACK again
+/// and is not published twice". A message whose MSH-15 asks for no accept ACK is a resend all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enhanced_mode_resend_without_an_ack_is_published_once() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    for _ in 0..2 {
+        c.send(&adt_enhanced("ENH-NE-DUP", "2.5.1", "NE", "AL"))
+            .await;
+        match next_frame(&mut c.0, Duration::from_millis(1500)).await {
+            Next::Silent => {}
+            other => panic!("MSH-15=NE got {other:?}"),
+        }
+    }
+    let ack = c.call(&adt("ENH-DUP-END", "P1")).await.unwrap();
+    assert_eq!(msa(&ack), ("AA".to_owned(), "ENH-DUP-END".to_owned()));
+    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let copies = records
+        .iter()
+        .filter(|r| r.envelope.header.as_ref().unwrap().control_id == "ENH-NE-DUP")
+        .count();
+    assert_eq!(
+        copies, 1,
+        "the resent NE message was published {copies} times"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 6. Rate limit
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_slows_a_fast_sender_without_refusing_it() {
+    let brokers = broker();
+    let (_, _, mut env) = topics_env(brokers);
+    env.push(("HL7GW_RATE_LIMIT_PER_CONNECTION", "20".to_owned()));
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    // Warm the producer up on another connection so the timing below measures the limiter.
+    let mut w = Mllp::connect(ingress.mllp).await;
+    assert_eq!(ack_code(&w.call(&adt("WARM", "P1")).await.unwrap()), "AA");
+
+    let t = Instant::now();
+    for i in 0..30 {
+        let ack = c.call(&adt(&format!("RL{i}"), "P1")).await.unwrap();
+        assert_eq!(msa(&ack), ("AA".to_owned(), format!("RL{i}")));
+    }
+    let took = t.elapsed();
+    eprintln!("30 messages at 20/s took {took:?}");
+    // 29 intervals of 50 ms after the first message.
+    assert!(took >= Duration::from_millis(1300), "{took:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 7. Pipelining
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_frames_are_answered_in_order() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let ids: Vec<String> = (0..200).map(|i| format!("PIPE{i}")).collect();
+    let mut bytes = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        bytes.extend(frame(&adt(id, &format!("P{}", i % 7))));
+    }
+    let s = TcpStream::connect(ingress.mllp).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let (rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&bytes).await.unwrap();
+        wr
+    });
+    let mut acks = tokio_util::codec::FramedRead::new(rd, MllpCodec::default());
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while got.len() < ids.len() {
+        let f = tokio::time::timeout_at(deadline, acks.next())
+            .await
+            .expect("200 ACKs in time")
+            .expect("the connection stays open")
+            .unwrap();
+        got.push(msa(&f));
+    }
+    let _wr = writer.await.unwrap();
+    for (i, (code, id)) in got.iter().enumerate() {
+        assert_eq!(code, "AA", "{id}");
+        assert_eq!(id, &ids[i], "ACK {i} answers the {i}th frame");
+    }
+    let records = read_topic(brokers, &inbound, 200, Duration::from_secs(60));
+    assert_eq!(records.len(), 200);
+    // Per connection, the envelopes' sequence follows the order sent.
+    for r in &records {
+        let id = &r.envelope.header.as_ref().unwrap().control_id;
+        let i: u64 = id.trim_start_matches("PIPE").parse().unwrap();
+        assert_eq!(r.envelope.sequence, i + 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 8. Fast ACK mode
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_mode_acks_and_stores_every_message() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    env.push(("HL7GW_ACK_MODE", "fast".to_owned()));
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    for i in 0..100 {
+        let ack = c
+            .call(&adt(&format!("FAST{i}"), &format!("P{}", i % 3)))
+            .await
+            .unwrap();
+        assert_eq!(msa(&ack), ("AA".to_owned(), format!("FAST{i}")));
+    }
+    let records = read_topic(brokers, &inbound, 100, Duration::from_secs(60));
+    assert_eq!(records.len(), 100);
+    let ids: HashSet<String> = records
+        .iter()
+        .map(|r| r.envelope.header.as_ref().unwrap().control_id.clone())
+        .collect();
+    assert_eq!(ids, (0..100).map(|i| format!("FAST{i}")).collect());
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_acks_total{code=\"AA\"}"),
+        100.0
+    );
+    // Every publish behind an ACK completed.
+    assert_eq!(
+        wait_metric(
+            &ingress,
+            "hl7gw_ingress_publish_duration_seconds_count",
+            100.0,
+            Duration::from_secs(10),
+        )
+        .await,
+        100.0
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 9. An unreachable broker and `on_timeout`
+
+fn unreachable_env(on_timeout: Option<&str>) -> Vec<(&'static str, String)> {
+    let (_, _, mut env) = topics_env("127.0.0.1:1");
+    env.push(("HL7GW_ACK_TIMEOUT", "1s".to_owned()));
+    // librdkafka logs every failed connection attempt; keep the ingress's own warnings.
+    env.push(("RUST_LOG", "warn,rdkafka=off,librdkafka=off".to_owned()));
+    if let Some(v) = on_timeout {
+        env.push(("HL7GW_ON_TIMEOUT", v.to_owned()));
+    }
+    env
+}
+
+fn assert_not_ready(ingress: &Ingress) {
+    let (status, _) = http_get(ingress.admin, "/readyz");
+    assert_eq!(status, 503, "/readyz while Kafka is unreachable");
+    let (status, _) = http_get(ingress.admin, "/healthz");
+    assert_eq!(status, 200, "/healthz: the process is alive");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_broker_with_on_timeout_close_closes_without_an_answer() {
+    let ingress = Ingress::start_with(&unreachable_env(Some("close")), &[], false);
+    assert_not_ready(&ingress);
+    for n in 0..3 {
+        let mut c = Mllp::connect(ingress.mllp).await;
+        let id = format!("CLOSE{n}");
+        c.send(&adt(&id, "P1")).await;
+        let t = Instant::now();
+        let got = next_frame(&mut c.0, Duration::from_secs(8)).await;
+        let took = t.elapsed();
+        match got {
+            Next::Closed => {}
+            Next::Frame(f) => panic!(
+                "{id}: on_timeout=close answered {:?} after {took:?}",
+                String::from_utf8_lossy(&f)
+            ),
+            Next::Silent => panic!("{id}: the connection was not closed within 8 s"),
+        }
+        assert!(took < Duration::from_secs(3), "{id}: closed after {took:?}");
+    }
+    assert_not_ready(&ingress);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_broker_with_on_timeout_nak_answers_ar_207() {
+    let ingress = Ingress::start_with(&unreachable_env(None), &[], false);
+    assert_not_ready(&ingress);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    for n in 0..3 {
+        let id = format!("NAK{n}");
+        c.send(&adt(&id, "P1")).await;
+        let t = Instant::now();
+        let got = next_frame(&mut c.0, Duration::from_secs(8)).await;
+        let took = t.elapsed();
+        let Next::Frame(ack) = got else {
+            panic!("{id}: no NAK ({got:?})");
+        };
+        assert_eq!(msa(&ack), ("AR".to_owned(), id.clone()));
+        assert_eq!(err3(&ack).as_deref(), Some("207"), "{id}");
+        assert!(took < Duration::from_secs(3), "{id}: NAK after {took:?}");
+    }
+    // No AA was ever sent.
+    assert_eq!(ingress.metric("hl7gw_ingress_acks_total{code=\"AA\"}"), 0.0);
+    assert_eq!(ingress.metric("hl7gw_ingress_acks_total{code=\"AR\"}"), 3.0);
+    assert_not_ready(&ingress);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 10. Admin endpoints
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_answer_and_metrics_carry_no_patient_data() {
+    let brokers = broker();
+    let (_, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let (status, _) = http_get(ingress.admin, "/healthz");
+    assert_eq!(status, 200);
+    let (status, _) = http_get(ingress.admin, "/readyz");
+    assert_eq!(status, 200);
+
+    // Patient data that must never reach a metric: in accepted, duplicate and rejected messages.
+    let (pid, family, given, dob) = ("PHI7734519", "QUIXOTEZ", "MARGARETHA", "19450317");
+    let msg = |control_id: &str, version: &str| {
+        format!(
+            "MSH|^~\\&|TESTAPP|TESTFAC|HL7GW|HL7GW|20261122120000||ADT^A01^ADT_A01|{control_id}|P|{version}\r\
+             PID|1||{pid}^^^TESTFAC^MR||{family}^{given}||{dob}|F\r"
+        )
+        .into_bytes()
+    };
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let ack = c.call(&msg("ADM1", "2.5.1")).await.unwrap();
+    assert_eq!(msa(&ack).0, "AA");
+    let ack = c.call(&msg("ADM1", "2.5.1")).await.unwrap();
+    assert_eq!(msa(&ack).0, "AA", "duplicate");
+    let ack = c.call(&msg("ADM2", "9.9")).await.unwrap();
+    assert_eq!(msa(&ack).0, "AR");
+    let ack = c
+        .call(format!("PID|1||{pid}||{family}^{given}").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(msa(&ack).0, "AE");
+
+    let (status, metrics) = http_get(ingress.admin, "/metrics");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("hl7gw_ingress_frames_total"), "{metrics}");
+    assert_eq!(ingress.metric("hl7gw_ingress_frames_total"), 4.0);
+    for phi in [pid, family, given, dob] {
+        assert!(
+            !metrics.to_uppercase().contains(phi),
+            "/metrics contains patient data {phi:?}"
+        );
+    }
+}
