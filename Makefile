@@ -37,5 +37,8 @@ fmt: ## format the code
 bench: ## criterion benchmarks: hl7v2 against hl7-parser and rust-hl7 (see docs/BENCHMARKS.md)
 	$(CARGO) bench -p hl7v2 --bench parse
 
+bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a local Kafka (docs/BENCHMARKS.md)
+	@scripts/bench-e2e.sh
+
 fuzz: ## fuzz the parser and the MLLP decoder for FUZZ_SECONDS each (needs nightly; installs cargo-fuzz)
 	@scripts/fuzz.sh $(FUZZ_SECONDS)

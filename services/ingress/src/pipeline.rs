@@ -153,7 +153,6 @@ impl Pipeline {
             hl7.type = tracing::field::Empty,
             hl7.control_id = tracing::field::Empty,
             hl7.size = frame.len(),
-            hl7.ack = tracing::field::Empty,
         );
         let msg = match Message::parse(&frame) {
             Ok(m) => m,

@@ -13,8 +13,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
-    /// How long the producer waits to batch records (`linger.ms`): 0–1 ms keeps latency low at low
-    /// concurrency while still batching under load.
+    /// How long the producer waits to batch records (`linger.ms`). 0 (the default) sends at once; librdkafka
+    /// still batches what queues up while a request is in flight, so throughput under load holds. 1 ms adds a
+    /// millisecond to every sequential sender's round trip (measured: 630 vs. more msg/s, docs/BENCHMARKS.md).
     pub linger_ms: u32,
     /// `compression.type`: none, gzip, snappy, lz4 or zstd.
     pub compression: String,
@@ -27,7 +28,7 @@ pub struct KafkaSettings {
 impl Default for KafkaSettings {
     fn default() -> Self {
         Self {
-            linger_ms: 1,
+            linger_ms: 0,
             compression: "none".into(),
             create_topics_partitions: 6,
             properties: BTreeMap::new(),
