@@ -211,6 +211,13 @@ impl IngressMetrics {
         );
     }
 
+    /// A publish to the inbound topic that failed, by bounded reason.
+    pub fn publish_failed(&self, reason: &'static str) {
+        self.publish_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
     /// A framing violation on a connection.
     pub fn framing_error(&self, kind: &'static str, peer: &str) {
         self.framing_errors

@@ -250,12 +250,7 @@ impl Pipeline {
         let delivery = match self.producer.send_result(record) {
             Ok(d) => d,
             Err((e, _)) => {
-                self.metrics
-                    .publish_failures
-                    .get_or_create(&ReasonLabels {
-                        reason: kafka_reason(&e),
-                    })
-                    .inc();
+                self.metrics.publish_failed(kafka_reason(&e));
                 tracing::warn!(parent: &span, error = %e, "publish refused by the producer");
                 self.metrics.message(t, outcome::UNAVAILABLE);
                 return Pending::Ready(self.unavailable(frame, "kafka_unavailable"));
@@ -283,19 +278,11 @@ impl Pipeline {
                             .publish_duration
                             .observe(started.elapsed().as_secs_f64()),
                         Ok(Err((e, _))) => {
-                            metrics
-                                .publish_failures
-                                .get_or_create(&ReasonLabels {
-                                    reason: kafka_reason(&e),
-                                })
-                                .inc();
+                            metrics.publish_failed(kafka_reason(&e));
                             tracing::error!(parent: &span, error = %e, "fast mode: an ACKed message was not stored");
                         }
                         Err(_) => {
-                            metrics
-                                .publish_failures
-                                .get_or_create(&ReasonLabels { reason: "canceled" })
-                                .inc();
+                            metrics.publish_failed("canceled");
                         }
                     }
                 });
@@ -351,12 +338,7 @@ impl Pipeline {
                 if e.rdkafka_error_code()
                     != Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) =>
             {
-                self.metrics
-                    .publish_failures
-                    .get_or_create(&ReasonLabels {
-                        reason: kafka_reason(&e),
-                    })
-                    .inc();
+                self.metrics.publish_failed(kafka_reason(&e));
                 tracing::warn!(parent: &span, error = %e, "Kafka did not store the message");
                 self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 self.unavailable(frame, "kafka_unavailable")
@@ -367,10 +349,7 @@ impl Pipeline {
             }
             // Our timer or librdkafka's own delivery timeout (set to the same bound): `on_timeout` decides.
             Ok(Ok(Err(_))) | Err(_) => {
-                self.metrics
-                    .publish_failures
-                    .get_or_create(&ReasonLabels { reason: "timeout" })
-                    .inc();
+                self.metrics.publish_failed("timeout");
                 tracing::warn!(parent: &span, "Kafka did not confirm within ack_timeout");
                 self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 match self.cfg.on_timeout {
