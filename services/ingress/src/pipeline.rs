@@ -198,48 +198,13 @@ impl Pipeline {
         let key = self.kafka_key(&msg);
         let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
         let id = envelope::new_id();
-        let env = Envelope {
-            id: id.clone(),
-            received_at: Some(envelope::timestamp(received)),
-            source: Some(self.source(origin)),
-            raw: frame.clone(),
-            charset: charset_label(&h, &self.cfg.charset_fallback),
-            header: Some(envelope::header(&h, charset)),
-            trace: Some(TraceContext {
-                traceparent: traceparent.clone(),
-                tracestate,
-            }),
-            sequence,
-            attempts: 0,
-            stages: vec![Stage {
-                name: "ingress".into(),
-                at: Some(envelope::timestamp(received)),
-                pod: self.pod.clone(),
-            }],
-            rejection: None,
-            destination: String::new(),
-            key: String::from_utf8_lossy(&key).into_owned(),
-        };
+        let env = self
+            .envelope(&id, received, origin, &frame, &h, charset, sequence)
+            .with_trace(traceparent.clone(), tracestate)
+            .with_key(String::from_utf8_lossy(&key).into_owned());
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
-        let type_header = type_header(&h);
-        let hdrs = OwnedHeaders::new_with_capacity(4)
-            .insert(KafkaHeader {
-                key: headers::TYPE,
-                value: Some(&type_header),
-            })
-            .insert(KafkaHeader {
-                key: headers::CONTROL_ID,
-                value: Some(h.control_id),
-            })
-            .insert(KafkaHeader {
-                key: headers::TRACEPARENT,
-                value: Some(&traceparent),
-            })
-            .insert(KafkaHeader {
-                key: headers::CONTENT_TYPE,
-                value: Some(headers::ENVELOPE_CONTENT_TYPE),
-            });
+        let hdrs = kafka_headers(&h, Some(&traceparent));
         let mut record = FutureRecord::to(&self.cfg.inbound_topic)
             .payload(&payload)
             .headers(hdrs);
@@ -542,6 +507,39 @@ impl Pipeline {
         key
     }
 
+    /// The envelope every record of this ingress starts from.
+    #[allow(clippy::too_many_arguments)]
+    fn envelope(
+        &self,
+        id: &str,
+        received: SystemTime,
+        origin: &Origin,
+        frame: &Bytes,
+        h: &Header<'_>,
+        charset: Charset,
+        sequence: u64,
+    ) -> Envelope {
+        Envelope {
+            id: id.to_owned(),
+            received_at: Some(envelope::timestamp(received)),
+            source: Some(self.source(origin)),
+            raw: frame.clone(),
+            charset: charset_label(h, &self.cfg.charset_fallback),
+            header: Some(envelope::header(h, charset)),
+            trace: None,
+            sequence,
+            attempts: 0,
+            stages: vec![Stage {
+                name: "ingress".into(),
+                at: Some(envelope::timestamp(received)),
+                pod: self.pod.clone(),
+            }],
+            rejection: None,
+            destination: String::new(),
+            key: String::new(),
+        }
+    }
+
     fn source(&self, o: &Origin) -> Source {
         Source {
             listener: o.listener.to_string(),
@@ -586,46 +584,17 @@ impl Pipeline {
             h.control_id,
         );
         let id = envelope::new_id();
-        let env = Envelope {
-            id: id.clone(),
-            received_at: Some(envelope::timestamp(received)),
-            source: Some(self.source(origin)),
-            raw: frame.clone(),
-            charset: charset_label(&h, &self.cfg.charset_fallback),
-            header: Some(envelope::header(&h, self.fallback)),
-            trace: None,
-            sequence,
-            attempts: 0,
-            stages: vec![Stage {
-                name: "ingress".into(),
-                at: Some(envelope::timestamp(received)),
-                pod: self.pod.clone(),
-            }],
-            rejection: Some(Rejection {
-                stage: "ingress".into(),
-                reason: r.reason.into(),
-                hl7_error_code: u32::from(r.code.code()),
-                detail: r.text.clone(),
-                ack: Bytes::new(),
-            }),
-            destination: String::new(),
-            key: String::new(),
-        };
+        let mut env = self.envelope(&id, received, origin, &frame, &h, self.fallback, sequence);
+        env.rejection = Some(Rejection {
+            stage: "ingress".into(),
+            reason: r.reason.into(),
+            hl7_error_code: u32::from(r.code.code()),
+            detail: r.text.clone(),
+            ack: Bytes::new(),
+        });
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
-        let hdrs = OwnedHeaders::new_with_capacity(3)
-            .insert(KafkaHeader {
-                key: headers::TYPE,
-                value: Some(&type_header(&h)),
-            })
-            .insert(KafkaHeader {
-                key: headers::CONTROL_ID,
-                value: Some(h.control_id),
-            })
-            .insert(KafkaHeader {
-                key: headers::CONTENT_TYPE,
-                value: Some(headers::ENVELOPE_CONTENT_TYPE),
-            });
+        let hdrs = kafka_headers(&h, None);
         let record = FutureRecord::<(), _>::to(&self.cfg.dlq_topic)
             .payload(&payload)
             .headers(hdrs);
@@ -654,6 +623,52 @@ impl Pipeline {
             dedup_key: None,
         }
     }
+}
+
+/// Small setters for the envelope fields only accepted messages carry.
+trait EnvelopeExt {
+    fn with_trace(self, traceparent: String, tracestate: String) -> Self;
+    fn with_key(self, key: String) -> Self;
+}
+
+impl EnvelopeExt for Envelope {
+    fn with_trace(mut self, traceparent: String, tracestate: String) -> Self {
+        self.trace = Some(TraceContext {
+            traceparent,
+            tracestate,
+        });
+        self
+    }
+
+    fn with_key(mut self, key: String) -> Self {
+        self.key = key;
+        self
+    }
+}
+
+/// The Kafka headers consumers filter on: `hl7.type`, `hl7.control_id`, `traceparent` (when traced),
+/// `content-type`.
+fn kafka_headers(h: &Header<'_>, traceparent: Option<&str>) -> OwnedHeaders {
+    let type_header = type_header(h);
+    let mut hdrs = OwnedHeaders::new_with_capacity(4)
+        .insert(KafkaHeader {
+            key: headers::TYPE,
+            value: Some(&type_header),
+        })
+        .insert(KafkaHeader {
+            key: headers::CONTROL_ID,
+            value: Some(h.control_id),
+        });
+    if let Some(tp) = traceparent {
+        hdrs = hdrs.insert(KafkaHeader {
+            key: headers::TRACEPARENT,
+            value: Some(tp),
+        });
+    }
+    hdrs.insert(KafkaHeader {
+        key: headers::CONTENT_TYPE,
+        value: Some(headers::ENVELOPE_CONTENT_TYPE),
+    })
 }
 
 /// `ADT^A01` for the `hl7.type` header.
