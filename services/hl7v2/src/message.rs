@@ -211,18 +211,9 @@ impl<'a> Message<'a> {
 
     /// Like [`Message::get`] with escape sequences resolved.
     pub fn get_decoded(&self, path: &str) -> Option<Cow<'a, [u8]>> {
-        let raw = self.get(path)?;
-        Some(self.decode_value(raw, path))
-    }
-
-    fn decode_value(&self, raw: &'a [u8], path: &str) -> Cow<'a, [u8]> {
-        let is_msh12 =
-            matches!(Path::parse(path), Ok(p) if is_header_name(p.segment()) && p.field <= 2);
-        if is_msh12 {
-            Cow::Borrowed(raw)
-        } else {
-            unescape(raw, &self.delims)
-        }
+        Path::parse(path)
+            .ok()
+            .and_then(|p| self.get_path_decoded(&p))
     }
 
     /// The raw bytes at a pre-parsed path.
