@@ -34,16 +34,7 @@ impl IngestService {
     }
 
     fn submit(&self, message: bytes::Bytes, origin: &Origin, seq: u64) -> Pending {
-        if message.len() > self.cfg.max_frame_bytes {
-            self.pipe
-                .metrics
-                .framing_error("frame_too_large", &origin.peer);
-            return Pending::Ready(self.pipe.framing_reply(format!(
-                "message larger than the {}-byte limit",
-                self.cfg.max_frame_bytes
-            )));
-        }
-        self.pipe.submit(message, origin, seq)
+        submit(&self.pipe, self.cfg.max_frame_bytes, message, origin, seq)
     }
 
     fn respond(pipe: &Pipeline, reply: Reply) -> Result<SendResponse, Status> {
@@ -74,10 +65,6 @@ impl IngestService {
 impl Ingest for IngestService {
     async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
         let origin = self.origin(req.remote_addr());
-        let m = &self.pipe.metrics;
-        m.connections
-            .get_or_create(&ProtocolLabels { protocol: "grpc" })
-            .inc();
         let p = self.submit(req.into_inner().message, &origin, 1);
         let reply = self.pipe.resolve(p).await;
         Self::respond(&self.pipe, reply).map(Response::new)
@@ -110,16 +97,12 @@ impl Ingest for IngestService {
                 }
             }
         });
-        let this = IngestService {
-            pipe: self.pipe.clone(),
-            cfg: self.cfg.clone(),
-            streams: AtomicU64::new(0),
-        };
+        let (pipe, max) = (self.pipe.clone(), self.cfg.max_frame_bytes);
         tokio::spawn(async move {
             let mut seq = 0u64;
             while let Ok(Some(req)) = inbound.message().await {
                 seq += 1;
-                let p = this.submit(req.message, &origin, seq);
+                let p = submit(&pipe, max, req.message, &origin, seq);
                 if pending_tx.send(p).await.is_err() {
                     break;
                 }
@@ -127,6 +110,23 @@ impl Ingest for IngestService {
         });
         Ok(Response::new(ReceiverStream::new(out_rx)))
     }
+}
+
+/// Frames over the size limit get the same NAK as on MLLP; the rest goes through the pipeline.
+fn submit(
+    pipe: &Pipeline,
+    max: usize,
+    message: bytes::Bytes,
+    origin: &Origin,
+    seq: u64,
+) -> Pending {
+    if message.len() > max {
+        pipe.metrics.framing_error("frame_too_large", &origin.peer);
+        return Pending::Ready(
+            pipe.framing_reply(format!("message larger than the {max}-byte limit")),
+        );
+    }
+    pipe.submit(message, origin, seq)
 }
 
 /// Serves Ingest and Health on `listener` until `stop`; health reports SERVING while `ready()` holds.

@@ -122,7 +122,7 @@ impl IngressMetrics {
         );
         r.register(
             "connections",
-            "Connections and gRPC streams accepted",
+            "MLLP connections and gRPC SendStream streams accepted",
             m.connections.clone(),
         );
         r.register(
