@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 use support::*;
 
@@ -21,28 +20,7 @@ fn sigkill_mid_load_loses_no_acked_message() {
     let mut first = ingress_on(port, &env);
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("acked.txt");
-    let load = Command::new(load_binary())
-        .args([
-            "--to",
-            &format!("127.0.0.1:{port}"),
-            "--clients",
-            "4",
-            "--duration",
-            "14",
-        ])
-        .args([
-            "--warmup",
-            "0",
-            "--timeout",
-            "5",
-            "--json",
-            "--record-acked",
-        ])
-        .arg(&record)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let load = start_load(port, 4, 14, &record);
 
     std::thread::sleep(Duration::from_secs(4));
     let before_kill = recorded(&record).len();

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 use support::*;
 
@@ -24,28 +23,7 @@ async fn broker_outage_gets_no_false_ack_and_the_ingress_recovers() {
     let ingress = ingress_on(port, &env);
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("acked.txt");
-    let load = Command::new(load_binary())
-        .args([
-            "--to",
-            &format!("127.0.0.1:{port}"),
-            "--clients",
-            "2",
-            "--duration",
-            "28",
-        ])
-        .args([
-            "--warmup",
-            "0",
-            "--timeout",
-            "10",
-            "--json",
-            "--record-acked",
-        ])
-        .arg(&record)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let load = start_load(port, 2, 28, &record);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = recorded(&record).len();
     stop_broker(PORT);

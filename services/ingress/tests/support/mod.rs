@@ -339,6 +339,32 @@ pub fn load_binary() -> PathBuf {
     bin
 }
 
+/// Runs `hl7gw-load` for `secs` seconds with `clients` connections, recording every ACKed id in `record`;
+/// stdout (the JSON summary) is piped.
+pub fn start_load(port: u16, clients: u32, secs: u32, record: &Path) -> Child {
+    Command::new(load_binary())
+        .args(["--to", &format!("127.0.0.1:{port}")])
+        .args([
+            "--clients",
+            &clients.to_string(),
+            "--duration",
+            &secs.to_string(),
+        ])
+        .args([
+            "--warmup",
+            "0",
+            "--timeout",
+            "10",
+            "--json",
+            "--record-acked",
+        ])
+        .arg(record)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting hl7gw-load")
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("test step")
