@@ -2,7 +2,6 @@
 //! answers them in the same order as Kafka confirms them. At most `max_in_flight_per_connection` wait at once.
 
 use crate::config::Config;
-use crate::metrics::IngressMetrics;
 use crate::pipeline::{Action, Origin, Pending, Pipeline};
 use bytes::BytesMut;
 use hl7v2::mllp::{CR, EB, MllpCodec, MllpError, SB};
@@ -167,13 +166,7 @@ async fn write_loop<W>(
     // Messages left unanswered (close on timeout, or the peer went away): the sender resends them.
     rx.close();
     while let Ok(p) = rx.try_recv() {
-        abandon(&pipe.metrics, p);
-    }
-}
-
-fn abandon(m: &IngressMetrics, p: Pending) {
-    if let Pending::Publishing { .. } = p {
-        m.in_flight.dec();
+        pipe.abandon(p);
     }
 }
 

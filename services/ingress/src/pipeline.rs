@@ -330,6 +330,14 @@ impl Pipeline {
         }
     }
 
+    /// Drops a message that will not be answered (the peer left, or the connection closes on timeout): the
+    /// sender resends it. Keeps the in-flight gauge true.
+    pub fn abandon(&self, p: Pending) {
+        if let Pending::Publishing { .. } = p {
+            self.metrics.in_flight.dec();
+        }
+    }
+
     /// Writes the ACK for `r` into `buf` (cleared first) and returns its code, or `None` when nothing is to be
     /// sent (enhanced mode whose MSH-15 asks for no such ACK, or a close).
     pub fn render(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {
