@@ -10,7 +10,8 @@ use memchr::{memchr_iter, memchr2};
 pub struct Header<'a> {
     /// The delimiters from MSH-1/MSH-2.
     pub delimiters: Delimiters,
-    /// MSH-2 exactly as written.
+    /// MSH-2 exactly as written; empty when the delimiters are unusable ([`Header::salvage`] of broken input),
+    /// which tells [`write_ack`](crate::ack::write_ack) to answer with the default delimiters.
     pub encoding_characters: &'a [u8],
     /// MSH-3, the whole HD field.
     pub sending_application: &'a [u8],
