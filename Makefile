@@ -42,3 +42,14 @@ bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a 
 
 fuzz: ## fuzz the parser and the MLLP decoder for FUZZ_SECONDS each (needs nightly; installs cargo-fuzz)
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+.PHONY: cluster-up cluster-down tools
+
+cluster-up: ## start a local Kubernetes v1.36.3 control plane on 127.0.0.1:6443 (builds it once; see scripts/cluster.sh)
+	@scripts/cluster.sh up
+
+cluster-down: ## stop the local Kubernetes control plane
+	@scripts/cluster.sh down
+
+tools: ## install helm, kubeconform (with offline Kubernetes schemas) and promtool into .cache/tools
+	@scripts/tools.sh

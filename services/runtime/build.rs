@@ -2,7 +2,12 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = ["hl7gw/v1/envelope.proto", "hl7gw/v1/ingest.proto"];
+    let files = [
+        "hl7gw/v1/envelope.proto",
+        "hl7gw/v1/ingest.proto",
+        "hl7gw/v1/transform.proto",
+        "hl7gw/v1/egress.proto",
+    ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }

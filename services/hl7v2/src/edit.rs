@@ -212,6 +212,11 @@ impl<'a> Edit<'a> {
             })
     }
 
+    /// True when the message has an `occurrence`-th segment called `name`.
+    pub fn has_segment(&self, name: &str, occurrence: usize) -> bool {
+        self.find(name.as_bytes(), occurrence).is_some()
+    }
+
     /// Number of segments.
     pub fn segment_count(&self) -> usize {
         self.segs.len()

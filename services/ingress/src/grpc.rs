@@ -141,38 +141,11 @@ pub async fn serve(
     health: Arc<hl7gw_runtime::admin::Health>,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let (reporter, health_service) = tonic_health::server::health_reporter();
-    let watch_stop = stop.clone();
-    tokio::spawn(async move {
-        let mut last = None;
-        loop {
-            let ready = health.is_ready();
-            if last != Some(ready) {
-                if ready {
-                    reporter.set_serving::<IngestServer<IngestService>>().await;
-                    reporter
-                        .set_service_status("", tonic_health::ServingStatus::Serving)
-                        .await;
-                } else {
-                    reporter
-                        .set_not_serving::<IngestServer<IngestService>>()
-                        .await;
-                    reporter
-                        .set_service_status("", tonic_health::ServingStatus::NotServing)
-                        .await;
-                }
-                last = Some(ready);
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
-                _ = watch_stop.cancelled() => {
-                    reporter.set_not_serving::<IngestServer<IngestService>>().await;
-                    reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
-                    break;
-                }
-            }
-        }
-    });
+    let health_service = hl7gw_runtime::admin::grpc_health(
+        health,
+        <IngestServer<IngestService> as tonic::server::NamedService>::NAME,
+        stop.clone(),
+    );
     let max = cfg.max_frame_bytes + 4096;
     let svc = IngestServer::new(IngestService {
         pipe,

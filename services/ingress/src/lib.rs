@@ -6,7 +6,6 @@
 
 pub mod config;
 pub mod connection;
-pub mod dedup;
 pub mod grpc;
 pub mod listener;
 pub mod metrics;

@@ -1,49 +1,14 @@
 //! The ingress's metrics and the events that move them. Every label value is bounded (message type codes,
 //! outcomes, ACK codes, reason kinds): no label can carry patient data or explode in cardinality.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use std::fmt::Write;
 
-/// MSH-9.1 as a label: three uppercase letters or digits, anything else is `other`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MsgType([u8; 3]);
-
-impl MsgType {
-    /// The label for a message type code.
-    pub fn new(code: &[u8]) -> Self {
-        match code {
-            [a, b, c]
-                if [a, b, c]
-                    .iter()
-                    .all(|x| x.is_ascii_uppercase() || x.is_ascii_digit()) =>
-            {
-                Self([*a, *b, *c])
-            }
-            _ => Self::OTHER,
-        }
-    }
-
-    /// Unknown or unreadable type.
-    pub const OTHER: Self = Self([0, 0, 0]);
-
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0)
-            .ok()
-            .filter(|s| !s.starts_with('\0'))
-            .unwrap_or("other")
-    }
-}
-
-impl EncodeLabelValue for MsgType {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
-        encoder.write_str(self.as_str())
-    }
-}
+pub use hl7gw_runtime::metrics::MsgType;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct MessageLabels {

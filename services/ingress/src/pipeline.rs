@@ -6,9 +6,9 @@
 //! in order. The ACK bytes are written by `render` into the caller's reused buffer.
 
 use crate::config::{AckMode, Config, OnTimeout};
-use crate::dedup::{self, Dedup};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
+use hl7gw_runtime::dedup::{self, Dedup};
 use hl7gw_runtime::envelope::{self, headers};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
@@ -545,6 +545,8 @@ impl Pipeline {
             rejection: None,
             destination: String::new(),
             key: String::new(),
+            route: String::new(),
+            content_type: String::new(),
         }
     }
 

@@ -91,3 +91,39 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
         render(&s.registry),
     )
 }
+
+/// `grpc.health.v1.Health` for a service: SERVING (for `service_name` and for "") while `health` is ready,
+/// NOT_SERVING otherwise and once `stop` fires. Polls readiness every 500 ms.
+pub fn grpc_health(
+    health: Arc<Health>,
+    service_name: &'static str,
+    stop: CancellationToken,
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    use tonic_health::ServingStatus;
+    let (reporter, service) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let ready = health.is_ready();
+            if last != Some(ready) {
+                let status = if ready {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                reporter.set_service_status(service_name, status).await;
+                reporter.set_service_status("", status).await;
+                last = Some(ready);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = stop.cancelled() => {
+                    reporter.set_service_status(service_name, ServingStatus::NotServing).await;
+                    reporter.set_service_status("", ServingStatus::NotServing).await;
+                    break;
+                }
+            }
+        }
+    });
+    service
+}

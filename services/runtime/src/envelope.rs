@@ -10,6 +10,8 @@ pub mod headers {
     pub const CONTROL_ID: &str = "hl7.control_id";
     pub const TRACEPARENT: &str = "traceparent";
     pub const CONTENT_TYPE: &str = "content-type";
+    /// On hl7.out topics and worker DLQ records: the destination name.
+    pub const DESTINATION: &str = "hl7gw.destination";
     /// The value of `content-type` on every hl7gw record.
     pub const ENVELOPE_CONTENT_TYPE: &str = "application/x-protobuf; messageType=hl7gw.v1.Envelope";
 }
@@ -59,6 +61,53 @@ pub fn encode_into(env: &Envelope, buf: &mut Vec<u8>) {
     buf.reserve(env.encoded_len());
     // Encoding into a Vec cannot run out of space.
     let _ = env.encode(buf);
+}
+
+/// The Kafka headers of a worker's record: `hl7.type` (`ADT^A01`), `hl7.control_id`, `traceparent` (the
+/// given one, which continues the message's trace), `content-type`, and `hl7gw.destination` when set.
+pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::OwnedHeaders {
+    use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+    let h = env.header.clone().unwrap_or_default();
+    let ty = if h.trigger_event.is_empty() {
+        h.message_type.clone()
+    } else {
+        format!("{}^{}", h.message_type, h.trigger_event)
+    };
+    let mut out = OwnedHeaders::new_with_capacity(5)
+        .insert(KafkaHeader {
+            key: headers::TYPE,
+            value: Some(&ty),
+        })
+        .insert(KafkaHeader {
+            key: headers::CONTROL_ID,
+            value: Some(&h.control_id),
+        });
+    if !traceparent.is_empty() {
+        out = out.insert(KafkaHeader {
+            key: headers::TRACEPARENT,
+            value: Some(traceparent),
+        });
+    }
+    out = out.insert(KafkaHeader {
+        key: headers::CONTENT_TYPE,
+        value: Some(headers::ENVELOPE_CONTENT_TYPE),
+    });
+    if !env.destination.is_empty() {
+        out = out.insert(KafkaHeader {
+            key: headers::DESTINATION,
+            value: Some(&env.destination),
+        });
+    }
+    out
+}
+
+/// Appends a stage to the envelope's history.
+pub fn push_stage(env: &mut Envelope, name: &str) {
+    env.stages.push(crate::proto::v1::Stage {
+        name: name.to_owned(),
+        at: Some(timestamp(SystemTime::now())),
+        pod: crate::pod_name(),
+    });
 }
 
 /// Decodes an envelope from a Kafka value.

@@ -4,6 +4,8 @@
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::topic_partition_list::Offset;
 use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -116,4 +118,60 @@ pub async fn ensure_topics(
         }
     }
     Ok(())
+}
+
+/// Consumer settings for the workers: a group, offsets committed only by the service (after its work is
+/// done), read_committed so records of aborted transactions are never seen, and a short session timeout so a
+/// killed pod's partitions move on within seconds.
+pub fn consumer_config(
+    brokers: &str,
+    group_id: &str,
+    client_id: &str,
+    s: &KafkaSettings,
+) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("group.id", group_id)
+        .set("client.id", client_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .set("socket.nagle.disable", "true")
+        .set("fetch.wait.max.ms", "10")
+        .set("reconnect.backoff.max.ms", "1000");
+    for (k, v) in &s.properties {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Messages not yet consumed on the consumer's assigned partitions (high watermark minus position, or minus
+/// the committed offset before the first message). Blocking: call from a blocking task.
+pub fn consumer_lag<C: ConsumerContext, K: Consumer<C>>(
+    consumer: &K,
+    timeout: Duration,
+) -> Result<i64, rdkafka::error::KafkaError> {
+    let assigned = consumer.assignment()?;
+    if assigned.count() == 0 {
+        return Ok(0);
+    }
+    let position = consumer.position()?;
+    let committed = consumer.committed(timeout)?;
+    let mut lag = 0;
+    for e in assigned.elements() {
+        let (low, high) = consumer.fetch_watermarks(e.topic(), e.partition(), timeout)?;
+        let at = |list: &rdkafka::TopicPartitionList| {
+            list.find_partition(e.topic(), e.partition())
+                .and_then(|p| match p.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+        };
+        let pos = at(&position).or_else(|| at(&committed)).unwrap_or(low);
+        lag += (high - pos).max(0);
+    }
+    Ok(lag)
 }

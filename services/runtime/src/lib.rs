@@ -16,6 +16,7 @@ pub mod proto {
 
 pub mod admin;
 pub mod config;
+pub mod dedup;
 pub mod envelope;
 pub mod kafka;
 pub mod metrics;

@@ -27,3 +27,43 @@ pub fn latency_buckets() -> impl Iterator<Item = f64> {
     ]
     .into_iter()
 }
+
+/// MSH-9.1 as a label: three uppercase letters or digits, anything else is `other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MsgType([u8; 3]);
+
+impl MsgType {
+    /// The label for a message type code.
+    pub fn new(code: &[u8]) -> Self {
+        match code {
+            [a, b, c]
+                if [a, b, c]
+                    .iter()
+                    .all(|x| x.is_ascii_uppercase() || x.is_ascii_digit()) =>
+            {
+                Self([*a, *b, *c])
+            }
+            _ => Self::OTHER,
+        }
+    }
+
+    /// Unknown or unreadable type.
+    pub const OTHER: Self = Self([0, 0, 0]);
+
+    /// The label text.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0)
+            .ok()
+            .filter(|s| !s.starts_with('\0'))
+            .unwrap_or("other")
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for MsgType {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}

@@ -1,6 +1,7 @@
-//! Duplicate suppression: a resent (sending application, sending facility, MSH-10) within a window gets the
-//! first ACK again and is not published twice. Bounded in time and in size; per process (a resend that lands
-//! on another pod is published again, which consumers tolerate: delivery is at least once).
+//! Duplicate suppression, bounded in time and in size, per process. The ingress remembers the first ACK of a
+//! (sending application, sending facility, MSH-10) and replays it to a resend; the egress remembers what it
+//! delivered so a redelivery after a crash or rebalance is not sent again. A duplicate that lands on another
+//! pod is not caught, which consumers tolerate: delivery is at least once.
 
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};

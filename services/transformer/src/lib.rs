@@ -1,0 +1,295 @@
+//! hl7gw-transformer: consumes `hl7.inbound`, applies the matching `HL7Route`s and produces each destination's
+//! copy to `hl7.out.<destination>` (failures to `hl7.dlq`), in Kafka transactions with the consumer offsets.
+//!
+//! [`run`] loads the routes (file or Kubernetes), starts the worker, gRPC dry run and admin HTTP, and on
+//! shutdown finishes the batch in hand, commits it and leaves the consumer group.
+
+pub mod config;
+pub mod engine;
+pub mod grpc;
+pub mod metrics;
+pub mod plugin;
+pub mod route;
+pub mod source;
+pub mod worker;
+
+use config::Config;
+use hl7gw_runtime::admin::{self, Health};
+use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics, producer_config};
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::{FutureProducer, Producer};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Why the transformer could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TransformerError {
+    #[error(transparent)]
+    Config(#[from] hl7gw_runtime::config::ConfigError),
+    #[error(transparent)]
+    Routes(#[from] source::SourceError),
+    #[error("Kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Worker(#[from] worker::WorkerError),
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The addresses the transformer listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// Runs the transformer until `stop` is cancelled.
+pub async fn run(
+    cfg: Config,
+    stop: CancellationToken,
+    on_bound: impl FnOnce(Bound),
+) -> Result<(), TransformerError> {
+    cfg.validate()?;
+    let cfg = Arc::new(cfg);
+    let mut registry = hl7gw_runtime::metrics::registry();
+    let metrics = metrics::TransformerMetrics::register(&mut registry);
+    let live = Arc::new(source::LiveRoutes::default());
+    let side_stop = CancellationToken::new();
+
+    if let Some(path) = &cfg.routes.file {
+        source::load_file(path, &live, &metrics)?;
+        tokio::spawn(source::watch_file(
+            path.clone(),
+            cfg.routes.reload_interval,
+            live.clone(),
+            metrics.clone(),
+            side_stop.clone(),
+        ));
+    } else {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(source::SourceError::Kube)?;
+        let ns = cfg
+            .routes
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        tracing::info!(namespace = %ns, "watching HL7Routes");
+        let api = kube::Api::<route::HL7Route>::namespaced(client, &ns);
+        tokio::spawn(source::watch_kubernetes(
+            api,
+            live.clone(),
+            metrics.clone(),
+            side_stop.clone(),
+        ));
+    }
+
+    let pod = hl7gw_runtime::pod_name();
+    let txn_id = cfg
+        .transactional_id
+        .clone()
+        .unwrap_or_else(|| format!("hl7gw-transformer-{pod}"));
+    let mut pc = producer_config(
+        &cfg.kafka_brokers,
+        "hl7gw-transformer",
+        &cfg.kafka,
+        cfg.transaction_timeout,
+    );
+    pc.set("transactional.id", &txn_id).set(
+        "transaction.timeout.ms",
+        cfg.transaction_timeout.as_millis().to_string(),
+    );
+    for (k, v) in &cfg.kafka.properties {
+        pc.set(k, v);
+    }
+    let producer: FutureProducer = pc.create()?;
+    let consumer: Arc<worker::Consumer_> = Arc::new(
+        consumer_config(
+            &cfg.kafka_brokers,
+            &cfg.group_id,
+            "hl7gw-transformer",
+            &cfg.kafka,
+        )
+        .create_with_context(worker::RebalanceCounter::default())?,
+    );
+
+    let bind = |what, addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| TransformerError::Bind { what, addr, source })
+    };
+    let grpc = bind("gRPC", cfg.grpc_addr).await?;
+    let health = Arc::new(Health::default());
+    let admin_stop = CancellationToken::new();
+    let (admin_addr, admin_task) = admin::serve(
+        cfg.admin_addr,
+        health.clone(),
+        Arc::new(registry),
+        admin_stop.clone(),
+    )
+    .await
+    .map_err(|source| TransformerError::Bind {
+        what: "admin HTTP",
+        addr: cfg.admin_addr,
+        source,
+    })?;
+    let bound = Bound {
+        grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
+        admin: admin_addr,
+    };
+    tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
+    on_bound(bound);
+
+    // Topics first (inbound, DLQ, every destination's), then the subscription.
+    ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
+    consumer.subscribe(&[&cfg.inbound_topic])?;
+    tokio::spawn(housekeeping(
+        cfg.clone(),
+        consumer.clone(),
+        producer.clone(),
+        live.clone(),
+        health.clone(),
+        metrics.clone(),
+        side_stop.clone(),
+    ));
+
+    let plugins = Arc::new(plugin::GrpcPlugins::default());
+    let grpc_stop = CancellationToken::new();
+    let grpc_task = tokio::spawn(grpc::serve(
+        grpc,
+        grpc::DryRun {
+            cfg: cfg.clone(),
+            live: live.clone(),
+            plugins: plugins.clone(),
+        },
+        health.clone(),
+        grpc_stop.clone(),
+    ));
+
+    let worker_stop = CancellationToken::new();
+    let mut worker_task = tokio::spawn(
+        worker::Worker {
+            cfg: cfg.clone(),
+            consumer: consumer.clone(),
+            producer: producer.clone(),
+            live: live.clone(),
+            plugins,
+            metrics,
+        }
+        .run(worker_stop.clone()),
+    );
+
+    let result = tokio::select! {
+        _ = stop.cancelled() => {
+            health.set_draining();
+            tracing::info!("draining: finishing the batch in hand");
+            worker_stop.cancel();
+            match tokio::time::timeout(cfg.drain_timeout, &mut worker_task).await {
+                Ok(Ok(r)) => r.map_err(TransformerError::from),
+                Ok(Err(_)) => Ok(()),
+                Err(_) => {
+                    tracing::warn!("drain timeout: the open batch will be read again by another pod");
+                    Ok(())
+                }
+            }
+        }
+        r = &mut worker_task => {
+            tracing::error!("the worker stopped");
+            match r {
+                Ok(r) => r.map_err(TransformerError::from),
+                Err(_) => Ok(()),
+            }
+        }
+    };
+    health.set_draining();
+    side_stop.cancel();
+    grpc_stop.cancel();
+    let _ = grpc_task.await;
+    let c = consumer.clone();
+    let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
+    drop(consumer);
+    let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    tracing::info!("transformer stopped");
+    result
+}
+
+/// Creates the inbound, DLQ and destination topics that do not exist yet.
+async fn ensure_destinations(
+    cfg: &Config,
+    live: &source::LiveRoutes,
+    known: &mut BTreeSet<String>,
+) -> bool {
+    let mut topics: BTreeSet<String> = [cfg.inbound_topic.clone(), cfg.dlq_topic.clone()].into();
+    for r in &live.get().routes {
+        topics.extend(r.destinations.iter().map(|d| cfg.out_topic(d)));
+    }
+    if let Some(d) = &cfg.default_destination {
+        topics.insert(cfg.out_topic(d));
+    }
+    let new: Vec<&str> = topics
+        .iter()
+        .filter(|t| !known.contains(*t))
+        .map(String::as_str)
+        .collect();
+    if new.is_empty() {
+        return true;
+    }
+    match ensure_topics(&cfg.kafka_brokers, &cfg.kafka, &new).await {
+        Ok(()) => {
+            known.extend(new.iter().map(|t| (*t).to_owned()));
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create topics yet");
+            false
+        }
+    }
+}
+
+/// Every 2 s: readiness (Kafka answers and routes are loaded), new destination topics, consumer lag.
+async fn housekeeping(
+    cfg: Arc<Config>,
+    consumer: Arc<worker::Consumer_>,
+    producer: FutureProducer,
+    live: Arc<source::LiveRoutes>,
+    health: Arc<Health>,
+    metrics: metrics::TransformerMetrics,
+    stop: CancellationToken,
+) {
+    let mut known = BTreeSet::new();
+    loop {
+        let topics_ok = ensure_destinations(&cfg, &live, &mut known).await;
+        let p = producer.clone();
+        let c = consumer.clone();
+        let (kafka_ok, lag) = tokio::task::spawn_blocking(move || {
+            let ok = p
+                .client()
+                .fetch_metadata(None, Duration::from_secs(2))
+                .is_ok();
+            let lag = consumer_lag(c.as_ref(), Duration::from_secs(2)).ok();
+            (ok, lag)
+        })
+        .await
+        .unwrap_or((false, None));
+        if let Some(lag) = lag {
+            metrics.consumer_lag.set(lag);
+        }
+        health.set_dependency_ok(kafka_ok && topics_ok && live.is_loaded());
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}

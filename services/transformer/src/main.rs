@@ -1,0 +1,107 @@
+//! `hl7gw-transformer`: reads the config, starts telemetry, runs the transformer until SIGTERM.
+//! `hl7gw-transformer crd` prints the `HL7Route` CustomResourceDefinition generated from the Rust type.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+
+/// Flags override the config file and `HL7GW_...` variables.
+#[derive(Debug, Parser, Serialize)]
+#[command(
+    name = "hl7gw-transformer",
+    version,
+    about = "hl7gw transformer: routes and transforms hl7.inbound into hl7.out.<destination>"
+)]
+struct Flags {
+    #[command(subcommand)]
+    #[serde(skip)]
+    command: Option<Command>,
+    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
+    #[arg(long, env = "HL7GW_CONFIG")]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Validate the configuration (and the routes file) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    check_config: bool,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_addr: Option<SocketAddr>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kafka_brokers: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inbound_topic: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dlq_topic: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group_id: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the HL7Route CRD (YAML).
+    Crd,
+}
+
+fn main() -> anyhow::Result<()> {
+    let flags = Flags::parse();
+    if let Some(Command::Crd) = flags.command {
+        print!("{}", hl7gw_transformer::route::crd_yaml()?);
+        return Ok(());
+    }
+    let cfg: hl7gw_transformer::config::Config =
+        hl7gw_runtime::config::load(flags.config.as_deref(), &flags)?;
+    cfg.validate()?;
+    if flags.check_config {
+        if let Some(path) = &cfg.routes.file {
+            let mut r = hl7gw_runtime::metrics::registry();
+            let m = hl7gw_transformer::metrics::TransformerMetrics::register(&mut r);
+            let live = hl7gw_transformer::source::LiveRoutes::default();
+            let verdicts = hl7gw_transformer::source::load_file(path, &live, &m)?;
+            let mut bad = 0;
+            for v in verdicts {
+                match v.refused {
+                    None => println!("route {}: accepted", v.name),
+                    Some(r) => {
+                        bad += 1;
+                        println!("route {}: refused: {r}", v.name);
+                    }
+                }
+            }
+            anyhow::ensure!(bad == 0, "{bad} route(s) refused");
+        }
+        println!("configuration is valid");
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let _telemetry = hl7gw_runtime::telemetry::init("hl7gw-transformer", cfg.log_json)?;
+        let stop = CancellationToken::new();
+        hl7gw_runtime::shutdown::cancel_on_signal(stop.clone());
+        hl7gw_transformer::run(cfg, stop, |b| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "hl7gw-transformer listening grpc={} admin={}",
+                b.grpc, b.admin
+            );
+            let _ = out.flush();
+        })
+        .await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,228 @@
+//! `HL7Route`: the one schema for routes, as a Kubernetes custom resource (group `hl7gw.io`, `v1alpha1`) and as
+//! the documents of a routes file outside a cluster. The CRD YAML is generated from these types
+//! (`hl7gw-transformer crd`).
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A route: which messages it takes, how it reshapes them, and where they go. Every route that matches a
+/// message applies (a message can fan out to several routes); routes run in ascending `priority`, then name.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "hl7gw.io",
+    version = "v1alpha1",
+    kind = "HL7Route",
+    plural = "hl7routes",
+    shortname = "hl7r",
+    namespaced,
+    status = "HL7RouteStatus",
+    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.accepted"}"#,
+    printcolumn = r#"{"name":"Destinations","type":"string","jsonPath":".spec.destinations"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HL7RouteSpec {
+    /// Evaluation order: lower first (ties by name). Order matters only for logs and dry runs: every matching
+    /// route applies.
+    #[serde(default)]
+    pub priority: i32,
+    /// Which messages the route takes; an empty match takes every message.
+    #[serde(default, rename = "match")]
+    pub matches: Match,
+    /// Steps applied in order to a copy of the message.
+    #[serde(default)]
+    pub transforms: Vec<Transform>,
+    /// Destination names; each gets the result on topic `hl7.out.<name>`.
+    pub destinations: Vec<String>,
+}
+
+/// What a message must look like for a route to take it. Every listed condition must hold; a list holds when
+/// any of its patterns matches (`*` any run of characters, `?` one character).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Match {
+    /// `TYPE^TRIGGER` patterns (`ADT^A0?`, `ORU^*`); a pattern without `^` matches the type alone (`ADT`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub message_types: Vec<String>,
+    /// MSH-3 patterns, matched against the namespace id (MSH-3.1) and the whole field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sending_applications: Vec<String>,
+    /// MSH-4 patterns, matched against the namespace id (MSH-4.1) and the whole field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sending_facilities: Vec<String>,
+    /// MSH-12 patterns (`2.5*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<String>,
+    /// Terser-path predicates on the message's values (escape-decoded, in the message's charset).
+    #[serde(default, rename = "where", skip_serializing_if = "Vec::is_empty")]
+    pub predicates: Vec<Predicate>,
+}
+
+/// A condition on the value at a terser path; exactly one of `equals`, `in`, `regex`, `exists`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Predicate {
+    /// A terser path: `PID-3-1`, `OBX(2)-5`, `PID-3(2)-4-1`.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<String>,
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    pub one_of: Option<Vec<String>>,
+    /// A regular expression (Rust `regex` syntax) the whole value must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// true: the value is present and not empty; false: it is absent or empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
+}
+
+/// One transform step; exactly one key is set (`- set: {path: MSH-5, value: LAB}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Transform {
+    /// Write a value (escaped as needed); missing fields and components are created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<SetStep>,
+    /// Copy the value at one path to another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy: Option<CopyStep>,
+    /// Empty a value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clear: Option<PathStep>,
+    /// Replace a value through a table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<MapStep>,
+    /// Remove every segment with this name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_segment: Option<SegmentStep>,
+    /// Rename every segment with a name (`ZPI` to `ZPX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename_segment: Option<RenameStep>,
+    /// Replace a value with a fixed mask (PHI minimisation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<MaskStep>,
+    /// Replace a value with the hex SHA-256 of a salt and the value: still joinable, no longer readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<HashStep>,
+    /// Convert to the canonical JSON form (docs/consuming.md); only plugin steps may follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_json: Option<ToJsonStep>,
+    /// Call an external service implementing `hl7gw.v1.Transform`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<PluginStep>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetStep {
+    pub path: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CopyStep {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PathStep {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MapStep {
+    pub path: String,
+    /// Value to replacement.
+    pub table: BTreeMap<String, String>,
+    /// Written when the value is not in the table (absent: the value stays as it is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SegmentStep {
+    pub segment: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RenameStep {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MaskStep {
+    pub path: String,
+    /// The replacement (default `***`); an absent or empty value stays empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HashStep {
+    pub path: String,
+    /// Name of an environment variable of the transformer holding the salt (keep it in a Secret); unset:
+    /// no salt, which makes short identifiers guessable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub salt_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToJsonStep {}
+
+/// What a plugin step does when the call fails or times out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnFailure {
+    /// The message goes to the DLQ with the reason (default).
+    #[default]
+    DeadLetter,
+    /// The step is skipped: the message continues unchanged.
+    Skip,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PluginStep {
+    /// The plugin's gRPC endpoint (`http://host:port`).
+    pub endpoint: String,
+    /// Per-call deadline in milliseconds (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub on_failure: OnFailure,
+    /// Passed to the plugin as `TransformRequest.params`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
+}
+
+/// Whether the transformer took the route, and why not.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HL7RouteStatus {
+    /// True when the route compiled and is routing.
+    pub accepted: bool,
+    /// Why the route was refused (the previous version, if any, keeps routing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The `metadata.generation` this status is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The CRD as YAML, as committed in the chart.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&HL7Route::crd())
+}

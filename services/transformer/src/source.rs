@@ -1,0 +1,336 @@
+//! Where the live routes come from: a YAML file of `HL7Route` documents (re-read when it changes) or the
+//! `HL7Route` resources of a namespace, watched through the Kubernetes API. Either way a route that does not
+//! compile is refused with a reason and the route's previous version (if any) keeps routing.
+
+use crate::engine::{Route, Routes};
+use crate::metrics::TransformerMetrics;
+use crate::route::{HL7Route, HL7RouteStatus};
+use futures_util::StreamExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The routes in use, swapped whole on every change.
+#[derive(Debug, Default)]
+pub struct LiveRoutes {
+    current: RwLock<Arc<Routes>>,
+    loaded: AtomicBool,
+}
+
+impl LiveRoutes {
+    /// The current set (cheap: an `Arc` clone).
+    pub fn get(&self) -> Arc<Routes> {
+        match self.current.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn set(&self, routes: Routes) {
+        let routes = Arc::new(routes);
+        match self.current.write() {
+            Ok(mut g) => *g = routes,
+            Err(p) => *p.into_inner() = routes,
+        }
+        self.loaded.store(true, Ordering::Release);
+    }
+
+    /// True once a first set was loaded (readiness).
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+}
+
+/// Why a routes file could not be read at all (its routes stay as they were).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("routes file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("routes file {path}: not YAML: {source}")]
+    Yaml {
+        path: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// One route document's fate at a reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub name: String,
+    /// None: accepted; Some: refused, and why.
+    pub refused: Option<String>,
+}
+
+/// Compiles route documents into a set. A refused route keeps its version from `previous` if there was one.
+pub fn compile_all(
+    docs: &[(String, Result<HL7Route, String>)],
+    previous: &Routes,
+) -> (Routes, Vec<Verdict>) {
+    let mut out: BTreeMap<String, Arc<Route>> = BTreeMap::new();
+    let mut verdicts = Vec::new();
+    for (name, doc) in docs {
+        let compiled = doc
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|r| Route::compile(name, &r.spec).map_err(|e| e.to_string()));
+        let refused = if out.contains_key(name) {
+            Some("a route with this name was defined earlier in the file".to_owned())
+        } else {
+            match compiled {
+                Ok(route) => {
+                    out.insert(name.clone(), Arc::new(route));
+                    None
+                }
+                Err(reason) => {
+                    if let Some(old) = previous.routes.iter().find(|r| r.name == *name) {
+                        out.insert(name.clone(), old.clone());
+                    }
+                    Some(reason)
+                }
+            }
+        };
+        verdicts.push(Verdict {
+            name: name.clone(),
+            refused,
+        });
+    }
+    (Routes::new(out.into_values().collect()), verdicts)
+}
+
+/// Splits a routes file into named documents; a document that is not an `HL7Route` is refused by name.
+pub fn parse_file(
+    text: &str,
+) -> Result<Vec<(String, Result<HL7Route, String>)>, serde_yaml::Error> {
+    let mut docs = Vec::new();
+    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml::Value::deserialize(de)?;
+        if value.is_null() {
+            continue;
+        }
+        let name = value
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("document-{}", i + 1));
+        let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let doc = if kind != "HL7Route" {
+            Err(format!("kind {kind:?}: expected HL7Route"))
+        } else {
+            serde_yaml::from_value::<HL7Route>(value).map_err(|e| e.to_string())
+        };
+        docs.push((name, doc));
+    }
+    Ok(docs)
+}
+
+fn publish(live: &LiveRoutes, routes: Routes, verdicts: &[Verdict], metrics: &TransformerMetrics) {
+    let refused = verdicts.iter().filter(|v| v.refused.is_some()).count();
+    for v in verdicts {
+        if let Some(reason) = &v.refused {
+            tracing::warn!(route = %v.name, %reason, "route refused");
+        }
+    }
+    metrics.routes_active.set(routes.routes.len() as i64);
+    metrics.routes_refused.set(refused as i64);
+    metrics
+        .route_reloads
+        .get_or_create(&crate::metrics::ResultLabels {
+            result: if refused == 0 { "ok" } else { "refused" },
+        })
+        .inc();
+    tracing::info!(routes = routes.routes.len(), refused, "routes loaded");
+    live.set(routes);
+}
+
+/// Loads the routes file once.
+pub fn load_file(
+    path: &Path,
+    live: &LiveRoutes,
+    metrics: &TransformerMetrics,
+) -> Result<Vec<Verdict>, SourceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SourceError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let docs = parse_file(&text).map_err(|source| SourceError::Yaml {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let (routes, verdicts) = compile_all(&docs, &live.get());
+    publish(live, routes, &verdicts, metrics);
+    Ok(verdicts)
+}
+
+/// Re-reads the routes file whenever its content changes, until `stop`.
+pub async fn watch_file(
+    path: PathBuf,
+    interval: Duration,
+    live: Arc<LiveRoutes>,
+    metrics: TransformerMetrics,
+    stop: CancellationToken,
+) {
+    let mut last = std::fs::read(&path).ok();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let now = tokio::fs::read(&path).await.ok();
+        if now.is_none() || now == last {
+            continue;
+        }
+        last = now;
+        if let Err(e) = load_file(&path, &live, &metrics) {
+            metrics
+                .route_reloads
+                .get_or_create(&crate::metrics::ResultLabels { result: "error" })
+                .inc();
+            tracing::warn!(error = %e, "routes file not reloaded; the previous routes keep running");
+        }
+    }
+}
+
+/// Watches `HL7Route`s in a namespace and keeps `live` and each route's status in step, until `stop`.
+pub async fn watch_kubernetes(
+    api: Api<HL7Route>,
+    live: Arc<LiveRoutes>,
+    metrics: TransformerMetrics,
+    stop: CancellationToken,
+) {
+    let mut objects: BTreeMap<String, HL7Route> = BTreeMap::new();
+    let mut init: Option<BTreeMap<String, HL7Route>> = None;
+    let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
+    futures_util::pin_mut!(stream);
+    loop {
+        let ev = tokio::select! {
+            _ = stop.cancelled() => return,
+            ev = stream.next() => ev,
+        };
+        let changed = match ev {
+            None => return,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "HL7Route watch error; retrying");
+                continue;
+            }
+            Some(Ok(watcher::Event::Init)) => {
+                init = Some(BTreeMap::new());
+                false
+            }
+            Some(Ok(watcher::Event::InitApply(o))) => {
+                if let Some(m) = init.as_mut() {
+                    m.insert(o.name_any(), o);
+                }
+                false
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                objects = init.take().unwrap_or_default();
+                true
+            }
+            Some(Ok(watcher::Event::Apply(o))) => {
+                objects.insert(o.name_any(), o);
+                true
+            }
+            Some(Ok(watcher::Event::Delete(o))) => {
+                objects.remove(&o.name_any());
+                true
+            }
+        };
+        if !changed {
+            continue;
+        }
+        let docs: Vec<(String, Result<HL7Route, String>)> = objects
+            .iter()
+            .map(|(n, o)| (n.clone(), Ok(o.clone())))
+            .collect();
+        let (routes, verdicts) = compile_all(&docs, &live.get());
+        publish(&live, routes, &verdicts, &metrics);
+        for v in verdicts {
+            if let Some(o) = objects.get(&v.name) {
+                write_status(&api, o, &v).await;
+            }
+        }
+    }
+}
+
+/// Writes a route's status unless it already says the same for this generation.
+async fn write_status(api: &Api<HL7Route>, o: &HL7Route, v: &Verdict) {
+    let status = HL7RouteStatus {
+        accepted: v.refused.is_none(),
+        reason: v.refused.clone(),
+        observed_generation: o.metadata.generation,
+    };
+    if o.status.as_ref() == Some(&status) {
+        return;
+    }
+    let patch = serde_json::json!({ "status": status });
+    if let Err(e) = api
+        .patch_status(&v.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(route = %v.name, error = %e, "could not write the route's status");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {name: adt}
+spec:
+  match: {messageTypes: ["ADT^A0*"]}
+  destinations: [lab]
+---
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {name: oru}
+spec:
+  destinations: [archive]
+"#;
+
+    #[test]
+    fn a_bad_route_keeps_its_previous_version_and_the_others_run() {
+        let docs = parse_file(GOOD).unwrap();
+        let (first, v) = compile_all(&docs, &Routes::default());
+        assert!(v.iter().all(|v| v.refused.is_none()), "{v:?}");
+        assert_eq!(first.routes.len(), 2);
+
+        let bad = GOOD.replace("destinations: [lab]", "destinations: [\"no spaces\"]");
+        let docs = parse_file(&bad).unwrap();
+        let (second, v) = compile_all(&docs, &first);
+        assert_eq!(second.routes.len(), 2, "the old adt route keeps routing");
+        let adt = v.iter().find(|v| v.name == "adt").unwrap();
+        assert!(adt.refused.as_deref().unwrap().contains("destinations"));
+        assert_eq!(second.routes[0].destinations, ["lab"]);
+
+        let (fresh, _) = compile_all(&docs, &Routes::default());
+        assert_eq!(fresh.routes.len(), 1, "a new bad route is simply refused");
+    }
+
+    #[test]
+    fn unknown_keys_and_kinds_are_refused_by_name() {
+        let text = "kind: HL7Route\nmetadata: {name: x}\nspec: {destinations: [a], colour: red}\n---\nkind: ConfigMap\nmetadata: {name: y}\n";
+        let docs = parse_file(text).unwrap();
+        let (routes, v) = compile_all(&docs, &Routes::default());
+        assert!(routes.routes.is_empty());
+        assert!(v[0].refused.as_deref().unwrap().contains("colour"));
+        assert!(v[1].refused.as_deref().unwrap().contains("ConfigMap"));
+    }
+}

@@ -1,0 +1,433 @@
+//! Consume, transform, produce — in Kafka transactions. A batch of inbound records becomes the output (and DLQ)
+//! records plus the consumer offsets, committed together: after a crash either all of a batch's effects are
+//! visible to read_committed consumers or none are, and the batch is consumed again.
+
+use crate::config::Config;
+use crate::engine::{PluginCaller, Route};
+use crate::metrics::{TransformerMetrics, outcome};
+use crate::source::LiveRoutes;
+use hl7gw_runtime::envelope;
+use hl7gw_runtime::metrics::MsgType;
+use hl7gw_runtime::proto::v1::{Envelope, Rejection};
+use hl7v2::{Charset, Message as Hl7Message};
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// Counts rebalances, so a batch gathered across one is dropped (its partitions restart from committed offsets).
+#[derive(Debug, Default)]
+pub struct RebalanceCounter {
+    generation: AtomicU64,
+}
+
+impl RebalanceCounter {
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+impl ClientContext for RebalanceCounter {}
+
+impl ConsumerContext for RebalanceCounter {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        match r {
+            Rebalance::Assign(tpl) => {
+                tracing::info!(partitions = tpl.count(), "partitions assigned")
+            }
+            Rebalance::Revoke(tpl) => {
+                tracing::info!(partitions = tpl.count(), "partitions revoked")
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+}
+
+/// The consumer type the transformer uses.
+pub type Consumer_ = StreamConsumer<RebalanceCounter>;
+
+/// One record to produce inside the transaction.
+#[derive(Debug)]
+pub struct OutRecord {
+    pub topic: String,
+    pub key: String,
+    pub envelope: Envelope,
+    pub traceparent: String,
+}
+
+/// The result of routing one inbound record.
+#[derive(Debug, Default)]
+pub struct Routed {
+    pub records: Vec<OutRecord>,
+    pub outcome: &'static str,
+}
+
+/// Routes and transforms one inbound envelope into output and DLQ records (nothing is produced here).
+pub async fn route_one<P: PluginCaller>(
+    cfg: &Config,
+    routes: &[Arc<Route>],
+    payload: &[u8],
+    plugins: &P,
+    metrics: &TransformerMetrics,
+) -> Routed {
+    let env = match envelope::decode(payload) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "inbound record is not an Envelope: DLQ");
+            let env = Envelope {
+                id: envelope::new_id(),
+                received_at: Some(envelope::timestamp(std::time::SystemTime::now())),
+                raw: payload.to_vec().into(),
+                rejection: Some(Rejection {
+                    stage: "transformer".into(),
+                    reason: "bad_envelope".into(),
+                    detail: e.to_string(),
+                    ..Rejection::default()
+                }),
+                ..Envelope::default()
+            };
+            metrics.message(MsgType::OTHER, outcome::FAILED);
+            return Routed {
+                records: vec![dlq(cfg, env, "bad_envelope", metrics)],
+                outcome: outcome::FAILED,
+            };
+        }
+    };
+    let h = env.header.clone().unwrap_or_default();
+    let t = MsgType::new(h.message_type.as_bytes());
+    let span = tracing::info_span!(
+        "transform",
+        message_type = %h.message_type,
+        trigger = %h.trigger_event,
+        control_id = %h.control_id,
+        routes = tracing::field::Empty,
+    );
+    if let Some(tc) = &env.trace {
+        hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
+    }
+    let (traceparent, _) = hl7gw_runtime::telemetry::trace_context(&span);
+    let started = Instant::now();
+    let charset = Charset::from_msh18(env.charset.as_bytes()).unwrap_or(Charset::Utf8);
+    let raw = env.raw.clone();
+    let msg = match Hl7Message::parse(&raw) {
+        Ok(m) => m,
+        Err(e) => {
+            let _g = span.enter();
+            tracing::warn!(error = %e, "inbound message does not parse: DLQ");
+            let mut bad = env.clone();
+            bad.rejection = Some(Rejection {
+                stage: "transformer".into(),
+                reason: "parse".into(),
+                detail: e.to_string(),
+                ..Rejection::default()
+            });
+            metrics.message(t, outcome::FAILED);
+            return Routed {
+                records: vec![dlq(cfg, bad, "parse", metrics)],
+                outcome: outcome::FAILED,
+            };
+        }
+    };
+    let mut records = Vec::new();
+    let mut failed = false;
+    let mut matched = 0usize;
+    for route in routes {
+        if route.matches(&env, &msg, charset).is_err() {
+            continue;
+        }
+        matched += 1;
+        match route
+            .apply(&env, &raw, charset, plugins)
+            .instrument(span.clone())
+            .await
+        {
+            Ok((out, content_type)) => {
+                for dest in &route.destinations {
+                    let mut o = env.clone();
+                    o.raw = out.clone().into();
+                    o.content_type = content_type.to_owned();
+                    o.destination = dest.clone();
+                    o.route = route.name.clone();
+                    envelope::push_stage(&mut o, "transformer");
+                    metrics
+                        .outputs
+                        .get_or_create(&crate::metrics::OutputLabels {
+                            route: route.name.clone(),
+                            destination: dest.clone(),
+                        })
+                        .inc();
+                    records.push(OutRecord {
+                        topic: cfg.out_topic(dest),
+                        key: env.key.clone(),
+                        envelope: o,
+                        traceparent: traceparent.clone(),
+                    });
+                }
+            }
+            Err(e) => {
+                let _g = span.enter();
+                tracing::warn!(route = %route.name, step = e.step, kind = e.kind, "transform failed: DLQ");
+                failed = true;
+                let mut bad = env.clone();
+                bad.route = route.name.clone();
+                bad.rejection = Some(Rejection {
+                    stage: "transformer".into(),
+                    reason: e.kind.into(),
+                    detail: format!("route {} step {}: {}", e.route, e.step, e.detail),
+                    ..Rejection::default()
+                });
+                records.push(dlq(cfg, bad, e.kind, metrics));
+            }
+        }
+    }
+    span.record("routes", matched);
+    let outcome = if matched == 0 {
+        match &cfg.default_destination {
+            Some(dest) => {
+                let mut o = env.clone();
+                o.destination = dest.clone();
+                envelope::push_stage(&mut o, "transformer");
+                records.push(OutRecord {
+                    topic: cfg.out_topic(dest),
+                    key: env.key.clone(),
+                    envelope: o,
+                    traceparent,
+                });
+                outcome::DEFAULT
+            }
+            None => outcome::UNMATCHED,
+        }
+    } else if failed {
+        outcome::FAILED
+    } else {
+        outcome::ROUTED
+    };
+    metrics.message(t, outcome);
+    metrics
+        .transform_duration
+        .observe(started.elapsed().as_secs_f64());
+    Routed { records, outcome }
+}
+
+fn dlq(
+    cfg: &Config,
+    mut env: Envelope,
+    reason: &'static str,
+    metrics: &TransformerMetrics,
+) -> OutRecord {
+    envelope::push_stage(&mut env, "transformer");
+    metrics
+        .dlq_writes
+        .get_or_create(&crate::metrics::ReasonLabels { reason })
+        .inc();
+    let traceparent = env
+        .trace
+        .as_ref()
+        .map(|t| t.traceparent.clone())
+        .unwrap_or_default();
+    OutRecord {
+        topic: cfg.dlq_topic.clone(),
+        key: env.key.clone(),
+        envelope: env,
+        traceparent,
+    }
+}
+
+/// Why the worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+}
+
+/// The consume-transform-produce loop.
+pub struct Worker<P> {
+    pub cfg: Arc<Config>,
+    pub consumer: Arc<Consumer_>,
+    pub producer: FutureProducer,
+    pub live: Arc<LiveRoutes>,
+    pub plugins: Arc<P>,
+    pub metrics: TransformerMetrics,
+}
+
+impl<P> std::fmt::Debug for Worker<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").finish_non_exhaustive()
+    }
+}
+
+impl<P: PluginCaller + 'static> Worker<P> {
+    /// Runs until `stop`; the batch in hand when it fires is finished and committed first.
+    pub async fn run(self, stop: CancellationToken) -> Result<(), WorkerError> {
+        let timeout = self.cfg.transaction_timeout;
+        let p = self.producer.clone();
+        blocking(move || p.init_transactions(timeout)).await?;
+        tracing::info!("transactions initialised");
+        let mut buf = Vec::new();
+        while !stop.is_cancelled() {
+            let generation = self.consumer.context().generation();
+            let batch = self.gather(&stop).await?;
+            if batch.is_empty() {
+                continue;
+            }
+            if self.consumer.context().generation() != generation {
+                // Partitions moved while gathering: drop the batch, positions restart at committed offsets.
+                tracing::info!(
+                    dropped = batch.len(),
+                    "rebalance during a batch: it will be read again"
+                );
+                continue;
+            }
+            if let Err(e) = self.transact(&batch, &mut buf).await {
+                self.metrics
+                    .transactions
+                    .get_or_create(&crate::metrics::ResultLabels { result: "aborted" })
+                    .inc();
+                tracing::warn!(error = %e, "transaction failed: aborting and reading the batch again");
+                let p = self.producer.clone();
+                if let Err(e2) = blocking(move || p.abort_transaction(timeout)).await {
+                    if is_fatal(&e2) {
+                        return Err(e2.into());
+                    }
+                    tracing::warn!(error = %e2, "abort failed");
+                }
+                if is_fatal(&e) {
+                    return Err(e.into());
+                }
+                self.rewind(&batch);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max`.
+    async fn gather(&self, stop: &CancellationToken) -> Result<Vec<OwnedMessage>, WorkerError> {
+        let mut batch = Vec::new();
+        let first = tokio::select! {
+            _ = stop.cancelled() => return Ok(batch),
+            m = self.consumer.recv() => m,
+        };
+        match first {
+            Ok(m) => batch.push(m.detach()),
+            Err(e) => {
+                tracing::warn!(error = %e, "consumer error");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Ok(batch);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + self.cfg.batch_linger;
+        while batch.len() < self.cfg.batch_max {
+            match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
+                Err(_) => break,
+                Ok(Ok(m)) => batch.push(m.detach()),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "consumer error");
+                    break;
+                }
+            }
+        }
+        Ok(batch)
+    }
+
+    async fn transact(&self, batch: &[OwnedMessage], buf: &mut Vec<u8>) -> Result<(), KafkaError> {
+        let started = Instant::now();
+        self.producer.begin_transaction()?;
+        let routes = self.live.get();
+        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for m in batch {
+            let routed = route_one(
+                &self.cfg,
+                &routes.routes,
+                m.payload().unwrap_or_default(),
+                self.plugins.as_ref(),
+                &self.metrics,
+            )
+            .await;
+            for r in routed.records {
+                envelope::encode_into(&r.envelope, buf);
+                let headers = envelope::record_headers(&r.envelope, &r.traceparent);
+                let mut rec = FutureRecord::to(&r.topic)
+                    .payload(buf.as_slice())
+                    .headers(headers);
+                if !r.key.is_empty() {
+                    rec = rec.key(r.key.as_str());
+                }
+                // The transaction commit waits for every delivery; the futures are not needed.
+                self.producer.send_result(rec).map_err(|(e, _)| e)?;
+            }
+            next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
+        }
+        let mut offsets = TopicPartitionList::new();
+        for ((topic, partition), offset) in next {
+            offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
+        }
+        let meta = self
+            .consumer
+            .group_metadata()
+            .ok_or(KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::State,
+            ))?;
+        let timeout = self.cfg.transaction_timeout;
+        let p = self.producer.clone();
+        blocking(move || {
+            p.send_offsets_to_transaction(&offsets, &meta, timeout)?;
+            p.commit_transaction(timeout)
+        })
+        .await?;
+        self.metrics
+            .transactions
+            .get_or_create(&crate::metrics::ResultLabels {
+                result: "committed",
+            })
+            .inc();
+        self.metrics
+            .batch_duration
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Seeks each partition of an aborted batch back to its first record.
+    fn rewind(&self, batch: &[OwnedMessage]) {
+        let mut first: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for m in batch {
+            first
+                .entry((m.topic().to_owned(), m.partition()))
+                .or_insert(m.offset());
+        }
+        for ((topic, partition), offset) in first {
+            if let Err(e) = self.consumer.seek(
+                &topic,
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(5),
+            ) {
+                tracing::warn!(error = %e, partition, "seek back failed");
+            }
+        }
+    }
+}
+
+fn is_fatal(e: &KafkaError) -> bool {
+    match e {
+        KafkaError::Transaction(t) => t.is_fatal(),
+        _ => false,
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
+}
