@@ -134,6 +134,8 @@ start() {
   local name=$1; shift
   setsid "$@" >"$CLUSTER_DIR/$name.log" 2>&1 </dev/null &
   echo $! >"$(pidfile "$name")"
+  local i # until the forked shell has exec'd the program, pid_of would not recognise it
+  for i in $(seq 1 50); do pid_of "$name" >/dev/null && return; sleep 0.1; done
 }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

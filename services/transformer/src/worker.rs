@@ -274,17 +274,18 @@ impl<P: PluginCaller + 'static> Worker<P> {
         tracing::info!("transactions initialised");
         let mut buf = Vec::new();
         while !stop.is_cancelled() {
-            let generation = self.consumer.context().generation();
-            let batch = self.gather(&stop).await?;
+            let (batch, generation) = self.gather(&stop).await?;
             if batch.is_empty() {
                 continue;
             }
             if self.consumer.context().generation() != generation {
-                // Partitions moved while gathering: drop the batch, positions restart at committed offsets.
+                // Partitions moved while gathering: read the batch again from its first records (a partition
+                // that left this pod is read by its new owner from the committed offset).
                 tracing::info!(
-                    dropped = batch.len(),
-                    "rebalance during a batch: it will be read again"
+                    records = batch.len(),
+                    "rebalance during a batch: reading it again"
                 );
+                self.rewind(&batch);
                 continue;
             }
             if let Err(e) = self.transact(&batch, &mut buf).await {
@@ -310,19 +311,25 @@ impl<P: PluginCaller + 'static> Worker<P> {
         Ok(())
     }
 
-    /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max`.
-    async fn gather(&self, stop: &CancellationToken) -> Result<Vec<OwnedMessage>, WorkerError> {
+    /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max`. Returns
+    /// the batch and the rebalance generation its first record was read in.
+    async fn gather(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<(Vec<OwnedMessage>, u64), WorkerError> {
         let mut batch = Vec::new();
         let first = tokio::select! {
-            _ = stop.cancelled() => return Ok(batch),
+            _ = stop.cancelled() => return Ok((batch, 0)),
             m = self.consumer.recv() => m,
         };
+        // A rebalance runs inside `recv`, before it returns a record of the new assignment.
+        let generation = self.consumer.context().generation();
         match first {
             Ok(m) => batch.push(m.detach()),
             Err(e) => {
                 tracing::warn!(error = %e, "consumer error");
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                return Ok(batch);
+                return Ok((batch, generation));
             }
         }
         let deadline = tokio::time::Instant::now() + self.cfg.batch_linger;
@@ -336,7 +343,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 }
             }
         }
-        Ok(batch)
+        Ok((batch, generation))
     }
 
     async fn transact(&self, batch: &[OwnedMessage], buf: &mut Vec<u8>) -> Result<(), KafkaError> {

@@ -1,0 +1,177 @@
+//! An MLLP client for one receiver: one persistent connection (plain TCP or TLS), reconnected on the next
+//! send after any failure; connect and response timeouts.
+
+use crate::config::Destination;
+use bytes::BytesMut;
+use futures_util::{SinkExt, StreamExt};
+use hl7v2::MllpCodec;
+use prometheus_client::metrics::gauge::Gauge;
+use rustls_pki_types::ServerName;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_util::codec::Framed;
+
+/// Why a send did not get an answer. `kind()` is a bounded label.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("connect timed out")]
+    ConnectTimeout,
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
+    #[error("write or read: {0}")]
+    Io(String),
+    #[error("no ACK within the response timeout")]
+    ResponseTimeout,
+    #[error("the receiver closed the connection without answering")]
+    Closed,
+}
+
+impl SendError {
+    /// The label for metrics and status.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Connect(_) => "connect_failed",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::Tls(_) => "tls_failed",
+            Self::Io(_) => "io_error",
+            Self::ResponseTimeout => "response_timeout",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// TLS settings resolved once per destination.
+#[derive(Clone)]
+pub struct Tls {
+    pub connector: TlsConnector,
+    pub name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("name", &self.name).finish()
+    }
+}
+
+impl Tls {
+    /// Builds the connector from the destination's PEM files.
+    pub fn from_config(d: &Destination) -> Result<Option<Self>, hl7gw_tls::TlsError> {
+        let Some(t) = &d.tls else { return Ok(None) };
+        let identity = t.cert.as_deref().zip(t.key.as_deref());
+        let config = hl7gw_tls::client_config(&t.ca, identity)?;
+        let name = t
+            .server_name
+            .clone()
+            .unwrap_or_else(|| hl7gw_tls::host_of(&d.address).to_owned());
+        Ok(Some(Self {
+            connector: TlsConnector::from(config),
+            name: hl7gw_tls::server_name(&name)?,
+        }))
+    }
+}
+
+/// One connection's worth of state towards a receiver.
+pub struct MllpClient {
+    dest: Arc<Destination>,
+    tls: Option<Tls>,
+    conn: Option<Framed<Box<dyn Io>, MllpCodec>>,
+    connected: Gauge,
+}
+
+impl std::fmt::Debug for MllpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MllpClient")
+            .field("address", &self.dest.address)
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
+}
+
+impl MllpClient {
+    /// A client that connects on first use; `connected` counts this destination's open connections.
+    pub fn new(dest: Arc<Destination>, tls: Option<Tls>, connected: Gauge) -> Self {
+        Self {
+            dest,
+            tls,
+            conn: None,
+            connected,
+        }
+    }
+
+    async fn connect(&mut self) -> Result<(), SendError> {
+        let tcp = tokio::time::timeout(
+            self.dest.connect_timeout,
+            TcpStream::connect(&self.dest.address),
+        )
+        .await
+        .map_err(|_| SendError::ConnectTimeout)?
+        .map_err(SendError::Connect)?;
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match &self.tls {
+            None => Box::new(tcp),
+            Some(t) => {
+                let s = tokio::time::timeout(
+                    self.dest.connect_timeout,
+                    t.connector.connect(t.name.clone(), tcp),
+                )
+                .await
+                .map_err(|_| SendError::ConnectTimeout)?
+                .map_err(SendError::Tls)?;
+                Box::new(s)
+            }
+        };
+        self.conn = Some(Framed::new(io, MllpCodec::default()));
+        self.connected.inc();
+        Ok(())
+    }
+
+    /// Drops the connection (the next send reconnects).
+    pub fn disconnect(&mut self) {
+        if self.conn.take().is_some() {
+            self.connected.dec();
+        }
+    }
+
+    /// Sends one message and waits for the receiver's answer frame. Any failure closes the connection.
+    pub async fn send(&mut self, message: &[u8]) -> Result<BytesMut, SendError> {
+        if self.conn.is_none() {
+            self.connect().await?;
+        }
+        let timeout = self.dest.response_timeout;
+        let result = match self.conn.as_mut() {
+            None => Err(SendError::Closed),
+            Some(conn) => {
+                let exchange = async {
+                    conn.send(message)
+                        .await
+                        .map_err(|e| SendError::Io(e.to_string()))?;
+                    match conn.next().await {
+                        Some(Ok(frame)) => Ok(frame),
+                        Some(Err(e)) => Err(SendError::Io(e.to_string())),
+                        None => Err(SendError::Closed),
+                    }
+                };
+                tokio::time::timeout(timeout, exchange)
+                    .await
+                    .unwrap_or(Err(SendError::ResponseTimeout))
+            }
+        };
+        if result.is_err() {
+            self.disconnect();
+        }
+        result
+    }
+}
+
+impl Drop for MllpClient {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}

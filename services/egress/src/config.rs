@@ -1,0 +1,246 @@
+//! The egress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
+
+use hl7gw_runtime::config::ConfigError;
+use hl7gw_runtime::kafka::KafkaSettings;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// TLS towards a receiver (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTls {
+    /// The CA that signed the receiver's certificate (the only one trusted).
+    pub ca: PathBuf,
+    /// Client certificate chain and key, for receivers that require mutual TLS.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Name checked against the receiver's certificate (default: the address's host).
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// When and how often a delivery is tried again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Attempts before giving up (DLQ) on AE/CE answers and transport errors; 0: forever.
+    pub max_attempts: u32,
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// Backoff growth per attempt.
+    pub multiplier: f64,
+    /// Random spread of each wait, as a fraction (0.2: +-20%).
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 0,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt + 1` (attempt counts from 1), with jitter from `unit` in [0, 1).
+    pub fn backoff(&self, attempt: u32, unit: f64) -> Duration {
+        let base = self.initial_backoff.as_secs_f64()
+            * self
+                .multiplier
+                .powi(attempt.saturating_sub(1).min(64) as i32);
+        let capped = base.min(self.max_backoff.as_secs_f64());
+        let spread = 1.0 + self.jitter * (2.0 * unit - 1.0);
+        Duration::from_secs_f64((capped * spread).max(0.0))
+    }
+}
+
+/// One receiving system.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Destination {
+    /// `host:port` of the receiver's MLLP listener.
+    pub address: String,
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long to wait for the receiver's ACK.
+    #[serde(default = "default_response_timeout", with = "humantime_serde")]
+    pub response_timeout: Duration,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_response_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// The whole egress configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC (Egress + health) address.
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP (`/healthz`, `/readyz`, `/metrics`) address.
+    pub admin_addr: SocketAddr,
+    pub kafka_brokers: String,
+    /// Destination topics are `<prefix><destination>`.
+    pub out_topic_prefix: String,
+    /// Where rejected and given-up deliveries go.
+    pub dlq_topic: String,
+    /// Consumer groups are `<prefix>.<destination>`.
+    pub group_prefix: String,
+    /// The receivers, by destination name (the names routes use).
+    pub destinations: BTreeMap<String, Destination>,
+    /// A (sending facility, MSH-10) delivered within this window is not sent again (0s: off).
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Duration,
+    pub duplicate_capacity: usize,
+    /// Messages read ahead per partition while the one before is being delivered.
+    pub queue_per_partition: usize,
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    pub log_json: bool,
+    pub kafka: KafkaSettings,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grpc_addr: ([0, 0, 0, 0], 50051).into(),
+            admin_addr: ([0, 0, 0, 0], 9464).into(),
+            kafka_brokers: "127.0.0.1:9092".into(),
+            out_topic_prefix: "hl7.out.".into(),
+            dlq_topic: "hl7.dlq".into(),
+            group_prefix: "hl7gw-egress".into(),
+            destinations: BTreeMap::new(),
+            duplicate_window: Duration::from_secs(600),
+            duplicate_capacity: 200_000,
+            queue_per_partition: 64,
+            drain_timeout: Duration::from_secs(20),
+            log_json: false,
+            kafka: KafkaSettings::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the rules serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let rule = |m: String| Err(ConfigError::Rule(m));
+        if self.kafka_brokers.trim().is_empty() {
+            return rule("kafka_brokers is empty".into());
+        }
+        if self.destinations.is_empty() {
+            return rule("destinations: configure at least one receiver".into());
+        }
+        if self.queue_per_partition == 0 {
+            return rule("queue_per_partition must be at least 1".into());
+        }
+        for (name, d) in &self.destinations {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            {
+                return rule(format!(
+                    "destination {name:?}: letters, digits, '.', '_' or '-'"
+                ));
+            }
+            if !d.address.contains(':') {
+                return rule(format!("destinations.{name}.address: expected host:port"));
+            }
+            if d.connect_timeout.is_zero() || d.response_timeout.is_zero() {
+                return rule(format!("destinations.{name}: timeouts must be more than 0"));
+            }
+            let r = &d.retry;
+            if r.initial_backoff.is_zero()
+                || r.max_backoff < r.initial_backoff
+                || !(r.multiplier >= 1.0 && r.multiplier.is_finite())
+                || !(0.0..=1.0).contains(&r.jitter)
+            {
+                return rule(format!(
+                    "destinations.{name}.retry: initial_backoff > 0, max_backoff >= initial_backoff, multiplier >= 1, jitter in 0..1"
+                ));
+            }
+            if let Some(t) = &d.tls {
+                for p in [Some(&t.ca), t.cert.as_ref(), t.key.as_ref()]
+                    .into_iter()
+                    .flatten()
+                {
+                    if !p.is_file() {
+                        return rule(format!(
+                            "destinations.{name}.tls: {} is not a file",
+                            p.display()
+                        ));
+                    }
+                }
+                if t.cert.is_some() != t.key.is_some() {
+                    return rule(format!("destinations.{name}.tls: cert and key go together"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The topic a destination's messages are read from.
+    pub fn topic(&self, destination: &str) -> String {
+        format!("{}{destination}", self.out_topic_prefix)
+    }
+
+    /// The consumer group of a destination.
+    pub fn group(&self, destination: &str) -> String {
+        format!("{}.{destination}", self.group_prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_caps_and_spreads() {
+        let r = RetryPolicy::default();
+        assert_eq!(r.backoff(1, 0.5), Duration::from_millis(500));
+        assert_eq!(r.backoff(2, 0.5), Duration::from_secs(1));
+        assert_eq!(r.backoff(30, 0.5), Duration::from_secs(30));
+        assert!(r.backoff(1, 0.0) < r.backoff(1, 0.99));
+        assert_eq!(r.backoff(1, 0.0), Duration::from_millis(400));
+    }
+
+    #[test]
+    fn a_destination_is_required_and_checked() {
+        assert!(Config::default().validate().is_err());
+        let mut c = Config::default();
+        c.destinations.insert(
+            "lab".into(),
+            Destination {
+                address: "127.0.0.1:2576".into(),
+                tls: None,
+                connect_timeout: default_connect_timeout(),
+                response_timeout: default_response_timeout(),
+                retry: RetryPolicy::default(),
+            },
+        );
+        c.validate().unwrap();
+        assert_eq!(c.topic("lab"), "hl7.out.lab");
+        assert_eq!(c.group("lab"), "hl7gw-egress.lab");
+        c.destinations.get_mut("lab").unwrap().retry.jitter = 3.0;
+        assert!(c.validate().is_err());
+    }
+}

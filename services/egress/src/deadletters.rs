@@ -1,0 +1,184 @@
+//! Dead letters: read back from the DLQ topic (the egress keeps no state of its own), listed, and replayed to
+//! their destination topic so the egress delivers them again.
+
+use crate::config::Config;
+use hl7gw_runtime::envelope;
+use hl7gw_runtime::proto::v1::{DeadLetter, Envelope};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, Timestamp};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::time::Duration;
+
+/// What to list.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub destination: String,
+    pub ids: Vec<String>,
+    /// Milliseconds since the epoch (DLQ record timestamps), inclusive / exclusive.
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    pub limit: usize,
+}
+
+/// Why dead letters could not be read or replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeadLetterError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("the DLQ could not be read to its end within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Reads the DLQ from the start (or from `since`) to its current end and returns the egress's dead letters
+/// that pass `filter`, oldest first, with their envelopes. Blocking: run it on a blocking thread.
+pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<(DeadLetter, Envelope)>, DeadLetterError> {
+    let budget = Duration::from_secs(30);
+    let consumer: BaseConsumer = {
+        let mut c = hl7gw_runtime::kafka::base_config(&cfg.kafka_brokers, &cfg.kafka);
+        c.set("group.id", format!("{}.dlq-reader", cfg.group_prefix))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .set("isolation.level", "read_committed");
+        c.create()?
+    };
+    let md = consumer.fetch_metadata(Some(&cfg.dlq_topic), Duration::from_secs(5))?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for t in md.topics() {
+        for p in t.partitions() {
+            let (low, high) =
+                consumer.fetch_watermarks(&cfg.dlq_topic, p.id(), Duration::from_secs(5))?;
+            if high > low {
+                tpl.add_partition_offset(&cfg.dlq_topic, p.id(), Offset::Offset(low))?;
+                ends.push((p.id(), high));
+            }
+        }
+    }
+    if let Some(since) = filter.since_ms {
+        let mut times = TopicPartitionList::new();
+        for (p, _) in &ends {
+            times.add_partition_offset(&cfg.dlq_topic, *p, Offset::Offset(since))?;
+        }
+        let found = consumer.offsets_for_times(times, Duration::from_secs(5))?;
+        for e in found.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                tpl.set_partition_offset(&cfg.dlq_topic, e.partition(), Offset::Offset(o))?;
+            } else if matches!(e.offset(), Offset::End) {
+                ends.retain(|(p, _)| *p != e.partition());
+            }
+        }
+    }
+    consumer.assign(&tpl)?;
+    let limit = if filter.limit == 0 {
+        1000
+    } else {
+        filter.limit
+    };
+    let deadline = std::time::Instant::now() + budget;
+    let mut out = Vec::new();
+    let mut done: Vec<(i32, i64)> = Vec::new();
+    while done.len() < ends.len() {
+        if std::time::Instant::now() > deadline {
+            return Err(DeadLetterError::Timeout(budget));
+        }
+        let Some(r) = consumer.poll(Duration::from_millis(200)) else {
+            // Past the last record of every partition already seen (aborted/control records at the end).
+            let pos = consumer.position()?;
+            for (p, high) in &ends {
+                if let Some(e) = pos.find_partition(&cfg.dlq_topic, *p)
+                    && matches!(e.offset(), Offset::Offset(o) if o >= *high)
+                    && !done.iter().any(|(d, _)| d == p)
+                {
+                    done.push((*p, *high));
+                }
+            }
+            continue;
+        };
+        let m = r?;
+        if let Some((_, high)) = ends.iter().find(|(p, _)| *p == m.partition())
+            && m.offset() + 1 >= *high
+            && !done.iter().any(|(d, _)| *d == m.partition())
+        {
+            done.push((m.partition(), *high));
+        }
+        let at = match m.timestamp() {
+            Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => t,
+            Timestamp::NotAvailable => 0,
+        };
+        if filter.until_ms.is_some_and(|u| at >= u) || filter.since_ms.is_some_and(|s| at < s) {
+            continue;
+        }
+        let Ok(env) = envelope::decode(m.payload().unwrap_or_default()) else {
+            continue;
+        };
+        let Some(rej) = env.rejection.as_ref() else {
+            continue;
+        };
+        if rej.stage != "egress"
+            || (!filter.destination.is_empty() && env.destination != filter.destination)
+            || (!filter.ids.is_empty() && !filter.ids.contains(&env.id))
+            || !cfg.destinations.contains_key(&env.destination)
+        {
+            continue;
+        }
+        let h = env.header.clone().unwrap_or_default();
+        let ack_code = hl7v2::read_ack(&rej.ack)
+            .map(|(c, _)| c.as_str().to_owned())
+            .unwrap_or_default();
+        let dl = DeadLetter {
+            id: env.id.clone(),
+            destination: env.destination.clone(),
+            at: Some(prost_types::Timestamp {
+                seconds: at.div_euclid(1000),
+                nanos: (at.rem_euclid(1000) * 1_000_000) as i32,
+            }),
+            reason: rej.reason.clone(),
+            ack_code,
+            attempts: env.attempts,
+            message_type: h.message_type.clone(),
+            control_id: h.control_id.clone(),
+            partition: m.partition(),
+            offset: m.offset(),
+            envelope: None,
+        };
+        out.push((dl, env));
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Sends dead letters back to their destination topic (rejection cleared, a `replay` stage added) and waits
+/// for Kafka to confirm each. Returns the replayed (id, destination) pairs.
+pub async fn replay(
+    cfg: &Config,
+    producer: &FutureProducer,
+    letters: Vec<Envelope>,
+) -> Result<Vec<(String, String)>, DeadLetterError> {
+    let mut ids = Vec::new();
+    let mut buf = Vec::new();
+    for mut env in letters {
+        env.rejection = None;
+        envelope::push_stage(&mut env, "replay");
+        envelope::encode_into(&env, &mut buf);
+        let topic = cfg.topic(&env.destination);
+        let traceparent = env
+            .trace
+            .as_ref()
+            .map(|t| t.traceparent.clone())
+            .unwrap_or_default();
+        let headers = envelope::record_headers(&env, &traceparent);
+        let mut rec = FutureRecord::to(&topic).payload(&buf).headers(headers);
+        if !env.key.is_empty() {
+            rec = rec.key(env.key.as_str());
+        }
+        producer
+            .send(rec, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)?;
+        ids.push((env.id.clone(), env.destination.clone()));
+    }
+    Ok(ids)
+}

@@ -1,0 +1,445 @@
+//! Delivery to one destination: a consumer group on `hl7.out.<destination>`, one worker per partition with its
+//! own MLLP connection and one message in flight (so each partition's order holds), and an offset stored for
+//! commit only once the receiver accepted the message or it went to the DLQ.
+
+use crate::client::{MllpClient, SendError, Tls};
+use crate::config::{Config, Destination};
+use crate::metrics::{AckLabels, DestLabels, EgressMetrics, ReasonLabels};
+use hl7gw_runtime::dedup::{self, Dedup};
+use hl7gw_runtime::envelope;
+use hl7gw_runtime::proto::v1::{Envelope, Rejection};
+use hl7v2::AckCode;
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Tracks the consumer's assignment: a generation bumped on every rebalance, and the partitions held.
+#[derive(Debug, Default)]
+pub struct Assignment {
+    generation: AtomicU64,
+    partitions: Mutex<BTreeSet<i32>>,
+}
+
+impl Assignment {
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The partitions held now.
+    pub fn partitions(&self) -> Vec<i32> {
+        self.partitions
+            .lock()
+            .map(|p| p.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl ClientContext for Assignment {}
+
+impl ConsumerContext for Assignment {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
+        if let Ok(mut p) = self.partitions.lock() {
+            match r {
+                Rebalance::Assign(tpl) => {
+                    p.clear();
+                    p.extend(tpl.elements().iter().map(|e| e.partition()));
+                }
+                Rebalance::Revoke(_) => p.clear(),
+                Rebalance::Error(_) => {}
+            }
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+pub type DestConsumer = StreamConsumer<Assignment>;
+
+/// What an operator sees of a destination (gRPC `Status`).
+#[derive(Debug, Default)]
+pub struct DestState {
+    pub last_ack_code: Mutex<String>,
+    pub last_ack_at: Mutex<Option<SystemTime>>,
+    pub last_error: Mutex<String>,
+    pub retrying: AtomicU64,
+    pub delivered: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub lag: std::sync::atomic::AtomicI64,
+    pub ready: AtomicBool,
+}
+
+fn set(m: &Mutex<String>, v: &str) {
+    if let Ok(mut g) = m.lock() {
+        v.clone_into(&mut g);
+    }
+}
+
+/// Everything a destination's workers share.
+pub struct DestCtx {
+    pub name: String,
+    pub topic: String,
+    pub dest: Arc<Destination>,
+    pub tls: Option<Tls>,
+    pub cfg: Arc<Config>,
+    pub consumer: Arc<DestConsumer>,
+    pub producer: FutureProducer,
+    pub metrics: EgressMetrics,
+    pub dedup: Dedup,
+    pub state: DestState,
+}
+
+impl std::fmt::Debug for DestCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DestCtx")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a delivery ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Done {
+    /// Accepted, dead-lettered or suppressed: the offset may be committed.
+    Settled,
+    /// Shutdown or the partition moved: the offset stays, the message will be read again.
+    Abandoned,
+}
+
+impl DestCtx {
+    fn dl(&self) -> DestLabels {
+        DestLabels {
+            destination: self.name.clone(),
+        }
+    }
+
+    /// Reads the destination topic and hands each record to its partition's worker until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let tracker = TaskTracker::new();
+        let mut workers: HashMap<i32, mpsc::Sender<(u64, OwnedMessage)>> = HashMap::new();
+        loop {
+            let m = tokio::select! {
+                _ = stop.cancelled() => break,
+                m = self.consumer.recv() => m,
+            };
+            let m = match m {
+                Ok(m) => m.detach(),
+                Err(e) => {
+                    tracing::warn!(destination = %self.name, error = %e, "consumer error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let generation = self.consumer.context().generation();
+            let partition = m.partition();
+            let tx = workers.entry(partition).or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(self.cfg.queue_per_partition);
+                tracker.spawn(self.clone().partition_worker(partition, rx, stop.clone()));
+                tx
+            });
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                r = tx.send((generation, m)) => if r.is_err() { workers.remove(&partition); },
+            }
+        }
+        drop(workers);
+        tracker.close();
+        tracker.wait().await;
+    }
+
+    async fn partition_worker(
+        self: Arc<Self>,
+        partition: i32,
+        mut rx: mpsc::Receiver<(u64, OwnedMessage)>,
+        stop: CancellationToken,
+    ) {
+        let mut client = MllpClient::new(
+            self.dest.clone(),
+            self.tls.clone(),
+            self.metrics
+                .connections_active
+                .get_or_create(&self.dl())
+                .clone(),
+        );
+        while let Some((generation, m)) = rx.recv().await {
+            if generation != self.consumer.context().generation() {
+                // Read before a rebalance: the partition restarts from its committed offset.
+                continue;
+            }
+            match self.deliver(&mut client, &m, generation, &stop).await {
+                Done::Settled => {
+                    if let Err(e) = self
+                        .consumer
+                        .store_offset(&self.topic, partition, m.offset())
+                    {
+                        tracing::debug!(destination = %self.name, partition, error = %e, "offset not stored (partition moved)");
+                    }
+                }
+                Done::Abandoned => {
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn deliver(
+        &self,
+        client: &mut MllpClient,
+        m: &OwnedMessage,
+        generation: u64,
+        stop: &CancellationToken,
+    ) -> Done {
+        let payload = m.payload().unwrap_or_default();
+        let mut env = match envelope::decode(payload) {
+            Ok(e) => e,
+            Err(e) => {
+                let env = Envelope {
+                    id: envelope::new_id(),
+                    raw: payload.to_vec().into(),
+                    destination: self.name.clone(),
+                    ..Envelope::default()
+                };
+                return self
+                    .dead_letter(env, "bad_envelope", e.to_string(), None, stop)
+                    .await;
+            }
+        };
+        let h = env.header.clone().unwrap_or_default();
+        let span = tracing::info_span!(
+            "deliver",
+            destination = %self.name,
+            message_type = %h.message_type,
+            trigger = %h.trigger_event,
+            control_id = %h.control_id,
+            ack_code = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+        );
+        if let Some(tc) = &env.trace {
+            hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
+        }
+        let key = dedup::key(b"", h.sending_facility.as_bytes(), h.control_id.as_bytes());
+        if self.dedup.enabled() && self.dedup.lookup(&key, Instant::now()).is_some() {
+            self.metrics
+                .duplicates_suppressed
+                .get_or_create(&self.dl())
+                .inc();
+            tracing::info!(parent: &span, "delivered within the duplicate window: not sent again");
+            return Done::Settled;
+        }
+        let retry = &self.dest.retry;
+        let mut attempt = env.attempts;
+        let mut tries = 0u32;
+        loop {
+            attempt += 1;
+            tries += 1;
+            let started = Instant::now();
+            let result = client.send(&env.raw).await;
+            let reason: &'static str;
+            let mut last_ack = None;
+            match result {
+                Ok(frame) => match hl7v2::read_ack(&frame) {
+                    Some((code, _)) => {
+                        let code_str = code.as_str();
+                        self.metrics
+                            .acks
+                            .get_or_create(&AckLabels {
+                                destination: self.name.clone(),
+                                code: code_str,
+                            })
+                            .inc();
+                        set(&self.state.last_ack_code, code_str);
+                        if let Ok(mut t) = self.state.last_ack_at.lock() {
+                            *t = Some(SystemTime::now());
+                        }
+                        span.record("ack_code", code_str);
+                        span.record("attempts", attempt);
+                        match code {
+                            AckCode::AA | AckCode::CA => {
+                                self.accepted(&env, started);
+                                if self.dedup.enabled() {
+                                    self.dedup
+                                        .remember(key, bytes::Bytes::new(), Instant::now());
+                                }
+                                if tries > 1 {
+                                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                                }
+                                return Done::Settled;
+                            }
+                            AckCode::AR | AckCode::CR => {
+                                if tries > 1 {
+                                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                                }
+                                env.attempts = attempt;
+                                let _g = span.enter();
+                                tracing::warn!(
+                                    code = code_str,
+                                    "receiver rejected the message: DLQ"
+                                );
+                                return self
+                                    .dead_letter(
+                                        env,
+                                        "rejected",
+                                        format!("receiver answered {code_str}"),
+                                        Some(frame.freeze()),
+                                        stop,
+                                    )
+                                    .await;
+                            }
+                            AckCode::AE | AckCode::CE => {
+                                reason = "application_error";
+                                last_ack = Some(frame.freeze());
+                            }
+                        }
+                    }
+                    None => {
+                        reason = "unreadable_ack";
+                        client.disconnect();
+                    }
+                },
+                Err(e) => {
+                    reason = e.kind();
+                    if !matches!(e, SendError::Connect(_) | SendError::ConnectTimeout) {
+                        tracing::info!(parent: &span, error = %e, "delivery attempt failed");
+                    }
+                }
+            }
+            set(&self.state.last_error, reason);
+            if retry.max_attempts > 0 && tries >= retry.max_attempts {
+                if tries > 1 {
+                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                }
+                env.attempts = attempt;
+                let _g = span.enter();
+                tracing::warn!(reason, attempts = tries, "giving up: DLQ");
+                return self
+                    .dead_letter(
+                        env,
+                        "gave_up",
+                        format!("{tries} attempts, last: {reason}"),
+                        last_ack,
+                        stop,
+                    )
+                    .await;
+            }
+            if tries == 1 {
+                self.state.retrying.fetch_add(1, Ordering::Relaxed);
+            }
+            self.metrics
+                .retries
+                .get_or_create(&ReasonLabels {
+                    destination: self.name.clone(),
+                    reason,
+                })
+                .inc();
+            let wait = retry.backoff(tries, rand_unit());
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                    return Done::Abandoned;
+                }
+                _ = tokio::time::sleep(wait) => {}
+            }
+            if generation != self.consumer.context().generation() {
+                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                return Done::Abandoned;
+            }
+        }
+    }
+
+    fn accepted(&self, env: &Envelope, started: Instant) {
+        self.metrics.delivered.get_or_create(&self.dl()).inc();
+        self.state.delivered.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .delivery_duration
+            .get_or_create(&self.dl())
+            .observe(started.elapsed().as_secs_f64());
+        if let Some(t) = env
+            .received_at
+            .as_ref()
+            .and_then(|t| SystemTime::try_from(*t).ok())
+            && let Ok(d) = SystemTime::now().duration_since(t)
+        {
+            self.metrics
+                .end_to_end
+                .get_or_create(&self.dl())
+                .observe(d.as_secs_f64());
+        }
+    }
+
+    /// Writes the message to the DLQ (retrying until Kafka confirms, or shutdown).
+    async fn dead_letter(
+        &self,
+        mut env: Envelope,
+        reason: &'static str,
+        detail: String,
+        ack: Option<bytes::Bytes>,
+        stop: &CancellationToken,
+    ) -> Done {
+        env.destination = self.name.clone();
+        env.rejection = Some(Rejection {
+            stage: "egress".into(),
+            reason: reason.into(),
+            detail,
+            ack: ack.unwrap_or_default(),
+            hl7_error_code: 0,
+        });
+        envelope::push_stage(&mut env, "egress");
+        let mut buf = Vec::new();
+        envelope::encode_into(&env, &mut buf);
+        let traceparent = env
+            .trace
+            .as_ref()
+            .map(|t| t.traceparent.clone())
+            .unwrap_or_default();
+        let mut wait = Duration::from_millis(200);
+        loop {
+            let headers = envelope::record_headers(&env, &traceparent);
+            let mut rec = FutureRecord::to(&self.cfg.dlq_topic)
+                .payload(&buf)
+                .headers(headers);
+            if !env.key.is_empty() {
+                rec = rec.key(env.key.as_str());
+            }
+            match self.producer.send(rec, Duration::from_secs(5)).await {
+                Ok(_) => break,
+                Err((e, _)) => {
+                    tracing::warn!(destination = %self.name, error = %e, "DLQ write failed; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => return Done::Abandoned,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        self.metrics
+            .dlq_writes
+            .get_or_create(&ReasonLabels {
+                destination: self.name.clone(),
+                reason,
+            })
+            .inc();
+        self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        Done::Settled
+    }
+}
+
+/// A number in [0, 1) for backoff jitter (no cryptographic need: spreads retries of many pods apart).
+fn rand_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,190 @@
+//! gRPC `hl7gw.v1.Egress` (destination status, dead letters, replay) and `grpc.health.v1.Health`.
+
+use crate::config::Config;
+use crate::deadletters::{self, Filter};
+use crate::deliver::DestCtx;
+use crate::metrics::{DestLabels, EgressMetrics};
+use hl7gw_runtime::admin::Health;
+use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
+use hl7gw_runtime::proto::v1::{
+    DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, ReplayRequest,
+    ReplayResponse, StatusRequest, StatusResponse,
+};
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::FutureProducer;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// The Egress service.
+pub struct EgressService {
+    pub cfg: Arc<Config>,
+    pub dests: Vec<Arc<DestCtx>>,
+    pub producer: FutureProducer,
+    pub metrics: EgressMetrics,
+}
+
+impl std::fmt::Debug for EgressService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressService").finish_non_exhaustive()
+    }
+}
+
+fn millis(t: Option<&prost_types::Timestamp>) -> Option<i64> {
+    t.map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+}
+
+impl EgressService {
+    async fn list(
+        &self,
+        filter: Filter,
+    ) -> Result<
+        Vec<(
+            hl7gw_runtime::proto::v1::DeadLetter,
+            hl7gw_runtime::proto::v1::Envelope,
+        )>,
+        Status,
+    > {
+        let cfg = self.cfg.clone();
+        tokio::task::spawn_blocking(move || deadletters::list(&cfg, &filter))
+            .await
+            .map_err(|_| Status::internal("DLQ reader failed"))?
+            .map_err(|e| Status::unavailable(e.to_string()))
+    }
+}
+
+#[tonic::async_trait]
+impl Egress for EgressService {
+    async fn status(
+        &self,
+        req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let want = req.into_inner().destination;
+        let mut out = StatusResponse::default();
+        for d in &self.dests {
+            if !want.is_empty() && d.name != want {
+                continue;
+            }
+            let s = &d.state;
+            let connected = self
+                .metrics
+                .connections_active
+                .get_or_create(&DestLabels {
+                    destination: d.name.clone(),
+                })
+                .get();
+            out.destinations.push(DestinationStatus {
+                name: d.name.clone(),
+                address: d.dest.address.clone(),
+                connected: connected > 0,
+                lag: s.lag.load(Ordering::Relaxed),
+                last_ack_code: s
+                    .last_ack_code
+                    .lock()
+                    .map(|g| g.clone())
+                    .unwrap_or_default(),
+                last_ack_at: s
+                    .last_ack_at
+                    .lock()
+                    .ok()
+                    .and_then(|g| *g)
+                    .map(prost_types::Timestamp::from),
+                retrying: s.retrying.load(Ordering::Relaxed) > 0,
+                last_error: s.last_error.lock().map(|g| g.clone()).unwrap_or_default(),
+                delivered: s.delivered.load(Ordering::Relaxed),
+                dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
+                partitions: d.consumer.context().partitions(),
+            });
+        }
+        if !want.is_empty() && out.destinations.is_empty() {
+            return Err(Status::not_found(format!("no destination {want:?}")));
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        req: Request<ListDeadLettersRequest>,
+    ) -> Result<Response<ListDeadLettersResponse>, Status> {
+        let r = req.into_inner();
+        let found = self
+            .list(Filter {
+                destination: r.destination,
+                ids: Vec::new(),
+                since_ms: millis(r.since.as_ref()),
+                until_ms: millis(r.until.as_ref()),
+                limit: r.limit as usize,
+            })
+            .await?;
+        let dead_letters = found
+            .into_iter()
+            .map(|(mut dl, env)| {
+                if r.include_envelope {
+                    dl.envelope = Some(env);
+                }
+                dl
+            })
+            .collect();
+        Ok(Response::new(ListDeadLettersResponse { dead_letters }))
+    }
+
+    async fn replay(
+        &self,
+        req: Request<ReplayRequest>,
+    ) -> Result<Response<ReplayResponse>, Status> {
+        let r = req.into_inner();
+        if r.ids.is_empty() && r.destination.is_empty() {
+            return Err(Status::invalid_argument(
+                "name ids, or a destination (with an optional time range)",
+            ));
+        }
+        let found = self
+            .list(Filter {
+                destination: r.destination,
+                ids: r.ids,
+                since_ms: millis(r.since.as_ref()),
+                until_ms: millis(r.until.as_ref()),
+                limit: 100_000,
+            })
+            .await?;
+        let envs: Vec<_> = found.into_iter().map(|(_, e)| e).collect();
+        let ids = deadletters::replay(&self.cfg, &self.producer, envs)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        for (_, dest) in &ids {
+            self.metrics
+                .replayed
+                .get_or_create(&DestLabels {
+                    destination: dest.clone(),
+                })
+                .inc();
+        }
+        tracing::info!(replayed = ids.len(), "dead letters replayed");
+        Ok(Response::new(ReplayResponse {
+            replayed: ids.len() as u32,
+            ids: ids.into_iter().map(|(id, _)| id).collect(),
+        }))
+    }
+}
+
+/// Serves Egress and Health on `listener` until `stop`.
+pub async fn serve(
+    listener: TcpListener,
+    svc: EgressService,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let health_service = hl7gw_runtime::admin::grpc_health(
+        health,
+        <EgressServer<EgressService> as tonic::server::NamedService>::NAME,
+        stop.clone(),
+    );
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(EgressServer::new(svc))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled())
+        .await
+}

@@ -1,0 +1,239 @@
+//! hl7gw-egress: delivers `hl7.out.<destination>` to each destination's receiver over MLLP (TCP or TLS), one
+//! message in flight per partition, committing an offset only after the receiver's ACK; AR/CR and given-up
+//! messages go to `hl7.dlq` and can be listed and replayed over gRPC.
+
+pub mod client;
+pub mod config;
+pub mod deadletters;
+pub mod deliver;
+pub mod grpc;
+pub mod metrics;
+
+use config::Config;
+use hl7gw_runtime::admin::{self, Health};
+use hl7gw_runtime::dedup::Dedup;
+use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics, producer_config};
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::{FutureProducer, Producer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Why the egress could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error(transparent)]
+    Config(#[from] hl7gw_runtime::config::ConfigError),
+    #[error("destination {destination}: {source}")]
+    Tls {
+        destination: String,
+        #[source]
+        source: hl7gw_tls::TlsError,
+    },
+    #[error("Kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The addresses the egress listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// Runs the egress until `stop` is cancelled, then drains: deliveries in hand finish (or are left for the
+/// next owner), stored offsets are committed and the consumer groups are left.
+pub async fn run(
+    cfg: Config,
+    stop: CancellationToken,
+    on_bound: impl FnOnce(Bound),
+) -> Result<(), EgressError> {
+    cfg.validate()?;
+    let cfg = Arc::new(cfg);
+    let mut registry = hl7gw_runtime::metrics::registry();
+    let metrics = metrics::EgressMetrics::register(&mut registry);
+    let producer: FutureProducer = producer_config(
+        &cfg.kafka_brokers,
+        "hl7gw-egress",
+        &cfg.kafka,
+        Duration::from_secs(30),
+    )
+    .create()?;
+
+    let mut dests = Vec::new();
+    for (name, d) in &cfg.destinations {
+        let tls = client::Tls::from_config(d).map_err(|source| EgressError::Tls {
+            destination: name.clone(),
+            source,
+        })?;
+        let mut cc = consumer_config(
+            &cfg.kafka_brokers,
+            &cfg.group(name),
+            "hl7gw-egress",
+            &cfg.kafka,
+        );
+        // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
+        cc.set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "500");
+        for (k, v) in &cfg.kafka.properties {
+            cc.set(k, v);
+        }
+        let consumer: deliver::DestConsumer =
+            cc.create_with_context(deliver::Assignment::default())?;
+        dests.push(Arc::new(deliver::DestCtx {
+            name: name.clone(),
+            topic: cfg.topic(name),
+            dest: Arc::new(d.clone()),
+            tls,
+            cfg: cfg.clone(),
+            consumer: Arc::new(consumer),
+            producer: producer.clone(),
+            metrics: metrics.clone(),
+            dedup: Dedup::new(cfg.duplicate_window, cfg.duplicate_capacity),
+            state: deliver::DestState::default(),
+        }));
+    }
+
+    let bind = |what, addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| EgressError::Bind { what, addr, source })
+    };
+    let grpc = bind("gRPC", cfg.grpc_addr).await?;
+    let health = Arc::new(Health::default());
+    let admin_stop = CancellationToken::new();
+    let (admin_addr, admin_task) = admin::serve(
+        cfg.admin_addr,
+        health.clone(),
+        Arc::new(registry),
+        admin_stop.clone(),
+    )
+    .await
+    .map_err(|source| EgressError::Bind {
+        what: "admin HTTP",
+        addr: cfg.admin_addr,
+        source,
+    })?;
+    let bound = Bound {
+        grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
+        admin: admin_addr,
+    };
+    tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
+    on_bound(bound);
+
+    let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
+    topics.push(cfg.dlq_topic.clone());
+    let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    if let Err(e) = ensure_topics(&cfg.kafka_brokers, &cfg.kafka, &topic_refs).await {
+        tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");
+    }
+    for d in &dests {
+        d.consumer.subscribe(&[&d.topic])?;
+    }
+
+    let side_stop = CancellationToken::new();
+    tokio::spawn(housekeeping(
+        dests.clone(),
+        producer.clone(),
+        health.clone(),
+        metrics.clone(),
+        side_stop.clone(),
+    ));
+    let grpc_stop = CancellationToken::new();
+    let grpc_task = tokio::spawn(grpc::serve(
+        grpc,
+        grpc::EgressService {
+            cfg: cfg.clone(),
+            dests: dests.clone(),
+            producer: producer.clone(),
+            metrics: metrics.clone(),
+        },
+        health.clone(),
+        grpc_stop.clone(),
+    ));
+
+    let deliver_stop = CancellationToken::new();
+    let tasks: Vec<_> = dests
+        .iter()
+        .map(|d| tokio::spawn(d.clone().run(deliver_stop.clone())))
+        .collect();
+
+    stop.cancelled().await;
+    health.set_draining();
+    tracing::info!("draining: finishing deliveries in hand");
+    deliver_stop.cancel();
+    let all = futures_util::future::join_all(tasks);
+    if tokio::time::timeout(cfg.drain_timeout, all).await.is_err() {
+        tracing::warn!("drain timeout: undelivered messages stay uncommitted for the next owner");
+    }
+    side_stop.cancel();
+    grpc_stop.cancel();
+    let _ = grpc_task.await;
+    for d in &dests {
+        let c = d.consumer.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = c.commit_consumer_state(rdkafka::consumer::CommitMode::Sync);
+            c.unsubscribe();
+        })
+        .await;
+    }
+    drop(dests);
+    let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    tracing::info!("egress stopped");
+    Ok(())
+}
+
+/// Every 2 s: readiness (Kafka answers) and consumer lag per destination.
+async fn housekeeping(
+    dests: Vec<Arc<deliver::DestCtx>>,
+    producer: FutureProducer,
+    health: Arc<Health>,
+    metrics: metrics::EgressMetrics,
+    stop: CancellationToken,
+) {
+    loop {
+        let p = producer.clone();
+        let ok = tokio::task::spawn_blocking(move || {
+            p.client()
+                .fetch_metadata(None, Duration::from_secs(2))
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        health.set_dependency_ok(ok);
+        for d in &dests {
+            let c = d.consumer.clone();
+            let lag = tokio::task::spawn_blocking(move || {
+                consumer_lag(c.as_ref(), Duration::from_secs(2)).ok()
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(lag) = lag {
+                d.state.lag.store(lag, Ordering::Relaxed);
+                metrics
+                    .consumer_lag
+                    .get_or_create(&metrics::DestLabels {
+                        destination: d.name.clone(),
+                    })
+                    .set(lag);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
