@@ -553,3 +553,200 @@ impl Routes {
         Self { routes }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::*;
+
+    const ADT: &[u8] = b"MSH|^~\\&|EPIC|GOOD HOSP^1.2.3^ISO|LAB|X|20260101||ADT^A01^ADT_A01|C1|P|2.5\rPID|1||12345^^^MRN||DOE^JANE||19800101|F\rNK1|1|DOE^JOHN\rNK1|2|ROE^RICH\rZPI|1|x\r";
+
+    struct NoPlugins;
+    impl PluginCaller for NoPlugins {
+        async fn call(
+            &self,
+            _: &Plugin,
+            req: TransformRequest,
+        ) -> Result<(Vec<u8>, String), String> {
+            let mut m = req.message.to_vec();
+            m.extend_from_slice(b"ZPL|called\r");
+            Ok((m, String::new()))
+        }
+    }
+
+    fn env_of(raw: &[u8]) -> Envelope {
+        let m = Message::parse(raw).unwrap();
+        Envelope {
+            id: "id-1".into(),
+            raw: raw.to_vec().into(),
+            header: Some(hl7gw_runtime::envelope::header(m.header(), Charset::Utf8)),
+            ..Envelope::default()
+        }
+    }
+
+    fn spec(yaml: &str) -> HL7RouteSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    async fn run(yaml: &str) -> Result<(Vec<u8>, &'static str), StepError> {
+        let r = Route::compile("r", &spec(yaml)).unwrap();
+        r.apply(&env_of(ADT), ADT, Charset::Utf8, &NoPlugins).await
+    }
+
+    fn get(out: &[u8], path: &str) -> Option<String> {
+        Message::parse(out)
+            .unwrap()
+            .get_decoded(path)
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("ADT", "ADT"));
+        assert!(glob("A0?", "A01"));
+        assert!(glob("*", ""));
+        assert!(glob("2.5*", "2.5.1"));
+        assert!(!glob("A0?", "A011"));
+        assert!(!glob("ORU", "ADT"));
+    }
+
+    #[test]
+    fn matching_uses_type_trigger_sender_version_and_predicates() {
+        let m = Message::parse(ADT).unwrap();
+        let env = env_of(ADT);
+        let ok = |y: &str| {
+            Route::compile("r", &spec(y))
+                .unwrap()
+                .matches(&env, &m, Charset::Utf8)
+        };
+        assert!(ok("destinations: [a]").is_ok());
+        assert!(ok("{match: {messageTypes: ['ADT^A0?']}, destinations: [a]}").is_ok());
+        assert!(ok("{match: {messageTypes: [ADT]}, destinations: [a]}").is_ok());
+        assert!(ok("{match: {messageTypes: ['ORU^*']}, destinations: [a]}").is_err());
+        assert!(ok("{match: {sendingFacilities: ['GOOD HOSP']}, destinations: [a]}").is_ok());
+        assert!(ok("{match: {sendingApplications: [LAB]}, destinations: [a]}").is_err());
+        assert!(ok("{match: {versions: ['2.5*']}, destinations: [a]}").is_ok());
+        assert!(ok("{match: {where: [{path: PID-8, equals: F}]}, destinations: [a]}").is_ok());
+        assert!(ok("{match: {where: [{path: PID-8, in: [M, U]}]}, destinations: [a]}").is_err());
+        assert!(
+            ok("{match: {where: [{path: PID-3-1, regex: '[0-9]+'}]}, destinations: [a]}").is_ok()
+        );
+        assert!(
+            ok("{match: {where: [{path: PID-3-1, regex: '[0-9]'}]}, destinations: [a]}").is_err()
+        );
+        assert!(ok("{match: {where: [{path: PID-19, exists: false}]}, destinations: [a]}").is_ok());
+        let miss = ok("{match: {where: [{path: PID-19, exists: true}]}, destinations: [a]}");
+        assert_eq!(miss.unwrap_err(), "where PID-19");
+    }
+
+    #[test]
+    fn bad_routes_are_refused_with_a_reason() {
+        let bad = [
+            ("destinations: []", "destinations"),
+            ("destinations: ['a b']", "destinations"),
+            (
+                "{transforms: [{set: {path: PID, value: x}}], destinations: [a]}",
+                "transforms[0]",
+            ),
+            ("{transforms: [{}], destinations: [a]}", "exactly one"),
+            (
+                "{transforms: [{clear: {path: PID-5}, mask: {path: PID-5}}], destinations: [a]}",
+                "exactly one",
+            ),
+            (
+                "{transforms: [{toJson: {}}, {clear: {path: PID-5}}], destinations: [a]}",
+                "toJson",
+            ),
+            (
+                "{match: {where: [{path: PID-3, regex: '('}]}, destinations: [a]}",
+                "regex",
+            ),
+            (
+                "{match: {where: [{path: PID-3}]}, destinations: [a]}",
+                "exactly one",
+            ),
+            (
+                "{transforms: [{deleteSegment: {segment: MSH}}], destinations: [a]}",
+                "MSH",
+            ),
+            (
+                "{transforms: [{plugin: {endpoint: 'tcp://x'}}], destinations: [a]}",
+                "endpoint",
+            ),
+            (
+                "{transforms: [{hash: {path: PID-3, saltEnv: HL7GW_NO_SUCH_VAR}}], destinations: [a]}",
+                "HL7GW_NO_SUCH_VAR",
+            ),
+        ];
+        for (y, want) in bad {
+            let e = Route::compile("r", &spec(y)).unwrap_err().to_string();
+            assert!(e.contains(want), "{y}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn transforms_edit_the_message() {
+        let (out, ct) = run("{transforms: [
+                {set: {path: MSH-5, value: 'NEW^APP'}},
+                {copy: {from: PID-3-1, to: PID-2}},
+                {clear: {path: PID-7}},
+                {map: {path: PID-8, table: {F: female}, default: unknown}},
+                {deleteSegment: {segment: NK1}},
+                {renameSegment: {from: ZPI, to: ZPX}},
+                {mask: {path: PID-5}},
+                {hash: {path: PID-3-1}}
+            ], destinations: [a]}")
+        .await
+        .unwrap();
+        assert_eq!(ct, HL7_CONTENT_TYPE);
+        assert_eq!(
+            get(&out, "MSH-5").as_deref(),
+            Some("NEW^APP"),
+            "set escapes"
+        );
+        assert_eq!(get(&out, "PID-2").as_deref(), Some("12345"));
+        assert_eq!(get(&out, "PID-7"), None);
+        assert_eq!(get(&out, "PID-8").as_deref(), Some("female"));
+        assert_eq!(get(&out, "NK1-1"), None);
+        assert_eq!(get(&out, "ZPX-1").as_deref(), Some("1"));
+        assert_eq!(get(&out, "PID-5").as_deref(), Some("***"));
+        let hashed = get(&out, "PID-3-1").unwrap();
+        assert_eq!(hashed.len(), 64);
+        assert_ne!(hashed, "12345");
+        assert!(
+            !String::from_utf8_lossy(&out).contains("DOE"),
+            "no PHI left: {}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+
+    #[tokio::test]
+    async fn to_json_is_the_canonical_form_and_plugins_run_after() {
+        let (out, ct) = run("{transforms: [{toJson: {}}], destinations: [a]}")
+            .await
+            .unwrap();
+        assert_eq!(ct, JSON_CONTENT_TYPE);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["format"], "hl7gw.canonical.v1");
+        assert_eq!(v["messageType"], "ADT");
+        assert_eq!(v["controlId"], "C1");
+        assert_eq!(v["flat"]["PID(1)-3(1)-1-1"], "12345");
+        assert_eq!(v["flat"]["NK1(2)-2(1)-1-1"], "ROE");
+        assert_eq!(v["segments"][3], "NK1");
+
+        let (out, _) =
+            run("{transforms: [{plugin: {endpoint: 'http://127.0.0.1:1'}}], destinations: [a]}")
+                .await
+                .unwrap();
+        assert!(out.ends_with(b"ZPL|called\r"));
+    }
+
+    #[tokio::test]
+    async fn a_failing_step_names_route_step_and_kind() {
+        let e = run("{transforms: [{set: {path: 'OBX(3)-5', value: x}}], destinations: [a]}")
+            .await
+            .unwrap_err();
+        assert_eq!((e.step, e.kind), (0, "edit"));
+        assert!(e.to_string().contains("OBX"), "{e}");
+    }
+}

@@ -66,9 +66,11 @@ pub async fn run(
     let side_stop = CancellationToken::new();
 
     if let Some(path) = &cfg.routes.file {
+        let loaded = std::fs::read(path).ok();
         source::load_file(path, &live, &metrics)?;
         tokio::spawn(source::watch_file(
             path.clone(),
+            loaded,
             cfg.routes.reload_interval,
             live.clone(),
             metrics.clone(),

@@ -39,6 +39,14 @@ impl PluginCaller for GrpcPlugins {
         request.set_timeout(p.timeout);
         match tokio::time::timeout(p.timeout, client.transform(request)).await {
             Err(_) => Err("plugin_timeout".into()),
+            Ok(Err(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                ) =>
+            {
+                Err("plugin_timeout".into())
+            }
             Ok(Err(status)) => Err(format!("plugin_error: {}", status.code())),
             Ok(Ok(resp)) => {
                 let r = resp.into_inner();

@@ -176,15 +176,16 @@ pub fn load_file(
     Ok(verdicts)
 }
 
-/// Re-reads the routes file whenever its content changes, until `stop`.
+/// Re-reads the routes file whenever its content differs from `loaded` (what was loaded last), until `stop`.
 pub async fn watch_file(
     path: PathBuf,
+    loaded: Option<Vec<u8>>,
     interval: Duration,
     live: Arc<LiveRoutes>,
     metrics: TransformerMetrics,
     stop: CancellationToken,
 ) {
-    let mut last = std::fs::read(&path).ok();
+    let mut last = loaded;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
