@@ -35,7 +35,8 @@ die() { log "$*"; exit 1; }
 # their priority.
 go_install() {
   local dir=$1 pkg=$2 ldflags=${3:-} t0=$SECONDS
-  [ -f "$dir/.complete" ] && return
+  local stamp="$pkg $ldflags" # a change of version or flags builds again
+  [ "$(cat "$dir/.complete" 2>/dev/null)" = "$stamp" ] && return
   command -v go >/dev/null || die "go is not installed"
   exec 8>"$root/.cache/.go-build.lock"
   flock 8 # one Go build at a time on this machine (scripts/cluster.sh fetch takes the same lock)
@@ -45,7 +46,7 @@ go_install() {
   GOTOOLCHAIN=local GOFLAGS="-buildvcs=false" CGO_ENABLED=0 GOBIN="$dir/bin" \
     nice -n 10 go install -trimpath -ldflags "-s -w $ldflags" "$pkg" >"$dir/build.log" 2>&1 ||
     { tail -n 20 "$dir/build.log" >&2; die "go install $pkg failed (log: $dir/build.log)"; }
-  touch "$dir/.complete"
+  printf '%s' "$stamp" >"$dir/.complete"
   log "  done in $((SECONDS - t0)) s"
 }
 
@@ -57,7 +58,9 @@ helm() {
   go_install "$helm_dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$f"
 }
 
-kubeconform() { go_install "$kubeconform_dir" "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"; }
+kubeconform() {
+  go_install "$kubeconform_dir" "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" "-X main.version=$KUBECONFORM_VERSION"
+}
 
 schemas() {
   [ -f "$schemas_dir/.complete" ] && return

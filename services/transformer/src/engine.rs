@@ -217,9 +217,9 @@ impl Route {
                 .unwrap_or_default();
             let ok = match cond {
                 Cond::Equals(x) => value == *x,
-                Cond::In(xs) => xs.iter().any(|x| *x == value),
+                Cond::In(xs) => xs.contains(&value),
                 Cond::Regex(r) => r.is_match(&value),
-                Cond::Exists(want) => !value.is_empty() == *want,
+                Cond::Exists(want) => value.is_empty() != *want,
             };
             if !ok {
                 return Err(format!("where {text}"));

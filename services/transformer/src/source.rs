@@ -75,11 +75,11 @@ pub struct Verdict {
     pub refused: Option<String>,
 }
 
+/// A route document by name: the route, or why it could not be read.
+pub type RouteDoc = (String, Result<HL7Route, String>);
+
 /// Compiles route documents into a set. A refused route keeps its version from `previous` if there was one.
-pub fn compile_all(
-    docs: &[(String, Result<HL7Route, String>)],
-    previous: &Routes,
-) -> (Routes, Vec<Verdict>) {
+pub fn compile_all(docs: &[RouteDoc], previous: &Routes) -> (Routes, Vec<Verdict>) {
     let mut out: BTreeMap<String, Arc<Route>> = BTreeMap::new();
     let mut verdicts = Vec::new();
     for (name, doc) in docs {
@@ -112,9 +112,7 @@ pub fn compile_all(
 }
 
 /// Splits a routes file into named documents; a document that is not an `HL7Route` is refused by name.
-pub fn parse_file(
-    text: &str,
-) -> Result<Vec<(String, Result<HL7Route, String>)>, serde_yaml::Error> {
+pub fn parse_file(text: &str) -> Result<Vec<RouteDoc>, serde_yaml::Error> {
     let mut docs = Vec::new();
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = serde_yaml::Value::deserialize(de)?;
@@ -254,7 +252,7 @@ pub async fn watch_kubernetes(
         if !changed {
             continue;
         }
-        let docs: Vec<(String, Result<HL7Route, String>)> = objects
+        let docs: Vec<RouteDoc> = objects
             .iter()
             .map(|(n, o)| (n.clone(), Ok(o.clone())))
             .collect();

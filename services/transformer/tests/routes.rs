@@ -125,10 +125,10 @@ impl Transform for TagPlugin {
         req: Request<TransformRequest>,
     ) -> Result<Response<TransformResponse>, Status> {
         let r = req.into_inner();
-        if r.params.get("sleep").is_some() {
+        if r.params.contains_key("sleep") {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        if r.params.get("fail").is_some() {
+        if r.params.contains_key("fail") {
             return Err(Status::internal("plugin broke"));
         }
         let mut m = r.message.to_vec();

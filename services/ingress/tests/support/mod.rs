@@ -1,5 +1,5 @@
 //! Test support: a real Kafka broker started by the project's script, the real ingress binary, an MLLP
-//! client, and a Kafka reader to check what the topic holds.
+//! client, and a Kafka reader to check what the topic holds. The egress's pipeline tests share this file.
 #![allow(dead_code)]
 
 use bytes::BytesMut;
@@ -89,7 +89,7 @@ impl Ingress {
     }
 
     pub fn start_with(env: &[(&str, String)], args: &[&str], wait_ready: bool) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"));
+        let mut cmd = Command::new(bin("hl7gw-ingress"));
         cmd.args([
             "--mllp-addr",
             "127.0.0.1:0",
@@ -326,17 +326,23 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// `hl7gw-load`, built with the workspace (`cargo test --workspace` builds every binary first).
-pub fn load_binary() -> PathBuf {
+/// A workspace binary (`hl7gw-ingress`, `hl7gw-load`, `hl7gw`, ...) next to the test's own directory:
+/// `cargo test --workspace --all-targets` builds every binary before any test runs.
+pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test step");
     let dir = exe.parent().and_then(Path::parent).expect("test step");
-    let bin = dir.join("hl7gw-load");
+    let bin = dir.join(name);
     assert!(
         bin.exists(),
-        "{} missing: run the tests with `cargo test --workspace` (make test)",
+        "{} missing: run the tests with `cargo test --workspace --all-targets` (make test)",
         bin.display()
     );
     bin
+}
+
+/// `hl7gw-load`.
+pub fn load_binary() -> PathBuf {
+    bin("hl7gw-load")
 }
 
 /// Runs `hl7gw-load` for `secs` seconds with `clients` connections, recording every ACKed id in `record`;
@@ -375,7 +381,7 @@ pub fn free_port() -> u16 {
 
 /// Starts the ingress on a fixed MLLP port (so a restarted one takes over the same address).
 pub fn ingress_on(port: u16, env: &[(&str, String)]) -> KillOnDrop {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"));
+    let mut cmd = Command::new(bin("hl7gw-ingress"));
     cmd.args([
         "--mllp-addr",
         &format!("127.0.0.1:{port}"),
