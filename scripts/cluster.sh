@@ -201,10 +201,11 @@ EOF
   chmod 600 "$1"
 }
 
-api_ready() {
+api_get() { # PATH, as user admin
   curl -fsS --max-time 2 --cacert "$CLUSTER_DIR/ca.crt" -H "Authorization: Bearer $(cat "$CLUSTER_DIR/admin.token")" \
-    "https://127.0.0.1:$CLUSTER_API_PORT/readyz"
+    "https://127.0.0.1:$CLUSTER_API_PORT$1"
 }
+api_ready() { api_get /readyz; }
 
 up() {
   fetch
@@ -257,6 +258,8 @@ up() {
     --leader-elect=false --service-account-private-key-file="$d/sa.key" --root-ca-file="$d/ca.crt" \
     --cluster-name=hl7gw-local --service-cluster-ip-range=10.0.0.0/24 --profiling=false --v=1
   wait_for kube-controller-manager curl -fsSk --max-time 2 "https://127.0.0.1:$CLUSTER_KCM_PORT/healthz"
+  # Pods are refused until the controller manager has made the namespace's `default` ServiceAccount.
+  wait_for kube-controller-manager api_get /api/v1/namespaces/default/serviceaccounts/default
 
   trap - EXIT
   log "ready in $((SECONDS - t0)) s: https://127.0.0.1:$CLUSTER_API_PORT (Kubernetes $K8S_VERSION; logs and data in ${d#"$root"/})"

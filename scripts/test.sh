@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # `make test` after lint: every test of the workspace. Tests that need Kafka start their own brokers through
 # scripts/kafka.sh (ports 39092 and 39192, data under target/kafka-test); this script stops them at the end.
+# The HL7Route test starts its own Kubernetes API server (scripts/cluster.sh, port 7543); the Python consumer
+# test builds its venv through scripts/python-env.sh. Everything they need is fetched first, once, into .cache/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stop_brokers() {
   for port in 39092 39192; do
     KAFKA_PORT=$port KAFKA_DATA_DIR="$PWD/target/kafka-test/$port" scripts/kafka.sh down >/dev/null 2>&1 || true
   done
+  CLUSTER_API_PORT=7543 scripts/cluster.sh down >/dev/null 2>&1 || true
 }
 trap stop_brokers EXIT
-# Fetch the broker's jars before the tests run in parallel (once; cached in .cache/).
+# Fetch the broker's jars and build the local Kubernetes control plane before the tests run in parallel
+# (once; cached in .cache/: the first cluster build takes 6-15 minutes on 2 cores).
 scripts/kafka.sh fetch
+scripts/cluster.sh fetch
 cargo test --workspace --all-targets
 cargo test --workspace --doc
