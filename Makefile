@@ -12,7 +12,7 @@ help: ## list the targets
 build: ## build every binary (release)
 	$(CARGO) build --release --workspace --bins
 
-run: build ## start the local Kafka and the ingress on 127.0.0.1:2575, send the samples, keep running (Ctrl-C stops)
+run: build ## the whole gateway locally: Kafka, ingress :2575, transformer, egress to a receiver folder; sends the samples
 	@scripts/run.sh
 
 demo: build ## the CLI alone: flat view, ACK, and an MLLP send to a local `hl7gw receive`
@@ -53,3 +53,23 @@ cluster-down: ## stop the local Kubernetes control plane
 
 tools: ## install helm, kubeconform (with offline Kubernetes schemas) and promtool into .cache/tools
 	@scripts/tools.sh
+
+.PHONY: image chart-check k8s-render
+
+IMAGE ?= hl7gw:$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+CONTAINER_ENGINE ?= $(shell for e in docker podman; do if command -v $$e >/dev/null 2>&1 && $$e info >/dev/null 2>&1; then echo $$e; break; fi; done)
+
+image: ## build the container image (IMAGE=hl7gw:<version>) with docker or podman; CI machines have neither running
+	@if [ -z "$(CONTAINER_ENGINE)" ]; then \
+	  echo "make image: no running container engine (docker/podman) on this machine: image not built."; \
+	  echo "  The Dockerfile runs the same 'cargo build --release --workspace --bins' as 'make build'."; \
+	  echo "  On a machine with Docker: make image IMAGE=registry.example.org/hl7gw:0.1.0"; \
+	  exit 1; \
+	fi
+	$(CONTAINER_ENGINE) build --build-arg VERSION=$(lastword $(subst :, ,$(IMAGE))) -t $(IMAGE) .
+
+chart-check: ## helm lint/template/kubeconform, values.schema.json refusals, committed renders, rules; then install/upgrade/test/uninstall on a local API server
+	@scripts/chart-check.sh
+
+k8s-render: ## regenerate the committed k8s/ renders and the chart's CRD from the chart and `hl7gw-transformer crd`
+	@scripts/chart-check.sh render

@@ -1,0 +1,219 @@
+{{/* Names ---------------------------------------------------------------------------------------------------- */}}
+
+{{- define "hl7gw.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-<chart>, or <release> when it already contains the chart name; 40 characters leave room for
+     the longest suffix (-transformer-config, -ingress-mllp). */}}
+{{- define "hl7gw.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* dict "root" $ "component" "ingress" -> <fullname>-ingress */}}
+{{- define "hl7gw.componentName" -}}
+{{- printf "%s-%s" (include "hl7gw.fullname" .root) .component -}}
+{{- end -}}
+
+{{- define "hl7gw.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels ---------------------------------------------------------------------------------------------------- */}}
+
+{{- define "hl7gw.labels" -}}
+helm.sh/chart: {{ include "hl7gw.chart" . }}
+app.kubernetes.io/name: {{ include "hl7gw.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hl7gw
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "hl7gw.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hl7gw.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* dict "root" $ "component" "ingress" */}}
+{{- define "hl7gw.componentLabels" -}}
+{{ include "hl7gw.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image ----------------------------------------------------------------------------------------------------- */}}
+
+{{- define "hl7gw.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hl7gw.serviceAccountName" -}}
+{{- default (include "hl7gw.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "hl7gw.transformerServiceAccountName" -}}
+{{- default (include "hl7gw.componentName" (dict "root" . "component" "transformer")) .Values.transformer.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The gRPC service name each component's health reports under (grpc.health.v1, used by the readiness probe). */}}
+{{- define "hl7gw.grpcServiceName" -}}
+{{- get (dict "ingress" "hl7gw.v1.Ingest" "transformer" "hl7gw.v1.Transform" "egress" "hl7gw.v1.Egress") . -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: the value, or preStop + drain + 10 s; never at or below preStop + drain. */}}
+{{- define "hl7gw.gracePeriod" -}}
+{{- $v := .values -}}
+{{- $min := add $v.preStopSleepSeconds $v.drainTimeoutSeconds -}}
+{{- if $v.terminationGracePeriodSeconds -}}
+{{- if le (int $v.terminationGracePeriodSeconds) (int $min) -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must be more than preStopSleepSeconds + drainTimeoutSeconds (%v): the kubelet would SIGKILL the pod mid-drain" .component $v.terminationGracePeriodSeconds $min) -}}
+{{- end -}}
+{{- $v.terminationGracePeriodSeconds -}}
+{{- else -}}
+{{- add $min 10 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Kafka ----------------------------------------------------------------------------------------------------- */}}
+
+{{- define "hl7gw.kafkaSecurityProtocol" -}}
+{{- $k := .Values.kafka -}}
+{{- if and $k.tls.enabled $k.sasl.enabled -}}SASL_SSL
+{{- else if $k.tls.enabled -}}SSL
+{{- else if $k.sasl.enabled -}}SASL_PLAINTEXT
+{{- end -}}
+{{- end -}}
+
+{{/* The `kafka` block of every service's config: topic creation and librdkafka properties (no secrets). */}}
+{{- define "hl7gw.kafkaConfig" -}}
+{{- $k := .Values.kafka -}}
+{{- $props := deepCopy $k.properties -}}
+{{- $proto := include "hl7gw.kafkaSecurityProtocol" . -}}
+{{- if $proto }}{{ $_ := set $props "security.protocol" $proto }}{{ end -}}
+{{- if $k.tls.enabled -}}
+{{- if $k.tls.caSecret }}{{ $_ := set $props "ssl.ca.location" (printf "/etc/hl7gw/kafka/ca/%s" $k.tls.caKey) }}{{ end -}}
+{{- if $k.tls.clientSecret -}}
+{{- $_ := set $props "ssl.certificate.location" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.certKey) -}}
+{{- $_ := set $props "ssl.key.location" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.keyKey) -}}
+{{- end -}}
+{{- end -}}
+{{- if $k.sasl.enabled -}}
+{{- $_ := set $props "sasl.mechanism" $k.sasl.mechanism -}}
+{{- $_ := set $props "sasl.username" $k.sasl.username -}}
+{{- end -}}
+{{- toYaml (dict "create_topics_partitions" (int $k.createTopicsPartitions) "properties" $props) -}}
+{{- end -}}
+
+{{/* Service configs: what the chart sets, then <component>.config over it. -------------------------------------- */}}
+
+{{- define "hl7gw.config.ingress" -}}
+{{- $v := .Values -}}
+{{- $c := dict
+  "mllp_addr" (printf "0.0.0.0:%v" $v.ports.mllp)
+  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
+  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
+  "kafka_brokers" $v.kafka.brokers
+  "inbound_topic" $v.kafka.topics.inbound
+  "dlq_topic" $v.kafka.topics.dlq
+  "drain_timeout" (printf "%vs" $v.ingress.drainTimeoutSeconds)
+  "log_json" $v.logging.json
+  "kafka" (include "hl7gw.kafkaConfig" . | fromYaml)
+-}}
+{{- with $v.ingress.tls -}}
+{{- if .enabled -}}
+{{- $tls := dict "cert" "/etc/hl7gw/tls/tls.crt" "key" "/etc/hl7gw/tls/tls.key" -}}
+{{- if .clientCAKey }}{{ $_ := set $tls "client_ca" (printf "/etc/hl7gw/client-ca/%s" .clientCAKey) }}{{ end -}}
+{{- $_ := set $c "tls" $tls -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (mustMergeOverwrite $c (deepCopy $v.ingress.config)) -}}
+{{- end -}}
+
+{{- define "hl7gw.config.transformer" -}}
+{{- $v := .Values -}}
+{{- $routes := dict "kubernetes" (eq $v.transformer.routes.source "kubernetes") -}}
+{{- if eq $v.transformer.routes.source "file" }}{{ $routes = dict "file" "/etc/hl7gw/routes/routes.yaml" }}{{ end -}}
+{{- $c := dict
+  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
+  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
+  "kafka_brokers" $v.kafka.brokers
+  "inbound_topic" $v.kafka.topics.inbound
+  "dlq_topic" $v.kafka.topics.dlq
+  "out_topic_prefix" $v.kafka.topics.outPrefix
+  "routes" $routes
+  "drain_timeout" (printf "%vs" $v.transformer.drainTimeoutSeconds)
+  "log_json" $v.logging.json
+  "kafka" (include "hl7gw.kafkaConfig" . | fromYaml)
+-}}
+{{- if $v.transformer.defaultDestination }}{{ $_ := set $c "default_destination" $v.transformer.defaultDestination }}{{ end -}}
+{{- toYaml (mustMergeOverwrite $c (deepCopy $v.transformer.config)) -}}
+{{- end -}}
+
+{{- define "hl7gw.config.egress" -}}
+{{- $v := .Values -}}
+{{- $dests := dict -}}
+{{- range $name, $d := $v.egress.destinations -}}
+{{- $out := omit $d "tls" -}}
+{{- with $d.tls -}}
+{{- $tls := dict "ca" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "ca.crt" .caKey)) -}}
+{{- if .clientCertificate -}}
+{{- $_ := set $tls "cert" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "tls.crt" .certKey)) -}}
+{{- $_ := set $tls "key" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "tls.key" .keyKey)) -}}
+{{- end -}}
+{{- if .serverName }}{{ $_ := set $tls "server_name" .serverName }}{{ end -}}
+{{- $_ := set $out "tls" $tls -}}
+{{- end -}}
+{{- $_ := set $dests $name $out -}}
+{{- end -}}
+{{- $c := dict
+  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
+  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
+  "kafka_brokers" $v.kafka.brokers
+  "out_topic_prefix" $v.kafka.topics.outPrefix
+  "dlq_topic" $v.kafka.topics.dlq
+  "destinations" $dests
+  "drain_timeout" (printf "%vs" $v.egress.drainTimeoutSeconds)
+  "log_json" $v.logging.json
+  "kafka" (include "hl7gw.kafkaConfig" . | fromYaml)
+-}}
+{{- toYaml (mustMergeOverwrite $c (deepCopy $v.egress.config)) -}}
+{{- end -}}
+
+{{/* Consumer groups, as the services derive them (for KEDA's kafka scaler). */}}
+{{- define "hl7gw.transformerGroup" -}}
+{{- default "hl7gw-transformer" .Values.transformer.config.group_id -}}
+{{- end -}}
+{{- define "hl7gw.egressGroupPrefix" -}}
+{{- default "hl7gw-egress" .Values.egress.config.group_prefix -}}
+{{- end -}}
+
+{{/* Autoscaling bounds: min <= max, workers' max <= partitions (more consumers than partitions idle). */}}
+{{- define "hl7gw.checkAutoscaling" -}}
+{{- $a := .values.autoscaling -}}
+{{- if gt (int $a.minReplicas) (int $a.maxReplicas) -}}
+{{- fail (printf "%s.autoscaling.minReplicas (%v) is above maxReplicas (%v)" .component $a.minReplicas $a.maxReplicas) -}}
+{{- end -}}
+{{- if and (eq .component "transformer") (gt (int $a.maxReplicas) (int .root.Values.kafka.inboundPartitions)) -}}
+{{- fail (printf "transformer.autoscaling.maxReplicas (%v) is above kafka.inboundPartitions (%v): a consumer group gives each partition to one member, so extra transformer pods would idle" $a.maxReplicas .root.Values.kafka.inboundPartitions) -}}
+{{- end -}}
+{{- if and (eq .component "egress") (gt (int $a.maxReplicas) (int .root.Values.kafka.outPartitions)) -}}
+{{- fail (printf "egress.autoscaling.maxReplicas (%v) is above kafka.outPartitions (%v): extra egress pods would idle" $a.maxReplicas .root.Values.kafka.outPartitions) -}}
+{{- end -}}
+{{- end -}}
