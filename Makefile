@@ -4,7 +4,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 .DEFAULT_GOAL := help
 
-.PHONY: help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
+.PHONY: bench-pipeline help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ bench: ## criterion benchmarks: hl7v2 against hl7-parser and rust-hl7 (see docs/
 
 bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a local Kafka (docs/BENCHMARKS.md)
 	@scripts/bench-e2e.sh
+
+bench-pipeline: ## the whole pipeline in release, 8 clients for BENCH_SECONDS (30): delivered msg/s, end-to-end p50/p99, zero lost
+	@scripts/bench-pipeline.sh
 
 fuzz: ## fuzz the parser and the MLLP decoder for FUZZ_SECONDS each (needs nightly; installs cargo-fuzz)
 	@scripts/fuzz.sh $(FUZZ_SECONDS)

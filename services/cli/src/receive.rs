@@ -84,6 +84,10 @@ pub struct ReceiveArgs {
     /// Exit (status 0) once N messages are stored and ACKed; later messages are not answered.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
+    /// Do not fsync each file before the ACK (load tests that measure the sender, not this disk); a crash
+    /// can then lose messages that were ACKed.
+    #[arg(long)]
+    pub no_sync: bool,
 }
 
 /// A size of at least 1.
@@ -103,6 +107,7 @@ struct Shared {
     idle: Duration,
     reject_every: Option<u64>,
     count: Option<u64>,
+    sync: bool,
     /// Sequence number of the next received payload (file names).
     next_seq: AtomicU64,
     /// Messages that parsed (for --reject-every).
@@ -135,6 +140,7 @@ pub fn run(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         idle: Duration::from_secs(args.idle_timeout),
         reject_every: args.reject_every,
         count: args.count,
+        sync: !args.no_sync,
         next_seq: AtomicU64::new(first),
         parsed: AtomicU64::new(0),
         reserved: AtomicU64::new(0),
@@ -354,10 +360,11 @@ async fn answer(
             let h = Header::salvage(payload);
             let control_id = sanitise(h.control_id);
             let name = file_name(seq, h.control_id);
-            let kept = match store(&shared.out.join(REJECTED_DIR), &name, payload).await {
-                Ok(()) => format!("kept as {REJECTED_DIR}/{name}"),
-                Err(err) => format!("could not keep it: {err}"),
-            };
+            let kept =
+                match store(&shared.out.join(REJECTED_DIR), &name, payload, shared.sync).await {
+                    Ok(()) => format!("kept as {REJECTED_DIR}/{name}"),
+                    Err(err) => format!("could not keep it: {err}"),
+                };
             log(format_args!(
                 "{peer}: #{seq} rejected ({size} bytes, control id {control_id}): {} ({}); {kept}",
                 e.kind(),
@@ -407,7 +414,7 @@ async fn answer(
         return Answer::Close;
     }
     let name = file_name(seq, h.control_id);
-    match store(&shared.out, &name, payload).await {
+    match store(&shared.out, &name, payload, shared.sync).await {
         Ok(()) => {
             log(format_args!(
                 "{peer}: #{seq} stored as {name} ({size} bytes, control id {control_id})"
@@ -524,14 +531,17 @@ fn first_sequence(out: &Path) -> anyhow::Result<u64> {
     Ok(max.saturating_add(1))
 }
 
-/// Writes `bytes` to `dir/name` through a hidden temporary file: create, write, sync, rename.
-async fn store(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `dir/name` through a hidden temporary file: create, write, sync (unless `sync` is
+/// false), rename.
+async fn store(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     tokio::fs::create_dir_all(dir).await?;
     let tmp = dir.join(format!(".{name}.tmp"));
     let written = async {
         let mut f = tokio::fs::File::create(&tmp).await?;
         f.write_all(bytes).await?;
-        f.sync_all().await?;
+        if sync {
+            f.sync_all().await?;
+        }
         drop(f);
         tokio::fs::rename(&tmp, dir.join(name)).await
     }
@@ -604,7 +614,9 @@ mod tests {
     #[tokio::test]
     async fn store_leaves_only_the_complete_file() {
         let dir = tempfile::tempdir().unwrap();
-        store(dir.path(), "000001-A.hl7", b"MSH|x").await.unwrap();
+        store(dir.path(), "000001-A.hl7", b"MSH|x", true)
+            .await
+            .unwrap();
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

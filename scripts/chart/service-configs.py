@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Lays out what each hl7gw Deployment of a rendered chart would see, so the real binaries can judge it.
+
+    service-configs.py RENDERED.yaml OUT_DIR
+
+For every Deployment running /usr/local/bin/hl7gw-<service>: the files of its ConfigMap volumes (config.yaml, a
+routes file) and empty stand-ins for its Secret items are written under OUT_DIR/<service>/, the mount paths
+rewritten to match; OUT_DIR/<service>.args holds the command's arguments with paths rewritten, and OUT_DIR/<service>.env the
+HL7GW_* variables the pod would get (literal values with $(VAR) references filled in, `dummy` for valueFrom), one
+NAME=VALUE per line. scripts/chart-check.sh then runs `env ... hl7gw-<service> ARGS --check-config`.
+"""
+import os
+import re
+import sys
+
+import yaml
+
+
+def main():
+    rendered, out = sys.argv[1], sys.argv[2]
+    docs = [d for d in yaml.safe_load_all(open(rendered, encoding="utf-8")) if d]
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    found = 0
+    for d in docs:
+        if d["kind"] != "Deployment":
+            continue
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            cmd = (c.get("command") or [""])[0]
+            m = re.fullmatch(r"/usr/local/bin/hl7gw-(ingress|transformer|egress)", cmd)
+            if not m:
+                continue
+            service = m.group(1)
+            found += 1
+            fs = os.path.join(out, service)
+
+            def rewrite(text):
+                return text.replace("/etc/hl7gw/", fs + "/etc/hl7gw/")
+
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            for mount in c.get("volumeMounts", []):
+                v = volumes[mount["name"]]
+                target = fs + mount["mountPath"] if mount["mountPath"].startswith("/etc/hl7gw/") else None
+                if not target:
+                    continue
+                os.makedirs(target, exist_ok=True)
+                if "configMap" in v:
+                    for key, value in configmaps[v["configMap"]["name"]].items():
+                        with open(os.path.join(target, key), "w", encoding="utf-8") as f:
+                            f.write(rewrite(value))
+                elif "secret" in v:
+                    for item in v["secret"].get("items", []):
+                        open(os.path.join(target, item["path"]), "w").close()
+            with open(os.path.join(out, service + ".args"), "w", encoding="utf-8") as f:
+                f.write("\n".join(rewrite(a) for a in c.get("args", [])) + "\n")
+            env = {}
+            for e in c.get("env", []):
+                if "value" in e:
+                    env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), "dummy"), e["value"])
+                else:
+                    env[e["name"]] = "dummy"
+            with open(os.path.join(out, service + ".env"), "w", encoding="utf-8") as f:
+                for k, v in env.items():
+                    if k.startswith("HL7GW_"):
+                        f.write(f"{k}={v}\n")
+    if not found:
+        sys.exit(f"{rendered}: no hl7gw Deployment")
+    print(found)
+
+
+if __name__ == "__main__":
+    main()
