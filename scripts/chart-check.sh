@@ -259,6 +259,8 @@ cluster() {
   export KUBECONFIG
   k apply -f scripts/chart/crds/ >/dev/null
   k wait --for=condition=Established --timeout=60s -f scripts/chart/crds/ >/dev/null
+  # ci/all-features-values.yaml sets priorityClassName: the class is the cluster admin's to create.
+  k create priorityclass hl7gw-critical --value=1000000 --description="hl7gw ingress" >/dev/null
   local ns
   for ns in hl7gw-all hl7gw-keda hl7gw-default; do
     k create namespace "$ns" >/dev/null

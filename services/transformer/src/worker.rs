@@ -114,7 +114,7 @@ pub async fn route_one<P: PluginCaller>(
     if let Some(tc) = &env.trace {
         hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
     }
-    let (traceparent, _) = hl7gw_runtime::telemetry::trace_context(&span);
+    let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
     let started = Instant::now();
     let charset = Charset::from_msh18(env.charset.as_bytes()).unwrap_or(Charset::Utf8);
     let raw = env.raw.clone();
@@ -157,6 +157,11 @@ pub async fn route_one<P: PluginCaller>(
                     o.content_type = content_type.to_owned();
                     o.destination = dest.clone();
                     o.route = route.name.clone();
+                    // The egress continues the trace from the transformer's span.
+                    o.trace = Some(hl7gw_runtime::proto::v1::TraceContext {
+                        traceparent: traceparent.clone(),
+                        tracestate: tracestate.clone(),
+                    });
                     envelope::push_stage(&mut o, "transformer");
                     metrics
                         .outputs
