@@ -12,7 +12,8 @@
 # Offline (nothing is downloaded once the tools are cached):
 #   1. the chart's CRD and the k8s/ renders equal what `hl7gw-transformer crd` and the chart produce now
 #   2. helm lint --strict with default values and with each helm/hl7-gateway/ci/*-values.yaml (every optional
-#      feature on; the KEDA/routes-file/NodePort alternatives)
+#      feature on; the KEDA/routes-file/NodePort alternatives); every key of values.yaml has a comment and is in
+#      values.schema.json (scripts/chart/check-values-doc.py)
 #   3. helm template | kubeconform -strict against Kubernetes 1.36 schemas (scripts/tools.sh) and the CRDs' own
 #      schemas: HL7Route from crds/, ServiceMonitor, PrometheusRule, KafkaTopic and ScaledObject from
 #      scripts/chart/crds/ (converted by scripts/chart/crd2schema.py); also every kustomization under k8s/
@@ -140,7 +141,8 @@ offline() {
   done
   [ "$bad" = 0 ] || die "committed renders are stale: run \`make k8s-render\` and commit the result"
 
-  step "2. helm lint --strict"
+  step "2. helm lint --strict; every value documented and in values.schema.json"
+  python3 scripts/chart/check-values-doc.py "$CHART/values.yaml" "$CHART/values.schema.json" >&2
   local v
   for v in $(values_files); do
     # shellcheck disable=SC2046

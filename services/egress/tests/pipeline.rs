@@ -338,6 +338,31 @@ fn ten_thousand_messages_arrive_transformed_and_in_patient_order() {
         started.elapsed().as_secs_f64()
     );
     assert_eq!(duplicates, 0, "no crash, no duplicate");
+
+    // SIGTERM: both workers drain (finish, commit, leave the group) and exit 0 well within the grace period.
+    for (name, child) in [
+        ("transformer", p.transformer.as_mut()),
+        ("egress", p.egress.as_mut()),
+    ] {
+        let child = &mut child.unwrap().0;
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(25);
+        let code = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(code.success(), "{name} exited with {code}");
+    }
 }
 
 #[test]

@@ -443,3 +443,137 @@ async fn blocking<T: Send + 'static>(
         .await
         .unwrap_or(Err(KafkaError::Canceled))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Plugin;
+    use crate::route::HL7RouteSpec;
+    use hl7gw_runtime::proto::v1::TransformRequest;
+
+    struct NoPlugins;
+    impl PluginCaller for NoPlugins {
+        async fn call(&self, _: &Plugin, _: TransformRequest) -> Result<(Vec<u8>, String), String> {
+            Err("no plugins here".into())
+        }
+    }
+
+    fn route(name: &str, yaml: &str) -> Arc<Route> {
+        let spec: HL7RouteSpec = serde_yaml::from_str(yaml).unwrap();
+        Arc::new(Route::compile(name, &spec).unwrap())
+    }
+
+    fn inbound(raw: &[u8]) -> Vec<u8> {
+        let m = Hl7Message::parse(raw).unwrap();
+        let env = Envelope {
+            id: "e1".into(),
+            raw: raw.to_vec().into(),
+            header: Some(envelope::header(m.header(), Charset::Utf8)),
+            key: "F|P1".into(),
+            ..Envelope::default()
+        };
+        let mut buf = Vec::new();
+        envelope::encode_into(&env, &mut buf);
+        buf
+    }
+
+    const ADT: &[u8] = b"MSH|^~\\&|A|F|B|G|20260101||ADT^A01|C1|P|2.5\rPID|1||P1\r";
+    const ORU: &[u8] = b"MSH|^~\\&|A|F|B|G|20260101||ORU^R01|C2|P|2.5\rPID|1||P1\r";
+
+    async fn run(
+        cfg: &Config,
+        routes: &[Arc<Route>],
+        payload: &[u8],
+    ) -> (Routed, TransformerMetrics) {
+        let mut reg = hl7gw_runtime::metrics::registry();
+        let m = TransformerMetrics::register(&mut reg);
+        (route_one(cfg, routes, payload, &NoPlugins, &m).await, m)
+    }
+
+    #[tokio::test]
+    async fn every_matching_route_fans_out_with_the_same_key() {
+        let routes = [
+            route(
+                "a",
+                "{match: {messageTypes: [ADT]}, destinations: [lab, archive]}",
+            ),
+            route("b", "{transforms: [{toJson: {}}], destinations: [json]}"),
+        ];
+        let (r, _) = run(&Config::default(), &routes, &inbound(ADT)).await;
+        assert_eq!(r.outcome, outcome::ROUTED);
+        let topics: Vec<&str> = r.records.iter().map(|o| o.topic.as_str()).collect();
+        assert_eq!(topics, ["hl7.out.lab", "hl7.out.archive", "hl7.out.json"]);
+        assert!(
+            r.records
+                .iter()
+                .all(|o| o.key == "F|P1" && o.envelope.id == "e1")
+        );
+        assert_eq!(
+            r.records[2].envelope.content_type,
+            crate::engine::JSON_CONTENT_TYPE
+        );
+        assert_eq!(r.records[0].envelope.route, "a");
+        assert_eq!(
+            r.records[0].envelope.stages.last().unwrap().name,
+            "transformer"
+        );
+    }
+
+    #[tokio::test]
+    async fn unmatched_is_counted_or_goes_to_the_default_destination() {
+        let routes = [route(
+            "a",
+            "{match: {messageTypes: [ADT]}, destinations: [lab]}",
+        )];
+        let (r, m) = run(&Config::default(), &routes, &inbound(ORU)).await;
+        assert_eq!((r.outcome, r.records.len()), (outcome::UNMATCHED, 0));
+        let unmatched = m
+            .messages
+            .get_or_create(&crate::metrics::MessageLabels {
+                message_type: MsgType::new(b"ORU"),
+                outcome: outcome::UNMATCHED,
+            })
+            .get();
+        assert_eq!(unmatched, 1);
+
+        let cfg = Config {
+            default_destination: Some("catch-all".into()),
+            ..Config::default()
+        };
+        let (r, _) = run(&cfg, &routes, &inbound(ORU)).await;
+        assert_eq!(r.outcome, outcome::DEFAULT);
+        assert_eq!(r.records[0].topic, "hl7.out.catch-all");
+    }
+
+    #[tokio::test]
+    async fn failures_go_to_the_dlq_with_stage_and_reason() {
+        let routes = [
+            route(
+                "bad",
+                "{transforms: [{plugin: {endpoint: 'http://x:1'}}], destinations: [lab]}",
+            ),
+            route("good", "destinations: [archive]"),
+        ];
+        let (r, _) = run(&Config::default(), &routes, &inbound(ADT)).await;
+        assert_eq!(r.outcome, outcome::FAILED);
+        let dlq: Vec<&OutRecord> = r.records.iter().filter(|o| o.topic == "hl7.dlq").collect();
+        assert_eq!(dlq.len(), 1);
+        let rej = dlq[0].envelope.rejection.as_ref().unwrap();
+        assert_eq!(
+            (rej.stage.as_str(), rej.reason.as_str()),
+            ("transformer", "plugin_failed")
+        );
+        assert_eq!(dlq[0].envelope.route, "bad");
+        assert!(
+            r.records.iter().any(|o| o.topic == "hl7.out.archive"),
+            "the other route still delivers"
+        );
+
+        let (r, _) = run(&Config::default(), &routes, b"not an envelope \xff\xff").await;
+        assert_eq!(r.records.len(), 1);
+        assert_eq!(
+            r.records[0].envelope.rejection.as_ref().unwrap().reason,
+            "bad_envelope"
+        );
+    }
+}
