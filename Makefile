@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 60
 .PHONY: bench-pipeline help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 build: ## build every binary (release)
 	$(CARGO) build --release --workspace --bins

@@ -35,7 +35,8 @@
 #  12. helm uninstall removes the releases' objects
 #
 # Binaries: the CRD generator and --check-config use target/debug/hl7gw-{ingress,transformer,egress} (built by
-# `cargo test`/`make test`), or those in HL7GW_BIN_DIR; a missing one (or a transformer older than its sources)
+# `cargo test`/`make test`), or those in CHART_CHECK_BIN_DIR (not HL7GW_...: the services read every HL7GW_
+# variable as a config key and refuse unknown ones); a missing one (or a transformer older than its sources)
 # is built with cargo.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,7 +44,7 @@ cd "$root"
 mode=${1:-all}
 CHART=helm/hl7-gateway
 CHART_CHECK_API_PORT=${CHART_CHECK_API_PORT:-7443}
-BIN_DIR=${HL7GW_BIN_DIR:-$root/target/debug}
+BIN_DIR=${CHART_CHECK_BIN_DIR:-$root/target/debug}
 K8S_VERSION=1.36.3
 t_start=$SECONDS
 
@@ -81,8 +82,8 @@ tools() {
 # reads their config types: `make test` has just built them).
 bin() {
   local name=$1 crate=${1#hl7gw-} b="$BIN_DIR/$1"
-  if [ -n "${HL7GW_BIN_DIR:-}" ]; then
-    [ -x "$b" ] || die "no $b (HL7GW_BIN_DIR)"
+  if [ -n "${CHART_CHECK_BIN_DIR:-}" ]; then
+    [ -x "$b" ] || die "no $b (CHART_CHECK_BIN_DIR)"
   elif [ ! -x "$b" ] || { [ "$crate" = transformer ] &&
     [ -n "$(find "services/$crate" -newer "$b" -name '*.rs' 2>/dev/null | head -n 1)" ]; }; then
     log "building $name (cargo build -p $name)"
@@ -111,6 +112,8 @@ render() {
 RENDERED_FILES="$CHART/crds/hl7routes.hl7gw.io.yaml k8s/base/hl7-gateway.yaml k8s/keda/scaledobjects.yaml k8s/routes/hl7routes.yaml"
 
 do_render() {
+  # The chart's CRD first: `helm template --include-crds` reads it from the chart for the base render.
+  "$(bin hl7gw-transformer)" crd >"$CHART/crds/hl7routes.hl7gw.io.yaml"
   render "$tmp/render"
   local f
   for f in $RENDERED_FILES; do cp "$tmp/render/$f" "$f"; done
@@ -162,8 +165,8 @@ offline() {
   kubeconform_strict "$CHART"/crds/*.yaml scripts/chart/crds/*.yaml
   local k
   for k in k8s/base k8s/overlays/dev k8s/overlays/keda k8s/kafka k8s/routes k8s/loadtest; do
-    "$KUBECTL" kustomize "$k" >"$tmp/kustomize.yaml" || die "kustomize build $k"
-    kubeconform_strict "$tmp/kustomize.yaml"
+    "$KUBECTL" kustomize "$k" >"$tmp/kustomize-${k//\//-}.yaml" || die "kustomize build $k"
+    kubeconform_strict "$tmp/kustomize-${k//\//-}.yaml"
     log "  $k: $(sed -n 's/^Summary: //p' "$tmp/kubeconform.out")"
   done
 
@@ -181,28 +184,31 @@ offline() {
   log "  $count bad values files refused, each for its reason"
 
   step "5. the services accept the rendered configs (--check-config)"
-  local s i=0
-  for v in $(values_files); do
+  local s i=0 manifests
+  for manifests in $(seq 1 "$n" | sed "s|^|$tmp/rendered-|; s|\$|.yaml|") \
+    "$tmp/kustomize-k8s-base.yaml" "$tmp/kustomize-k8s-overlays-dev.yaml" "$tmp/kustomize-k8s-overlays-keda.yaml"; do
     i=$((i + 1))
-    python3 scripts/chart/service-configs.py "$tmp/rendered-$i.yaml" "$tmp/cfg-$i" >/dev/null
+    python3 scripts/chart/service-configs.py "$manifests" "$tmp/cfg-$i" >/dev/null
     for s in ingress transformer egress; do
       [ -f "$tmp/cfg-$i/$s.args" ] || continue
       local args=() envs=()
       mapfile -t args <"$tmp/cfg-$i/$s.args"
       mapfile -t envs <"$tmp/cfg-$i/$s.env"
       env -i PATH=/usr/bin:/bin "${envs[@]}" "$(bin "hl7gw-$s")" "${args[@]}" --check-config >"$tmp/check.out" 2>&1 ||
-        { cat "$tmp/check.out" >&2; die "hl7gw-$s refuses the config the chart renders with $v"; }
+        { cat "$tmp/check.out" >&2; die "hl7gw-$s refuses its config and environment in $manifests"; }
     done
   done
+  log "  $i renders (chart values files, k8s/base, k8s/overlays/dev, k8s/overlays/keda): every service accepts its config"
   # The example routes (chart exampleRoutes = k8s/routes) compile.
   printf 'kafka_brokers: 127.0.0.1:9092\nroutes:\n  file: %s\n' "$root/k8s/routes/hl7routes.yaml" >"$tmp/routes-check.yaml"
-  "$(bin hl7gw-transformer)" --config "$tmp/routes-check.yaml" --check-config >"$tmp/check.out" 2>&1 ||
+  env -i PATH=/usr/bin:/bin "$(bin hl7gw-transformer)" --config "$tmp/routes-check.yaml" --check-config >"$tmp/check.out" 2>&1 ||
     { cat "$tmp/check.out" >&2; die "the example HL7Routes do not compile"; }
   log "  $(grep -c accepted "$tmp/check.out") example routes accepted"
 
   step "6. dashboard, metric names, alert rules"
-  python3 scripts/chart/check-metrics.py --dashboard "$CHART/files/dashboards/hl7gw.json" \
-    $(for j in $(seq 1 "$n"); do echo "--rendered $tmp/rendered-$j.yaml"; done) \
+  local rendered=() j
+  for j in $(seq 1 "$n"); do rendered+=(--rendered "$tmp/rendered-$j.yaml"); done
+  python3 scripts/chart/check-metrics.py --dashboard "$CHART/files/dashboards/hl7gw.json" "${rendered[@]}" \
     --source services/ingress/src/metrics.rs services/transformer/src/metrics.rs services/egress/src/metrics.rs >&2
   mkdir -p "$tmp/rules"
   helm template hl7gw "$CHART" --namespace hl7gw --set metrics.prometheusRule.enabled=true \

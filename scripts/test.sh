@@ -18,3 +18,7 @@ scripts/kafka.sh fetch
 scripts/cluster.sh fetch
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# Helm chart and k8s/: lint, kubeconform, bad values refused, rendered configs accepted by the binaries,
+# committed renders up to date, dashboard/alert metric names, promtool; then install/upgrade/test/uninstall on a
+# local API server (port 7443). Installs its tools once into .cache/tools and stops its cluster on exit.
+scripts/chart-check.sh

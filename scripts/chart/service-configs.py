@@ -5,9 +5,11 @@
 
 For every Deployment running /usr/local/bin/hl7gw-<service>: the files of its ConfigMap volumes (config.yaml, a
 routes file) and empty stand-ins for its Secret items are written under OUT_DIR/<service>/, the mount paths
-rewritten to match; OUT_DIR/<service>.args holds the command's arguments with paths rewritten, and OUT_DIR/<service>.env the
-HL7GW_* variables the pod would get (literal values with $(VAR) references filled in, `dummy` for valueFrom), one
-NAME=VALUE per line. scripts/chart-check.sh then runs `env ... hl7gw-<service> ARGS --check-config`.
+rewritten to match; OUT_DIR/<service>.args holds the command's arguments with paths rewritten, and
+OUT_DIR/<service>.env the HL7GW_* variables the pod would get (literal values with $(VAR) references filled in,
+`dummy` for valueFrom, and the kubelet's service-link variables of every Service unless enableServiceLinks is
+false: Services named hl7gw-... make HL7GW_... variables), one NAME=VALUE per line. scripts/chart-check.sh then
+runs `env -i ... hl7gw-<service> ARGS --check-config`.
 """
 import os
 import re
@@ -20,6 +22,7 @@ def main():
     rendered, out = sys.argv[1], sys.argv[2]
     docs = [d for d in yaml.safe_load_all(open(rendered, encoding="utf-8")) if d]
     configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    services = [d for d in docs if d["kind"] == "Service"]
     found = 0
     for d in docs:
         if d["kind"] != "Deployment":
@@ -54,6 +57,14 @@ def main():
             with open(os.path.join(out, service + ".args"), "w", encoding="utf-8") as f:
                 f.write("\n".join(rewrite(a) for a in c.get("args", [])) + "\n")
             env = {}
+            if pod.get("enableServiceLinks", True):
+                # What the kubelet adds for every Service of the namespace (docker-links style variables).
+                for svc in services:
+                    n = svc["metadata"]["name"].upper().replace("-", "_")
+                    env[f"{n}_SERVICE_HOST"] = "10.0.0.10"
+                    for port in svc["spec"].get("ports", []):
+                        env[f"{n}_SERVICE_PORT"] = str(port["port"])
+                        env[f"{n}_PORT"] = f"tcp://10.0.0.10:{port['port']}"
             for e in c.get("env", []):
                 if "value" in e:
                     env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), "dummy"), e["value"])

@@ -64,12 +64,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The ServiceAccounts: the chart's (name or <fullname>) when created, else the given name or `default`. */}}
 {{- define "hl7gw.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
 {{- default (include "hl7gw.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "hl7gw.transformerServiceAccountName" -}}
+{{- if .Values.transformer.serviceAccount.create -}}
 {{- default (include "hl7gw.componentName" (dict "root" . "component" "transformer")) .Values.transformer.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.transformer.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The gRPC service name each component's health reports under (grpc.health.v1, used by the readiness probe). */}}

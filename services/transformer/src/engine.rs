@@ -374,7 +374,7 @@ fn compile_step(t: &Transform) -> Result<Step, String> {
         }
         steps.push(Step::Plugin(Plugin {
             endpoint: p.endpoint.clone(),
-            timeout: Duration::from_millis(p.timeout_ms.unwrap_or(1000).max(1)),
+            timeout: Duration::from_millis(u64::from(p.timeout_ms.unwrap_or(1000).max(1))),
             on_failure: p.on_failure,
             params: p.params.clone(),
         }));

@@ -198,8 +198,10 @@ pub struct PluginStep {
     /// The plugin's gRPC endpoint (`http://host:port`).
     pub endpoint: String,
     /// Per-call deadline in milliseconds (default 1000).
+    // `int32`, a format Kubernetes knows (schemars says `uint32`, which the API server warns about).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
+    #[schemars(extend("format" = "int32"))]
+    pub timeout_ms: Option<u32>,
     #[serde(default)]
     pub on_failure: OnFailure,
     /// Passed to the plugin as `TransformRequest.params`.
