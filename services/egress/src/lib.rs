@@ -19,7 +19,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Why the egress could not start.
@@ -35,13 +34,8 @@ pub enum EgressError {
     },
     #[error("Kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("binding {what} on {addr}: {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] hl7gw_runtime::admin::BindError),
 }
 
 /// The addresses the egress listens on.
@@ -104,12 +98,7 @@ pub async fn run(
         }));
     }
 
-    let bind = |what, addr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| EgressError::Bind { what, addr, source })
-    };
-    let grpc = bind("gRPC", cfg.grpc_addr).await?;
+    let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
     let health = Arc::new(Health::default());
     let admin_stop = CancellationToken::new();
     let (admin_addr, admin_task) = admin::serve(
@@ -118,12 +107,7 @@ pub async fn run(
         Arc::new(registry),
         admin_stop.clone(),
     )
-    .await
-    .map_err(|source| EgressError::Bind {
-        what: "admin HTTP",
-        addr: cfg.admin_addr,
-        source,
-    })?;
+    .await?;
     let bound = Bound {
         grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
         admin: admin_addr,

@@ -19,7 +19,6 @@ use rdkafka::producer::{FutureProducer, Producer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -32,13 +31,8 @@ pub enum IngressError {
     Tls(#[from] tls::TlsError),
     #[error("Kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("binding {what} on {addr}: {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] hl7gw_runtime::admin::BindError),
 }
 
 /// The addresses the ingress listens on (useful when the config asked for port 0).
@@ -69,13 +63,8 @@ pub async fn run(
     )
     .create()?;
 
-    let bind = |what, addr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| IngressError::Bind { what, addr, source })
-    };
-    let mllp = bind("MLLP", cfg.mllp_addr).await?;
-    let grpc = bind("gRPC", cfg.grpc_addr).await?;
+    let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
+    let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
     let health = Arc::new(Health::default());
     let admin_stop = CancellationToken::new();
     let (admin_addr, admin_task) = admin::serve(
@@ -84,12 +73,7 @@ pub async fn run(
         Arc::new(registry),
         admin_stop.clone(),
     )
-    .await
-    .map_err(|source| IngressError::Bind {
-        what: "admin HTTP",
-        addr: cfg.admin_addr,
-        source,
-    })?;
+    .await?;
     let bound = Bound {
         mllp: mllp.local_addr().unwrap_or(cfg.mllp_addr),
         grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),

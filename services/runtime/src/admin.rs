@@ -47,15 +47,32 @@ struct AdminState {
     registry: Arc<Registry>,
 }
 
+/// A listener that could not be bound (every service refuses to start then, before serving anything).
+#[derive(Debug, thiserror::Error)]
+#[error("binding {what} on {addr}: {source}")]
+pub struct BindError {
+    pub what: &'static str,
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Binds a TCP listener, naming what it is for in the error.
+pub async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { what, addr, source })
+}
+
 /// Binds the admin server; it serves until `stop` is cancelled.
 pub async fn serve(
     addr: SocketAddr,
     health: Arc<Health>,
     registry: Arc<Registry>,
     stop: CancellationToken,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), BindError> {
+    let listener = bind("admin HTTP", addr).await?;
+    let local = listener.local_addr().unwrap_or(addr);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))

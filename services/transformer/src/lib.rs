@@ -22,7 +22,6 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Why the transformer could not start or stopped.
@@ -36,13 +35,8 @@ pub enum TransformerError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
-    #[error("binding {what} on {addr}: {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] hl7gw_runtime::admin::BindError),
 }
 
 /// The addresses the transformer listens on.
@@ -125,12 +119,7 @@ pub async fn run(
         .create_with_context(worker::RebalanceCounter::default())?,
     );
 
-    let bind = |what, addr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| TransformerError::Bind { what, addr, source })
-    };
-    let grpc = bind("gRPC", cfg.grpc_addr).await?;
+    let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
     let health = Arc::new(Health::default());
     let admin_stop = CancellationToken::new();
     let (admin_addr, admin_task) = admin::serve(
@@ -139,12 +128,7 @@ pub async fn run(
         Arc::new(registry),
         admin_stop.clone(),
     )
-    .await
-    .map_err(|source| TransformerError::Bind {
-        what: "admin HTTP",
-        addr: cfg.admin_addr,
-        source,
-    })?;
+    .await?;
     let bound = Bound {
         grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
         admin: admin_addr,

@@ -1,13 +1,10 @@
 //! `hl7gw-transformer`: reads the config, starts telemetry, runs the transformer until SIGTERM.
 //! `hl7gw-transformer crd` prints the `HL7Route` CustomResourceDefinition generated from the Rust type.
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use tokio_util::sync::CancellationToken;
 
 /// Flags override the config file and `HL7GW_...` variables.
 #[derive(Debug, Parser, Serialize)]
@@ -84,24 +81,13 @@ fn main() -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    rt.block_on(async move {
-        let _telemetry = hl7gw_runtime::telemetry::init("hl7gw-transformer", cfg.log_json)?;
-        let stop = CancellationToken::new();
-        hl7gw_runtime::shutdown::cancel_on_signal(stop.clone());
+    hl7gw_runtime::shutdown::block_on("hl7gw-transformer", cfg.log_json, |stop| {
         hl7gw_transformer::run(cfg, stop, |b| {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(
-                out,
+            hl7gw_runtime::shutdown::print_listening(format_args!(
                 "hl7gw-transformer listening grpc={} admin={}",
                 b.grpc, b.admin
-            );
-            let _ = out.flush();
+            ))
         })
-        .await?;
-        Ok(())
-    })
+    })?;
+    Ok(())
 }
