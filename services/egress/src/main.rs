@@ -2,8 +2,6 @@
 
 use clap::Parser;
 use serde::Serialize;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 
 /// Flags override the config file and `HL7GW_...` variables.
 #[derive(Debug, Parser, Serialize)]
@@ -13,34 +11,17 @@ use std::path::PathBuf;
     about = "hl7gw egress: delivers hl7.out.<destination> to receivers over MLLP"
 )]
 struct Flags {
-    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
-    #[arg(long, env = "HL7GW_CONFIG")]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Validate the configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    check_config: bool,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grpc_addr: Option<SocketAddr>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    admin_addr: Option<SocketAddr>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kafka_brokers: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dlq_topic: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: hl7gw_runtime::config::CommonFlags,
 }
 
 fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
     let cfg: hl7gw_egress::config::Config =
-        hl7gw_runtime::config::load(flags.config.as_deref(), &flags)?;
+        hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
-    if flags.check_config {
+    if flags.common.check_config {
         println!("configuration is valid");
         return Ok(());
     }

@@ -4,7 +4,6 @@ use clap::Parser;
 use hl7gw_ingress::config::{AckMode, Config};
 use serde::Serialize;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 /// Flags override the config file and `HL7GW_...` variables.
 #[derive(Debug, Parser, Serialize)]
@@ -14,32 +13,15 @@ use std::path::PathBuf;
     about = "hl7gw ingress: MLLP/gRPC in, ACK once Kafka holds it"
 )]
 struct Flags {
-    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
-    #[arg(long, env = "HL7GW_CONFIG")]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Validate the configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    check_config: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: hl7gw_runtime::config::CommonFlags,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     mllp_addr: Option<SocketAddr>,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    grpc_addr: Option<SocketAddr>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    admin_addr: Option<SocketAddr>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kafka_brokers: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     inbound_topic: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dlq_topic: Option<String>,
     /// durable (ACK after Kafka confirmed) or fast (ACK after parse).
     #[arg(long, value_parser = parse_mode)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,9 +38,9 @@ fn parse_mode(s: &str) -> Result<AckMode, String> {
 
 fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
-    let cfg: Config = hl7gw_runtime::config::load(flags.config.as_deref(), &flags)?;
+    let cfg: Config = hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
-    if flags.check_config {
+    if flags.common.check_config {
         println!("configuration is valid");
         return Ok(());
     }

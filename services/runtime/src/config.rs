@@ -123,3 +123,33 @@ mod tests {
         });
     }
 }
+
+/// The flags every service takes; a service's own flags flatten this in (`#[command(flatten)]` and
+/// `#[serde(flatten)]`) and add theirs. Flags override the file and the environment.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct CommonFlags {
+    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
+    #[arg(long, env = "HL7GW_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<std::path::PathBuf>,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub check_config: bool,
+    /// gRPC listener address.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_addr: Option<std::net::SocketAddr>,
+    /// Admin HTTP (/healthz, /readyz, /metrics) address.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_addr: Option<std::net::SocketAddr>,
+    /// Kafka bootstrap servers.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_brokers: Option<String>,
+    /// Topic for rejected or undeliverable messages.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dlq_topic: Option<String>,
+}

@@ -3,8 +3,6 @@
 
 use clap::{Parser, Subcommand};
 use serde::Serialize;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 
 /// Flags override the config file and `HL7GW_...` variables.
 #[derive(Debug, Parser, Serialize)]
@@ -17,29 +15,12 @@ struct Flags {
     #[command(subcommand)]
     #[serde(skip)]
     command: Option<Command>,
-    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
-    #[arg(long, env = "HL7GW_CONFIG")]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Validate the configuration (and the routes file) and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    check_config: bool,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grpc_addr: Option<SocketAddr>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    admin_addr: Option<SocketAddr>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kafka_brokers: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: hl7gw_runtime::config::CommonFlags,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     inbound_topic: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dlq_topic: Option<String>,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     group_id: Option<String>,
@@ -58,9 +39,9 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let cfg: hl7gw_transformer::config::Config =
-        hl7gw_runtime::config::load(flags.config.as_deref(), &flags)?;
+        hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
-    if flags.check_config {
+    if flags.common.check_config {
         if let Some(path) = &cfg.routes.file {
             let mut r = hl7gw_runtime::metrics::registry();
             let m = hl7gw_transformer::metrics::TransformerMetrics::register(&mut r);
