@@ -12,10 +12,12 @@ stop_brokers() {
   CLUSTER_API_PORT=7543 scripts/cluster.sh down >/dev/null 2>&1 || true
 }
 trap stop_brokers EXIT
-# Fetch the broker's jars and build the local Kubernetes control plane before the tests run in parallel
-# (once; cached in .cache/: the first cluster build takes 6-15 minutes on 2 cores).
+# Fetch the broker's jars, build the local Kubernetes control plane
+# and install the chart tools (helm, kubeconform, promtool) before the tests run in parallel (once; cached in
+# .cache/: the first cluster build takes 6-15 minutes on 2 cores, helm 1-2).
 scripts/kafka.sh fetch
 scripts/cluster.sh fetch
+scripts/tools.sh >/dev/null
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 # Helm chart and k8s/: lint, kubeconform, bad values refused, rendered configs accepted by the binaries,

@@ -278,8 +278,8 @@ impl DestCtx {
                                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                                 }
                                 env.attempts = attempt;
-                                let _g = span.enter();
                                 tracing::warn!(
+                                    parent: &span,
                                     code = code_str,
                                     "receiver rejected the message: DLQ"
                                 );
@@ -317,8 +317,7 @@ impl DestCtx {
                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                 }
                 env.attempts = attempt;
-                let _g = span.enter();
-                tracing::warn!(reason, attempts = tries, "giving up: DLQ");
+                tracing::warn!(parent: &span, reason, attempts = tries, "giving up: DLQ");
                 return self
                     .dead_letter(
                         env,

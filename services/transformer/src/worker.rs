@@ -121,8 +121,7 @@ pub async fn route_one<P: PluginCaller>(
     let msg = match Hl7Message::parse(&raw) {
         Ok(m) => m,
         Err(e) => {
-            let _g = span.enter();
-            tracing::warn!(error = %e, "inbound message does not parse: DLQ");
+            tracing::warn!(parent: &span, error = %e, "inbound message does not parse: DLQ");
             let mut bad = env.clone();
             bad.rejection = Some(Rejection {
                 stage: "transformer".into(),
@@ -179,8 +178,13 @@ pub async fn route_one<P: PluginCaller>(
                 }
             }
             Err(e) => {
-                let _g = span.enter();
-                tracing::warn!(route = %route.name, step = e.step, kind = e.kind, "transform failed: DLQ");
+                tracing::warn!(
+                    parent: &span,
+                    route = %route.name,
+                    step = e.step,
+                    kind = e.kind,
+                    "transform failed: DLQ"
+                );
                 failed = true;
                 let mut bad = env.clone();
                 bad.route = route.name.clone();

@@ -1,0 +1,347 @@
+//! The pipeline of real processes shared by the egress's integration tests (`pipeline.rs`,
+//! `observability.rs`): ingress → transformer → egress → `hl7gw receive` against the test broker, each
+//! test with its own topics, consumer groups and folder.
+#![allow(dead_code)]
+
+use crate::support::{KillOnDrop, bin, broker, free_port, recorded};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ROUTES: &str = "\
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {name: adt-to-lab}
+spec:
+  match: {messageTypes: ['ADT^A*']}
+  transforms:
+    - set: {path: MSH-5, value: LAB}
+    - mask: {path: PID-5}
+  destinations: [lab]
+";
+
+/// Topics, groups and files of one test's pipeline.
+pub struct Pipeline {
+    pub dir: tempfile::TempDir,
+    pub env: Vec<(&'static str, String)>,
+    pub ingress_env: Vec<(&'static str, String)>,
+    pub transformer_env: Vec<(&'static str, String)>,
+    pub egress_env: Vec<(&'static str, String)>,
+    /// Extra environment of the three services (not the receiver), e.g. `OTEL_*`; empty unless a test sets it.
+    pub service_env: Vec<(&'static str, String)>,
+    pub mllp: u16,
+    pub receiver_port: u16,
+    pub egress_grpc: u16,
+    /// The admin (`/healthz`, `/readyz`, `/metrics`) address each service printed when it started.
+    pub ingress_admin: Option<SocketAddr>,
+    pub transformer_admin: Option<SocketAddr>,
+    pub egress_admin: Option<SocketAddr>,
+    pub ingress: Option<KillOnDrop>,
+    pub transformer: Option<KillOnDrop>,
+    pub egress: Option<KillOnDrop>,
+    pub receiver: Option<KillOnDrop>,
+}
+
+impl Pipeline {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let t = |s: &str| format!("t{id}.{s}");
+        let env = vec![
+            ("HL7GW_KAFKA_BROKERS", broker().to_owned()),
+            ("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "3".into()),
+            ("RUST_LOG", "warn".into()),
+        ];
+        let ingress_env = vec![
+            ("HL7GW_INBOUND_TOPIC", t("inbound")),
+            ("HL7GW_DLQ_TOPIC", t("dlq")),
+        ];
+        let transformer_env = vec![
+            ("HL7GW_INBOUND_TOPIC", t("inbound")),
+            ("HL7GW_DLQ_TOPIC", t("dlq")),
+            ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
+            ("HL7GW_GROUP_ID", t("transformer")),
+            ("HL7GW_TRANSACTIONAL_ID", t("transformer-0")),
+        ];
+        let egress_env = vec![
+            ("HL7GW_DLQ_TOPIC", t("dlq")),
+            ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
+            ("HL7GW_GROUP_PREFIX", t("egress")),
+        ];
+        std::fs::write(dir.path().join("routes.yaml"), ROUTES).unwrap();
+        let receiver_port = free_port();
+        std::fs::write(
+            dir.path().join("egress.yaml"),
+            format!(
+                "destinations:\n  lab:\n    address: 127.0.0.1:{receiver_port}\n    response_timeout: 5s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n"
+            ),
+        )
+        .unwrap();
+        Self {
+            dir,
+            env,
+            ingress_env,
+            transformer_env,
+            egress_env,
+            mllp: free_port(),
+            receiver_port,
+            egress_grpc: free_port(),
+            service_env: Vec::new(),
+            ingress_admin: None,
+            transformer_admin: None,
+            egress_admin: None,
+            ingress: None,
+            transformer: None,
+            egress: None,
+            receiver: None,
+        }
+    }
+
+    pub fn received_dir(&self) -> PathBuf {
+        self.dir.path().join("received")
+    }
+
+    /// Starts `name` and waits for its listening line; returns the process and the `admin=` address it printed.
+    fn spawn(
+        &self,
+        name: &str,
+        args: &[String],
+        extra: &[(&str, String)],
+    ) -> (KillOnDrop, Option<SocketAddr>) {
+        let mut cmd = Command::new(bin(name));
+        // The receiver logs a line per message: keep the test output readable.
+        let stderr = if name == "hl7gw" {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        };
+        cmd.args(args).stdout(Stdio::piped()).stderr(stderr);
+        let service = if name == "hl7gw" {
+            &[][..]
+        } else {
+            &self.service_env[..]
+        };
+        for (k, v) in self
+            .env
+            .iter()
+            .chain(service)
+            .map(|(k, v)| (*k, v))
+            .chain(extra.iter().map(|(k, v)| (*k, v)))
+        {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        // Each service prints one line once its ports are bound.
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(!line.is_empty(), "{name} exited before listening");
+        let admin = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("admin="))
+            .map(|a| a.parse().expect("admin address"));
+        (KillOnDrop(child), admin)
+    }
+
+    pub fn start_ingress(&mut self) {
+        let args = [
+            "--mllp-addr".into(),
+            format!("127.0.0.1:{}", self.mllp),
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        let (child, admin) = self.spawn("hl7gw-ingress", &args, &self.ingress_env);
+        self.ingress = Some(child);
+        self.ingress_admin = admin;
+    }
+
+    pub fn start_transformer(&mut self) {
+        let args = [
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        let routes = self.dir.path().join("routes.yaml").display().to_string();
+        let mut env = self.transformer_env.clone();
+        env.push(("HL7GW_ROUTES__FILE", routes));
+        let (child, admin) = self.spawn("hl7gw-transformer", &args, &env);
+        self.transformer = Some(child);
+        self.transformer_admin = admin;
+    }
+
+    pub fn start_egress(&mut self) {
+        let args = [
+            "--config".into(),
+            self.dir.path().join("egress.yaml").display().to_string(),
+            "--grpc-addr".into(),
+            format!("127.0.0.1:{}", self.egress_grpc),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        let (child, admin) = self.spawn("hl7gw-egress", &args, &self.egress_env);
+        self.egress = Some(child);
+        self.egress_admin = admin;
+    }
+
+    pub fn start_receiver(&mut self, reject_every: Option<u32>) {
+        let mut args = vec![
+            "receive".to_owned(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.receiver_port),
+            "--out".into(),
+            self.received_dir().display().to_string(),
+        ];
+        if let Some(n) = reject_every {
+            args.extend(["--reject-every".into(), n.to_string()]);
+        }
+        self.receiver = Some(self.spawn("hl7gw", &args, &[]).0);
+    }
+
+    pub fn start_all(&mut self, reject_every: Option<u32>) {
+        self.start_receiver(reject_every);
+        self.start_egress();
+        self.start_transformer();
+        self.start_ingress();
+    }
+
+    /// Runs `hl7gw-load` in count mode, recording ACKed control ids; returns them (all must be AA/CA).
+    pub fn load(&self, clients: u32, per_client: u32) -> Vec<String> {
+        let record = self
+            .dir
+            .path()
+            .join(format!("acked-{}.txt", uuid::Uuid::now_v7().simple()));
+        let out = Command::new(bin("hl7gw-load"))
+            .args(["--to", &format!("127.0.0.1:{}", self.mllp)])
+            .args([
+                "--clients",
+                &clients.to_string(),
+                "--messages",
+                &per_client.to_string(),
+            ])
+            .args(["--warmup", "0", "--timeout", "20", "--record-acked"])
+            .arg(&record)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "hl7gw-load: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        recorded(&record)
+    }
+
+    pub fn egress_addr(&self) -> String {
+        format!("http://127.0.0.1:{}", self.egress_grpc)
+    }
+}
+
+/// What the receiver stored: control id to (sequence, file content), and how many times each id arrived.
+pub struct Received {
+    pub first: HashMap<String, (u64, Vec<u8>)>,
+    pub copies: HashMap<String, usize>,
+}
+
+pub fn received(dir: &Path) -> Received {
+    let mut first = HashMap::new();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".hl7") else {
+            continue;
+        };
+        let Some((seq, _)) = stem.split_once('-') else {
+            continue;
+        };
+        let Ok(seq) = seq.parse::<u64>() else {
+            continue;
+        };
+        let bytes = std::fs::read(e.path()).unwrap();
+        let cid = hl7v2::Message::parse(&bytes)
+            .ok()
+            .and_then(|m| {
+                m.get("MSH-10")
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+            .unwrap_or_default();
+        *copies.entry(cid.clone()).or_default() += 1;
+        first
+            .entry(cid)
+            .and_modify(|(s, b): &mut (u64, Vec<u8>)| {
+                if seq < *s {
+                    *s = seq;
+                    b.clone_from(&bytes);
+                }
+            })
+            .or_insert((seq, bytes));
+    }
+    Received { first, copies }
+}
+
+/// Waits until every id in `ids` is at the receiver.
+pub fn wait_delivered(dir: &Path, ids: &[String], limit: Duration) -> Received {
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = received(dir);
+        let missing = ids.iter().filter(|id| !r.first.contains_key(*id)).count();
+        if missing == 0 {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} ACKed messages never reached the receiver",
+            ids.len()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Checks transforms and per-patient order (except for `replayed` ids, which arrive when replayed); returns
+/// the number of duplicate deliveries.
+pub fn check_delivery(r: &Received, replayed: &[String]) -> usize {
+    // Control ids are RUN-<client>-<seq>; the patient (PID-3.1) is per client, so a patient's messages must
+    // reach the receiver in increasing <seq>.
+    let mut by_patient: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    for (cid, (rseq, bytes)) in &r.first {
+        let m = hl7v2::Message::parse(bytes).unwrap();
+        assert_eq!(
+            m.get("MSH-5"),
+            Some(&b"LAB"[..]),
+            "route set MSH-5 on {cid}"
+        );
+        assert_eq!(
+            m.get("PID-5"),
+            Some(&b"***"[..]),
+            "route masked PID-5 on {cid}"
+        );
+        if replayed.contains(cid) {
+            continue;
+        }
+        let patient = String::from_utf8_lossy(m.get("PID-3-1").unwrap()).into_owned();
+        let seq: u64 = cid.rsplit('-').next().unwrap().parse().unwrap();
+        by_patient.entry(patient).or_default().push((*rseq, seq));
+    }
+    assert!(
+        by_patient.len() > 10,
+        "several patients: {}",
+        by_patient.len()
+    );
+    for (patient, mut v) in by_patient {
+        v.sort();
+        assert!(
+            v.windows(2).all(|w| w[0].1 < w[1].1),
+            "patient {patient}: messages delivered out of order: {:?}",
+            &v[..v.len().min(20)]
+        );
+    }
+    r.copies.values().map(|n| n - 1).sum()
+}

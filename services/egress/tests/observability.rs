@@ -1,0 +1,578 @@
+//! Observability of the running pipeline, all real processes against the test broker:
+//! - one trace covers ingress → transformer → egress: a small OTLP/gRPC trace receiver in this test takes the
+//!   three services' span exports (`OTEL_EXPORTER_OTLP_ENDPOINT`), and the ADT message sent over MLLP has one
+//!   trace id with the ingress's span an ancestor of the transformer's `transform` span, which is the parent
+//!   of the egress's `deliver` span; no span carries patient data;
+//! - every metric the Grafana dashboard, the alerts and the autoscalers query is in a real `/metrics` scrape
+//!   of the three services after that traffic (`scripts/chart/check-metrics.py --scrape`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../ingress/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use common::{Pipeline, wait_delivered};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{Mllp, ack_code, free_port, http_get, repo_root};
+
+/// A span as received, with the `service.name` of its resource.
+#[derive(Clone, Debug)]
+struct Received {
+    service: String,
+    span: Span,
+}
+
+/// The OTLP/gRPC trace receiver: keeps every exported span.
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<Received>>>);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().unwrap();
+        for rs in request.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .as_ref()
+                .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+                .map(|a| text(a.value.as_ref()))
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for span in ss.spans {
+                    spans.push(Received {
+                        service: service.clone(),
+                        span,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Collector {
+    fn spans(&self) -> Vec<Received> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// An attribute value as text (arrays and maps flattened).
+fn text(v: Option<&AnyValue>) -> String {
+    match v.and_then(|v| v.value.as_ref()) {
+        None => String::new(),
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        Some(Value::BytesValue(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::ArrayValue(a)) => a
+            .values
+            .iter()
+            .map(|v| text(Some(v)))
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(Value::KvlistValue(l)) => l
+            .values
+            .iter()
+            .map(|kv| format!("{}={}", kv.key, text(kv.value.as_ref())))
+            .collect::<Vec<_>>()
+            .join(","),
+        #[allow(unreachable_patterns)]
+        Some(other) => format!("{other:?}"),
+    }
+}
+
+fn attr(attrs: &[KeyValue], key: &str) -> Option<String> {
+    attrs
+        .iter()
+        .find(|a| a.key == key)
+        .map(|a| text(a.value.as_ref()))
+}
+
+fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Starts the receiver on an ephemeral port of 127.0.0.1.
+fn start_collector(rt: &tokio::runtime::Runtime) -> (Collector, SocketAddr) {
+    let collector = Collector::default();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let svc = TraceServiceServer::new(collector.clone());
+    rt.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .expect("OTLP receiver");
+    });
+    (collector, addr)
+}
+
+/// A message whose PID values appear nowhere else: none of them may show up in a span.
+fn hl7(message_type: &str, control_id: &str, version: &str, patient: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|TESTAPP|TESTFAC|HL7GW|HL7GW|20261122120000||{message_type}|{control_id}|P|{version}\r\
+         EVN|A01|20261122120000\r\
+         PID|1||{patient}^^^TESTFAC^MR||ZYXWOBBLE^QUENTINA||19431207|F|||17 Quarry Lane^^Springfield^^99123||555-0142\r"
+    )
+    .into_bytes()
+}
+
+/// The test's routes: ADT to `lab` (the receiver); ORU to `flaky` (nothing listens: the egress retries, gives
+/// up and dead-letters it); SIU through a plugin that does not answer (the transformer dead-letters it).
+fn routes(plugin_port: u16) -> String {
+    format!(
+        "{}---
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {{name: oru-to-flaky}}
+spec:
+  match: {{messageTypes: ['ORU^R01']}}
+  destinations: [flaky]
+---
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {{name: siu-through-a-dead-plugin}}
+spec:
+  match: {{messageTypes: ['SIU^S12']}}
+  transforms:
+    - plugin: {{endpoint: 'http://127.0.0.1:{plugin_port}', timeoutMs: 300, onFailure: deadLetter}}
+  destinations: [lab]
+",
+        common::ROUTES
+    )
+}
+
+/// The trace of the message `control_id`: (trace id, ingress ancestor, transform span, deliver span), or why
+/// the spans received so far do not make it.
+fn find_chain(spans: &[Received], control_id: &str) -> Result<(String, String), String> {
+    let delivers: Vec<&Received> = spans
+        .iter()
+        .filter(|r| {
+            r.service == "hl7gw-egress"
+                && r.span.name == "deliver"
+                && attr(&r.span.attributes, "control_id").as_deref() == Some(control_id)
+        })
+        .collect();
+    let [deliver] = delivers[..] else {
+        return Err(format!(
+            "{} egress `deliver` spans for {control_id}",
+            delivers.len()
+        ));
+    };
+    let trace = &deliver.span.trace_id;
+    let in_trace: Vec<&Received> = spans.iter().filter(|r| &r.span.trace_id == trace).collect();
+    let by_id = |id: &[u8]| in_trace.iter().copied().find(|r| r.span.span_id == id);
+    if deliver.span.parent_span_id.is_empty() {
+        return Err("the egress `deliver` span has no parent".into());
+    }
+    let Some(transform) = by_id(&deliver.span.parent_span_id) else {
+        return Err(format!(
+            "the parent {} of `deliver` (trace {}) was not received",
+            hex(&deliver.span.parent_span_id),
+            hex(trace)
+        ));
+    };
+    if transform.service != "hl7gw-transformer" || transform.span.name != "transform" {
+        return Err(format!(
+            "the parent of `deliver` is {}'s {:?}, not the transformer's `transform`",
+            transform.service, transform.span.name
+        ));
+    }
+    // Up from `transform` to a span of the ingress.
+    let mut at = transform;
+    let mut path = Vec::new();
+    loop {
+        if at.span.parent_span_id.is_empty() {
+            return Err(format!(
+                "no ingress span above `transform` (path up: {path:?}, root {}'s {:?})",
+                at.service, at.span.name
+            ));
+        }
+        let Some(parent) = by_id(&at.span.parent_span_id) else {
+            return Err(format!(
+                "span {} above `transform` was not received (path up: {path:?})",
+                hex(&at.span.parent_span_id)
+            ));
+        };
+        path.push(format!("{}:{}", parent.service, parent.span.name));
+        if parent.service == "hl7gw-ingress" {
+            return Ok((hex(trace), parent.span.name.clone()));
+        }
+        at = parent;
+    }
+}
+
+/// Every string a span carries that could leak data: attribute values, event names and event attributes.
+fn span_texts(r: &Received) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let name = &r.span.name;
+    for a in &r.span.attributes {
+        out.push((
+            format!("{}:{name} attribute {}", r.service, a.key),
+            text(a.value.as_ref()),
+        ));
+    }
+    for e in &r.span.events {
+        out.push((format!("{}:{name} event", r.service), e.name.clone()));
+        for a in &e.attributes {
+            out.push((
+                format!(
+                    "{}:{name} event {:?} attribute {}",
+                    r.service, e.name, a.key
+                ),
+                text(a.value.as_ref()),
+            ));
+        }
+    }
+    for l in &r.span.links {
+        for a in &l.attributes {
+            out.push((
+                format!("{}:{name} link attribute {}", r.service, a.key),
+                text(a.value.as_ref()),
+            ));
+        }
+    }
+    out
+}
+
+fn sigterm(child: &mut std::process::Child, name: &str) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `helm template` of the chart with default values and with each `ci/*-values.yaml` (alerts, HPAs and KEDA
+/// objects on), into `dir`; returns the files.
+fn render_chart(dir: &Path) -> Vec<PathBuf> {
+    let root = repo_root();
+    // helm comes from the project's tool installer (instant once cached in .cache/tools).
+    let out = Command::new("bash")
+        .arg(root.join("scripts/tools.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/tools.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("bash")
+        .arg(root.join("scripts/tools.sh"))
+        .arg("path")
+        .output()
+        .unwrap();
+    let helm = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .split(':')
+        .map(|d| Path::new(d).join("helm"))
+        .find(|p| p.exists())
+        .expect("helm in scripts/tools.sh path");
+    let chart = root.join("helm/hl7-gateway");
+    let mut values: Vec<Option<PathBuf>> = vec![None];
+    let mut ci: Vec<_> = std::fs::read_dir(chart.join("ci"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("-values.yaml"))
+        .collect();
+    ci.sort();
+    values.extend(ci.into_iter().map(Some));
+    let mut files = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let mut cmd = Command::new(&helm);
+        cmd.args(["template", "hl7gw"])
+            .arg(&chart)
+            .args(["--namespace", "hl7gw"]);
+        if let Some(v) = v {
+            cmd.arg("-f").arg(v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm template {v:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let f = dir.join(format!("rendered-{i}.yaml"));
+        std::fs::write(&f, out.stdout).unwrap();
+        files.push(f);
+    }
+    files
+}
+
+/// The three scrapes, written to `dir`.
+fn scrape(p: &Pipeline, dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for (name, admin) in [
+        ("ingress", p.ingress_admin),
+        ("transformer", p.transformer_admin),
+        ("egress", p.egress_admin),
+    ] {
+        let (status, body) = http_get(admin.unwrap(), "/metrics");
+        assert_eq!(status, 200, "{name} /metrics");
+        assert!(
+            body.contains(&format!("hl7gw_{name}_")),
+            "{name} /metrics: {body}"
+        );
+        let f = dir.join(format!("{name}.prom"));
+        std::fs::write(&f, &body).unwrap();
+        files.push(f);
+    }
+    files
+}
+
+/// `scripts/chart/check-metrics.py` on the renders, the dashboard and the scrapes: Ok(its summary) or Err(its
+/// complaint).
+fn check_metrics(rendered: &[PathBuf], scrapes: &[PathBuf]) -> Result<String, String> {
+    let root = repo_root();
+    let mut cmd = Command::new("python3");
+    cmd.arg(root.join("scripts/chart/check-metrics.py"));
+    for r in rendered {
+        cmd.arg("--rendered").arg(r);
+    }
+    cmd.arg("--dashboard")
+        .arg(root.join("helm/hl7-gateway/files/dashboards/hl7gw.json"))
+        .arg("--scrape")
+        .args(scrapes);
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text.trim().to_owned())
+    } else {
+        Err(text)
+    }
+}
+
+#[test]
+fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (collector, otlp) = start_collector(&rt);
+
+    let mut p = Pipeline::new();
+    p.service_env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}")),
+        // Export every 200 ms instead of every 5 s.
+        ("OTEL_BSP_SCHEDULE_DELAY", "200".into()),
+    ];
+    let dir = p.dir.path().to_owned();
+    std::fs::write(dir.join("routes.yaml"), routes(free_port())).unwrap();
+    std::fs::write(
+        dir.join("egress.yaml"),
+        format!(
+            "destinations:
+  lab:
+    address: 127.0.0.1:{}
+    response_timeout: 5s
+    retry: {{initial_backoff: 100ms, max_backoff: 1s}}
+  flaky:
+    address: 127.0.0.1:{}
+    connect_timeout: 1s
+    response_timeout: 1s
+    retry: {{max_attempts: 2, initial_backoff: 50ms, max_backoff: 100ms}}
+",
+            p.receiver_port,
+            free_port()
+        ),
+    )
+    .unwrap();
+    p.start_all(None);
+    // Send once every service is ready (Kafka answers, routes loaded).
+    for (name, admin) in [
+        ("ingress", p.ingress_admin),
+        ("transformer", p.transformer_admin),
+        ("egress", p.egress_admin),
+    ] {
+        let admin = admin.unwrap_or_else(|| panic!("{name} printed no admin= address"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while http_get(admin, "/readyz").0 != 200 {
+            assert!(Instant::now() < deadline, "{name} not ready");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    // The traced message: ACKed, then delivered.
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let control_id = format!("OBS-{}", &id[id.len() - 12..]);
+    let patient = format!("P{}", &id[id.len() - 9..]);
+    let mllp: SocketAddr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
+    let ack = rt.block_on(async {
+        let mut c = Mllp::connect(mllp).await;
+        c.call(&hl7("ADT^A01^ADT_A01", &control_id, "2.5.1", &patient))
+            .await
+    });
+    let ack = ack.expect("an ACK");
+    assert_eq!(ack_code(&ack), "AA", "{:?}", String::from_utf8_lossy(&ack));
+    wait_delivered(
+        &p.received_dir(),
+        std::slice::from_ref(&control_id),
+        Duration::from_secs(120),
+    );
+    let delivered = started.elapsed();
+
+    // The rest of the traffic, so that every family the dashboard and the alerts query has a sample (a
+    // labelled family without one is not in a scrape): an ORU the egress cannot deliver (retries, DLQ
+    // `gave_up`), an SIU whose plugin does not answer (transformer DLQ), an unsupported version (ingress
+    // reject and DLQ), and a frame cut off by the sender closing (framing error `truncated`).
+    rt.block_on(async {
+        let mut c = Mllp::connect(mllp).await;
+        for (t, cid, version, code) in [
+            ("ORU^R01^ORU_R01", "OBS-ORU", "2.5.1", "AA"),
+            ("SIU^S12^SIU_S12", "OBS-SIU", "2.5.1", "AA"),
+            ("ADT^A01^ADT_A01", "OBS-BADVERSION", "9.9", "AR"),
+        ] {
+            let cid = format!("{cid}-{}", &id[id.len() - 6..]);
+            let ack = c
+                .call(&hl7(t, &cid, version, &patient))
+                .await
+                .expect("an ACK");
+            assert_eq!(ack_code(&ack), code, "{t} {version}");
+        }
+        let mut s = tokio::net::TcpStream::connect(mllp).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"\x0bMSH|^~\\&|TESTAPP|TESTFAC")
+            .await
+            .unwrap();
+    });
+
+    // The trace: spans are exported every 200 ms while running; SIGTERM would flush whatever is left.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut chain = find_chain(&collector.spans(), &control_id);
+    while chain.is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        chain = find_chain(&collector.spans(), &control_id);
+    }
+    let trace_found = started.elapsed();
+
+    // Metrics: scrapes of the three services until every queried name is in them (the DLQ writes follow the
+    // retries and the plugin timeout).
+    let rendered = render_chart(&dir);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let summary = loop {
+        let scrapes = scrape(&p, &dir);
+        match check_metrics(&rendered, &scrapes) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => {
+                panic!("check-metrics.py against the scrapes of the running services:\n{e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    };
+
+    if chain.is_err() {
+        for (name, child) in [
+            ("ingress", p.ingress.as_mut()),
+            ("transformer", p.transformer.as_mut()),
+            ("egress", p.egress.as_mut()),
+        ] {
+            sigterm(&mut child.unwrap().0, name);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        chain = find_chain(&collector.spans(), &control_id);
+    }
+    let spans = collector.spans();
+    let (trace_id, ingress_span) = chain.unwrap_or_else(|e| {
+        let listing: Vec<String> = spans
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} trace={} id={} parent={}",
+                    r.service,
+                    r.span.name,
+                    hex(&r.span.trace_id),
+                    hex(&r.span.span_id),
+                    hex(&r.span.parent_span_id)
+                )
+            })
+            .collect();
+        panic!("no ingress → transform → deliver trace: {e}\nspans:\n{listing:#?}")
+    });
+    for service in ["hl7gw-ingress", "hl7gw-transformer", "hl7gw-egress"] {
+        assert!(
+            spans
+                .iter()
+                .any(|r| r.service == service && hex(&r.span.trace_id) == trace_id),
+            "trace {trace_id} has a span of {service}"
+        );
+    }
+
+    // No patient data in any span of any service (all four messages carry the same PID).
+    let patient_data = [
+        patient.as_str(),
+        "ZYXWOBBLE",
+        "QUENTINA",
+        "19431207",
+        "Quarry",
+        "Springfield",
+        "99123",
+        "555-0142",
+    ];
+    let mut leaks = Vec::new();
+    for r in &spans {
+        for (where_, value) in span_texts(r) {
+            let upper = value.to_uppercase();
+            for d in patient_data {
+                if upper.contains(&d.to_uppercase()) {
+                    leaks.push(format!("{where_} = {value:?} holds {d:?}"));
+                }
+            }
+        }
+    }
+    assert!(
+        leaks.is_empty(),
+        "patient data in spans:\n{}",
+        leaks.join("\n")
+    );
+    // The scan does see what spans carry: the control id (allowed) is in the attributes.
+    assert!(
+        spans
+            .iter()
+            .flat_map(span_texts)
+            .any(|(_, v)| v == control_id),
+        "no span attribute holds the control id {control_id}"
+    );
+    eprintln!(
+        "observability: delivered after {:.1} s, trace complete after {:.1} s: {trace_id}: ingress {ingress_span:?} → \
+         transform → deliver; {} spans received, none with patient data; {summary} (after {:.1} s)",
+        delivered.as_secs_f64(),
+        trace_found.as_secs_f64(),
+        spans.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
