@@ -1,0 +1,96 @@
+//! The egress's MLLP client over TLS and mutual TLS against a real receiver (`hl7gw receive` with a server
+//! certificate and a client CA): it delivers with the client certificate, and a receiver requiring one refuses
+//! a client without it or with a certificate from another CA.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../ingress/tests/support/mod.rs"]
+mod support;
+
+use hl7gw_egress::client::{MllpClient, Tls};
+use hl7gw_egress::config::{ClientTls, Destination, RetryPolicy};
+use prometheus_client::metrics::gauge::Gauge;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use support::{KillOnDrop, bin, pki};
+
+fn destination(address: &str, tls: ClientTls) -> Destination {
+    Destination {
+        address: address.to_owned(),
+        tls: Some(tls),
+        connect_timeout: Duration::from_secs(5),
+        response_timeout: Duration::from_secs(5),
+        retry: RetryPolicy::default(),
+    }
+}
+
+#[tokio::test]
+async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate() {
+    let pki = pki();
+    let out = tempfile::tempdir().unwrap();
+    let p = |n: &str| pki.path(n).display().to_string();
+    let mut child = Command::new(bin("hl7gw"))
+        .args(["receive", "--listen", "127.0.0.1:0", "--out"])
+        .arg(out.path())
+        .args([
+            "--tls-cert",
+            &p("server.pem"),
+            "--tls-key",
+            &p("server.key"),
+        ])
+        .args(["--client-ca", &p("ca.pem")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _receiver = KillOnDrop(child);
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let msg = b"MSH|^~\\&|APP|FAC|LAB|X|20260101||ADT^A01|TLS-1|P|2.5\rPID|1||P1\r";
+
+    let tls = |cert: Option<&str>| ClientTls {
+        ca: pki.path("ca.pem"),
+        cert: cert.map(|c| pki.path(&format!("{c}.pem"))),
+        key: cert.map(|c| pki.path(&format!("{c}.key"))),
+        server_name: Some("localhost".into()),
+    };
+    let client = |d: Destination| {
+        let tls = Tls::from_config(&d).unwrap();
+        MllpClient::new(Arc::new(d), tls, Gauge::default())
+    };
+
+    let connected = Gauge::default();
+    let d = destination(&addr, tls(Some("client")));
+    let mut ok = MllpClient::new(
+        Arc::new(d.clone()),
+        Tls::from_config(&d).unwrap(),
+        connected.clone(),
+    );
+    let ack = ok.send(msg).await.expect("an ACK over mutual TLS");
+    assert_eq!(hl7v2::read_ack(&ack).unwrap().0.as_str(), "AA");
+    assert_eq!(connected.get(), 1, "one persistent connection");
+    let ack = ok
+        .send(msg)
+        .await
+        .expect("a second message on the same connection");
+    assert_eq!(hl7v2::read_ack(&ack).unwrap().0.as_str(), "AA");
+    assert_eq!(connected.get(), 1);
+
+    for cert in [None, Some("intruder")] {
+        let mut refused = client(destination(&addr, tls(cert)));
+        assert!(
+            refused.send(msg).await.is_err(),
+            "a client with {cert:?} must not get an answer"
+        );
+    }
+    let files = std::fs::read_dir(out.path()).unwrap().count();
+    assert_eq!(files, 2, "only the mutual-TLS messages were stored");
+}
