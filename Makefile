@@ -76,3 +76,19 @@ chart-check: ## helm lint/template/kubeconform, values.schema.json refusals, com
 
 k8s-render: ## regenerate the committed k8s/ renders and the chart's CRD from the chart and `hl7gw-transformer crd`
 	@scripts/chart-check.sh render
+
+.PHONY: k6-smoke bench-k6
+
+k6-smoke: ## k6 (built once with our k6/x/mllp extension) drives a debug ingress over MLLP and gRPC for a few seconds; thresholds must pass
+	@scripts/k6.sh smoke
+
+bench-k6: ## k6 over MLLP and gRPC against a release ingress: 1/4/8 VUs and 8 VUs for K6_SECONDS (30) (docs/BENCHMARKS.md)
+	@scripts/k6.sh bench
+
+.PHONY: jaeger-up jaeger-down
+
+jaeger-up: ## start Jaeger v2 on 127.0.0.1 (OTLP :4317/:4318, query API :16686; builds it once; docs/observability.md)
+	@scripts/jaeger.sh up
+
+jaeger-down: ## stop the local Jaeger
+	@scripts/jaeger.sh down
