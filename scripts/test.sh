@@ -13,13 +13,17 @@ stop_brokers() {
 }
 trap stop_brokers EXIT
 # Fetch the broker's jars, build the local Kubernetes control plane
-# and install the chart tools (helm, kubeconform, promtool) before the tests run in parallel (once; cached in
-# .cache/: the first cluster build takes 6-15 minutes on 2 cores, helm 1-2).
+# install the chart tools (helm, kubeconform, promtool) and build k6 before the tests run in parallel (once; cached in
+# .cache/: the first cluster build takes 6-15 minutes on 2 cores, helm 1-2, k6 2-5).
 scripts/kafka.sh fetch
 scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
+scripts/k6.sh build >/dev/null
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# k6 with our k6/x/mllp extension drives the debug ingress over MLLP and gRPC for a few seconds; thresholds
+# (every message CA, no errors, p99) must pass.
+scripts/k6.sh smoke
 # Helm chart and k8s/: lint, kubeconform, bad values refused, rendered configs accepted by the binaries,
 # committed renders up to date, dashboard/alert metric names, promtool; then install/upgrade/test/uninstall on a
 # local API server (port 7443). Installs its tools once into .cache/tools and stops its cluster on exit.

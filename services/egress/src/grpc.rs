@@ -15,7 +15,6 @@ use rdkafka::producer::FutureProducer;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -185,6 +184,9 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(EgressServer::new(svc))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled())
+        .serve_with_incoming_shutdown(
+            hl7gw_runtime::admin::grpc_incoming(listener),
+            stop.cancelled(),
+        )
         .await
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -156,6 +156,9 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(svc)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled())
+        .serve_with_incoming_shutdown(
+            hl7gw_runtime::admin::grpc_incoming(listener),
+            stop.cancelled(),
+        )
         .await
 }

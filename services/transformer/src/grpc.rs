@@ -13,7 +13,6 @@ use hl7gw_runtime::proto::v1::{
 use hl7v2::{Charset, Message};
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -95,6 +94,9 @@ pub async fn serve<P: PluginCaller + 'static>(
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(TransformServer::new(svc))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled())
+        .serve_with_incoming_shutdown(
+            hl7gw_runtime::admin::grpc_incoming(listener),
+            stop.cancelled(),
+        )
         .await
 }
