@@ -12,9 +12,9 @@ stop_brokers() {
   CLUSTER_API_PORT=7543 scripts/cluster.sh down >/dev/null 2>&1 || true
 }
 trap stop_brokers EXIT
-# Fetch the broker's jars, build the local Kubernetes control plane
-# install the chart tools (helm, kubeconform, promtool) and build k6 before the tests run in parallel (once; cached in
-# .cache/: the first cluster build takes 6-15 minutes on 2 cores, helm 1-2, k6 2-5).
+# Before the tests run in parallel: fetch the broker's jars, build the local Kubernetes control plane, install
+# the chart tools (helm, kubeconform, promtool) and build k6 (once; cached in .cache/: the first cluster build
+# takes 6-15 minutes on 2 cores, helm 1-2, k6 2-5).
 scripts/kafka.sh fetch
 scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
