@@ -33,7 +33,37 @@ where
     T: DeserializeOwned + Serialize + Default,
     F: Serialize,
 {
-    load_with_env(file, flags, Env::prefixed("HL7GW_").split("__"))
+    load_with_env(file, flags, env())
+}
+
+/// The environment layer of [`load`]: `HL7GW_` variables, `__` for nesting. Left out: `HL7GW_CONFIG` (the
+/// `--config` flag's variable) and the service-link variables Kubernetes injects for Services named `hl7gw-*`
+/// (`HL7GW_INGRESS_SERVICE_HOST`, `HL7GW_INGRESS_PORT_50051_TCP_ADDR`, ...), which no config key looks like:
+/// without this a pod with service links on would refuse to start on "unknown key".
+pub fn env() -> Env {
+    Env::prefixed("HL7GW_")
+        .filter(|k| !ignored_env_key(k.as_str()))
+        .split("__")
+}
+
+/// True for `CONFIG` and the shapes of Kubernetes service-link variables (the prefix already stripped):
+/// `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORTNAME>]`, `<NAME>_PORT`,
+/// `<NAME>_PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]`.
+fn ignored_env_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    if k == "config" || k.contains("_service_host") || k.contains("_service_port") {
+        return true;
+    }
+    let parts: Vec<&str> = k.split('_').collect();
+    let Some(i) = parts.iter().rposition(|p| *p == "port") else {
+        return false;
+    };
+    let rest = &parts[i + 1..];
+    let numbered = rest.len() >= 2
+        && rest[0].bytes().all(|b| b.is_ascii_digit())
+        && matches!(rest[1], "tcp" | "udp" | "sctp")
+        && (rest.len() == 2 || (rest.len() == 3 && matches!(rest[2], "proto" | "port" | "addr")));
+    i > 0 && (rest.is_empty() || numbered)
 }
 
 /// [`load`] with an explicit environment provider (tests use this to avoid process-global state).
@@ -54,6 +84,36 @@ where
         .merge(Serialized::defaults(flags))
         .extract()
         .map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+/// The flags every service takes; a service's own flags flatten this in (`#[command(flatten)]` and
+/// `#[serde(flatten)]`) and add theirs. Flags override the file and the environment.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct CommonFlags {
+    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
+    #[arg(long, env = "HL7GW_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<std::path::PathBuf>,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub check_config: bool,
+    /// gRPC listener address.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_addr: Option<std::net::SocketAddr>,
+    /// Admin HTTP (/healthz, /readyz, /metrics) address.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_addr: Option<std::net::SocketAddr>,
+    /// Kafka bootstrap servers.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_brokers: Option<String>,
+    /// Topic for rejected or undeliverable messages.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dlq_topic: Option<String>,
 }
 
 #[cfg(test)]
@@ -122,34 +182,39 @@ mod tests {
             Ok(())
         });
     }
-}
 
-/// The flags every service takes; a service's own flags flatten this in (`#[command(flatten)]` and
-/// `#[serde(flatten)]`) and add theirs. Flags override the file and the environment.
-#[derive(Debug, Clone, Default, clap::Args, Serialize)]
-pub struct CommonFlags {
-    /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
-    #[arg(long, env = "HL7GW_CONFIG")]
-    #[serde(skip)]
-    pub config: Option<std::path::PathBuf>,
-    /// Validate the configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    pub check_config: bool,
-    /// gRPC listener address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_addr: Option<std::net::SocketAddr>,
-    /// Admin HTTP (/healthz, /readyz, /metrics) address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admin_addr: Option<std::net::SocketAddr>,
-    /// Kafka bootstrap servers.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kafka_brokers: Option<String>,
-    /// Topic for rejected or undeliverable messages.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dlq_topic: Option<String>,
+    #[test]
+    fn kubernetes_service_links_and_the_config_path_are_not_config_keys() {
+        for k in [
+            "CONFIG",
+            "INGRESS_SERVICE_HOST",
+            "INGRESS_SERVICE_PORT",
+            "INGRESS_SERVICE_PORT_MLLP",
+            "INGRESS_PORT",
+            "INGRESS_PORT_2575_TCP",
+            "INGRESS_PORT_2575_TCP_ADDR",
+            "EGRESS_PORT_9464_TCP_PROTO",
+        ] {
+            assert!(ignored_env_key(k), "{k}");
+        }
+        for k in [
+            "MLLP_ADDR",
+            "KAFKA__LINGER_MS",
+            "PORT",
+            "TLS__CERT",
+            "REPORT",
+            "PORT_X",
+        ] {
+            assert!(!ignored_env_key(k), "{k}");
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HL7GW_PORT", "7");
+            jail.set_env("HL7GW_INGRESS_PORT_2575_TCP_ADDR", "10.0.0.1");
+            jail.set_env("HL7GW_INGRESS_SERVICE_HOST", "10.0.0.1");
+            jail.set_env("HL7GW_CONFIG", "/etc/hl7gw/config.yaml");
+            let c: Cfg = load_with_env(None, &Flags { port: None }, env()).unwrap();
+            assert_eq!(c.port, 7);
+            Ok(())
+        });
+    }
 }
