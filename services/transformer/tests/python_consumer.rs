@@ -5,73 +5,25 @@
 //! patient ids in the flat view, per-patient order, DLQ reasons.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../ingress/tests/support/mod.rs"]
+mod support;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A sibling binary of the workspace (target/debug/<name>): `cargo test --workspace` builds every binary.
-fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap();
-    let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first (`cargo build -p {name}`), or run `make test`",
-        bin.display()
-    );
-    bin
-}
-
-/// The shared test broker (scripts/kafka.sh on 127.0.0.1:39092; `make test` stops it at the end).
-fn broker() -> String {
-    let port: u16 = std::env::var("HL7GW_TEST_KAFKA_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(39092);
-    let root = repo_root();
-    let status = Command::new("bash")
-        .arg(root.join("scripts/kafka.sh"))
-        .arg("up")
-        .env("KAFKA_PORT", port.to_string())
-        .env(
-            "KAFKA_DATA_DIR",
-            root.join(format!("target/kafka-test/{port}")),
-        )
-        .env("KAFKA_PARTITIONS", "3")
-        .status()
-        .expect("running scripts/kafka.sh");
-    assert!(
-        status.success(),
-        "scripts/kafka.sh up failed on port {port}"
-    );
-    format!("127.0.0.1:{port}")
-}
-
-/// A child process killed when the test ends, passed or failed.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::{KillOnDrop, bin, broker, repo_root};
 
 /// Starts a service binary on ephemeral ports and returns it with its `listening` line's addresses.
 fn start_service(
     bin: &Path,
     args: &[&str],
     env: &[(&str, String)],
-) -> (Proc, HashMap<String, SocketAddr>) {
+) -> (KillOnDrop, HashMap<String, SocketAddr>) {
     let mut cmd = Command::new(bin);
     cmd.args(args)
         .env("RUST_LOG", "warn")
@@ -84,7 +36,7 @@ fn start_service(
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
     let stdout = child.stdout.take().unwrap();
-    let proc = Proc(child);
+    let proc = KillOnDrop(child);
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
     let addrs: HashMap<String, SocketAddr> = line
@@ -232,7 +184,7 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
         .spawn()
         .expect("running scripts/python-env.sh");
 
-    let brokers = broker();
+    let brokers = broker().to_owned();
     let run = uuid::Uuid::now_v7().simple().to_string();
     let inbound = format!("hl7.inbound.pyc-{run}");
     let dlq = format!("hl7.dlq.pyc-{run}");
@@ -277,7 +229,7 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
     let mut ingress_args = vec!["--mllp-addr", "127.0.0.1:0"];
     ingress_args.extend_from_slice(&ports);
     let (_ingress, addrs) = start_service(
-        &workspace_binary("hl7gw-ingress"),
+        &bin("hl7gw-ingress"),
         &ingress_args,
         &[
             ("HL7GW_KAFKA_BROKERS", brokers.clone()),
