@@ -14,7 +14,7 @@ const KNOWN_DIFFERENCES: &[(&str, bool, &str)] = &[(
 )];
 
 fn corpus_dir() -> PathBuf {
-    std::env::var_os("HL7GW_TESTDATA").map_or_else(
+    std::env::var_os("TESTDATA_HL7").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/hl7"),
         PathBuf::from,
     )

@@ -61,11 +61,12 @@ pub fn stop_broker(port: u16) {
         .status();
 }
 
-/// The shared test broker (port 39092 unless HL7GW_TEST_KAFKA_PORT says otherwise).
+/// The shared test broker (port 39092 unless TEST_KAFKA_PORT says otherwise; not an `HL7GW_` name, since the
+/// services the tests start inherit the environment and refuse unknown `HL7GW_` keys).
 pub fn broker() -> &'static str {
     static B: OnceLock<String> = OnceLock::new();
     B.get_or_init(|| {
-        let port = std::env::var("HL7GW_TEST_KAFKA_PORT")
+        let port = std::env::var("TEST_KAFKA_PORT")
             .ok()
             .and_then(|p| p.parse().ok())
             .unwrap_or(39092);
