@@ -35,6 +35,10 @@ pub enum TransformerError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
+    /// The worker task panicked: the process exits with an error so the pod restarts (its batch was not
+    /// committed and is read again).
+    #[error("the worker task failed: {0}")]
+    WorkerPanicked(String),
     #[error(transparent)]
     Bind(#[from] hl7gw_runtime::admin::BindError),
 }
@@ -182,7 +186,7 @@ pub async fn run(
             worker_stop.cancel();
             match tokio::time::timeout(cfg.drain_timeout, &mut worker_task).await {
                 Ok(Ok(r)) => r.map_err(TransformerError::from),
-                Ok(Err(_)) => Ok(()),
+                Ok(Err(e)) => Err(TransformerError::WorkerPanicked(e.to_string())),
                 Err(_) => {
                     tracing::warn!("drain timeout: the open batch will be read again by another pod");
                     Ok(())
@@ -193,7 +197,7 @@ pub async fn run(
             tracing::error!("the worker stopped");
             match r {
                 Ok(r) => r.map_err(TransformerError::from),
-                Err(_) => Ok(()),
+                Err(e) => Err(TransformerError::WorkerPanicked(e.to_string())),
             }
         }
     };

@@ -294,7 +294,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     records = batch.len(),
                     "rebalance during a batch: reading it again"
                 );
-                self.rewind(&batch);
+                self.rewind(&batch).await;
                 continue;
             }
             if let Err(e) = self.transact(&batch, &mut buf).await {
@@ -313,7 +313,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 if is_fatal(&e) {
                     return Err(e.into());
                 }
-                self.rewind(&batch);
+                self.rewind(&batch).await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -413,23 +413,28 @@ impl<P: PluginCaller + 'static> Worker<P> {
     }
 
     /// Seeks each partition of an aborted batch back to its first record.
-    fn rewind(&self, batch: &[OwnedMessage]) {
+    async fn rewind(&self, batch: &[OwnedMessage]) {
         let mut first: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for m in batch {
             first
                 .entry((m.topic().to_owned(), m.partition()))
                 .or_insert(m.offset());
         }
-        for ((topic, partition), offset) in first {
-            if let Err(e) = self.consumer.seek(
-                &topic,
-                partition,
-                Offset::Offset(offset),
-                Duration::from_secs(5),
-            ) {
-                tracing::warn!(error = %e, partition, "seek back failed");
+        // `seek` blocks (up to its timeout): off the async workers.
+        let consumer = self.consumer.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for ((topic, partition), offset) in first {
+                if let Err(e) = consumer.seek(
+                    &topic,
+                    partition,
+                    Offset::Offset(offset),
+                    Duration::from_secs(5),
+                ) {
+                    tracing::warn!(error = %e, partition, "seek back failed");
+                }
             }
-        }
+        })
+        .await;
     }
 }
 
