@@ -119,8 +119,10 @@ impl DestCtx {
         }
     }
 
-    /// Reads the destination topic and hands each record to its partition's worker until `stop`.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+    /// Reads the destination topic and hands each record to its partition's worker until `stop`. A worker
+    /// that dies (a panic) cancels `failed`: a new worker would store offsets past the message the dead one
+    /// held, so instead the process stops and the partition is read again from its committed offset.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken, failed: CancellationToken) {
         let tracker = TaskTracker::new();
         let mut workers: HashMap<i32, mpsc::Sender<(u64, OwnedMessage)>> = HashMap::new();
         loop {
@@ -145,7 +147,11 @@ impl DestCtx {
             });
             tokio::select! {
                 _ = stop.cancelled() => break,
-                r = tx.send((generation, m)) => if r.is_err() { workers.remove(&partition); },
+                r = tx.send((generation, m)) => if r.is_err() {
+                    tracing::error!(destination = %self.name, partition, "a partition worker stopped unexpectedly: stopping the egress");
+                    failed.cancel();
+                    break;
+                },
             }
         }
         drop(workers);

@@ -36,6 +36,9 @@ pub enum EgressError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Bind(#[from] hl7gw_runtime::admin::BindError),
+    /// A delivery worker died; the process exits so its messages are read again from committed offsets.
+    #[error("a delivery worker failed; see the log")]
+    WorkerFailed,
 }
 
 /// The addresses the egress listens on.
@@ -147,12 +150,16 @@ pub async fn run(
     ));
 
     let deliver_stop = CancellationToken::new();
+    let failed = CancellationToken::new();
     let tasks: Vec<_> = dests
         .iter()
-        .map(|d| tokio::spawn(d.clone().run(deliver_stop.clone())))
+        .map(|d| tokio::spawn(d.clone().run(deliver_stop.clone(), failed.clone())))
         .collect();
 
-    stop.cancelled().await;
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = failed.cancelled() => {}
+    }
     health.set_draining();
     tracing::info!("draining: finishing deliveries in hand");
     deliver_stop.cancel();
@@ -176,6 +183,9 @@ pub async fn run(
     admin_stop.cancel();
     let _ = admin_task.await;
     tracing::info!("egress stopped");
+    if failed.is_cancelled() {
+        return Err(EgressError::WorkerFailed);
+    }
     Ok(())
 }
 
