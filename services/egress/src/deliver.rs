@@ -4,7 +4,7 @@
 
 use crate::client::{MllpClient, SendError, Tls};
 use crate::config::{Config, Destination};
-use crate::metrics::{AckLabels, DestLabels, EgressMetrics, ReasonLabels};
+use crate::metrics::{DestMetrics, EgressMetrics, ReasonLabels};
 use hl7gw_runtime::dedup::{self, Dedup};
 use hl7gw_runtime::envelope;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection};
@@ -91,6 +91,8 @@ pub struct DestCtx {
     pub consumer: Arc<DestConsumer>,
     pub producer: FutureProducer,
     pub metrics: EgressMetrics,
+    /// This destination's per-message handles.
+    pub m: DestMetrics,
     pub dedup: Dedup,
     pub state: DestState,
 }
@@ -113,12 +115,6 @@ enum Done {
 }
 
 impl DestCtx {
-    fn dl(&self) -> DestLabels {
-        DestLabels {
-            destination: self.name.clone(),
-        }
-    }
-
     /// Reads the destination topic and hands each record to its partition's worker until `stop`. A worker
     /// that dies (a panic) cancels `failed`: a new worker would store offsets past the message the dead one
     /// held, so instead the process stops and the partition is read again from its committed offset.
@@ -168,10 +164,7 @@ impl DestCtx {
         let mut client = MllpClient::new(
             self.dest.clone(),
             self.tls.clone(),
-            self.metrics
-                .connections_active
-                .get_or_create(&self.dl())
-                .clone(),
+            self.m.connections_active.clone(),
         );
         while let Some((generation, m)) = rx.recv().await {
             if generation != self.consumer.context().generation() {
@@ -233,10 +226,7 @@ impl DestCtx {
         }
         let key = dedup::key(b"", h.sending_facility.as_bytes(), h.control_id.as_bytes());
         if self.dedup.enabled() && self.dedup.lookup(&key, Instant::now()).is_some() {
-            self.metrics
-                .duplicates_suppressed
-                .get_or_create(&self.dl())
-                .inc();
+            self.m.duplicates_suppressed.inc();
             tracing::info!(parent: &span, "delivered within the duplicate window: not sent again");
             return Done::Settled;
         }
@@ -254,13 +244,7 @@ impl DestCtx {
                 Ok(frame) => match hl7v2::read_ack(&frame) {
                     Some((code, _)) => {
                         let code_str = code.as_str();
-                        self.metrics
-                            .acks
-                            .get_or_create(&AckLabels {
-                                destination: self.name.clone(),
-                                code: code_str,
-                            })
-                            .inc();
+                        self.m.ack(code);
                         set(&self.state.last_ack_code, code_str);
                         if let Ok(mut t) = self.state.last_ack_at.lock() {
                             *t = Some(SystemTime::now());
@@ -360,11 +344,10 @@ impl DestCtx {
     }
 
     fn accepted(&self, env: &Envelope, started: Instant) {
-        self.metrics.delivered.get_or_create(&self.dl()).inc();
+        self.m.delivered.inc();
         self.state.delivered.fetch_add(1, Ordering::Relaxed);
-        self.metrics
+        self.m
             .delivery_duration
-            .get_or_create(&self.dl())
             .observe(started.elapsed().as_secs_f64());
         if let Some(t) = env
             .received_at
@@ -372,10 +355,7 @@ impl DestCtx {
             .and_then(|t| SystemTime::try_from(*t).ok())
             && let Ok(d) = SystemTime::now().duration_since(t)
         {
-            self.metrics
-                .end_to_end
-                .get_or_create(&self.dl())
-                .observe(d.as_secs_f64());
+            self.m.end_to_end.observe(d.as_secs_f64());
         }
     }
 

@@ -96,6 +96,7 @@ pub async fn run(
             consumer: Arc::new(consumer),
             producer: producer.clone(),
             metrics: metrics.clone(),
+            m: metrics.destination(name),
             dedup: Dedup::new(cfg.duplicate_window, cfg.duplicate_capacity),
             state: deliver::DestState::default(),
         }));

@@ -110,3 +110,56 @@ impl EgressMetrics {
         m
     }
 }
+
+/// One destination's per-message metric handles, resolved once so a delivery allocates no labels.
+#[derive(Debug, Clone)]
+pub struct DestMetrics {
+    pub delivered: Counter,
+    pub duplicates_suppressed: Counter,
+    pub connections_active: Gauge,
+    pub delivery_duration: Histogram,
+    pub end_to_end: Histogram,
+    /// By MSA-1: AA, AE, AR, CA, CE, CR.
+    acks: [Counter; 6],
+}
+
+impl DestMetrics {
+    /// Counts a receiver's answer.
+    pub fn ack(&self, code: hl7v2::AckCode) {
+        use hl7v2::AckCode::*;
+        let i = match code {
+            AA => 0,
+            AE => 1,
+            AR => 2,
+            CA => 3,
+            CE => 4,
+            CR => 5,
+        };
+        self.acks[i].inc();
+    }
+}
+
+impl EgressMetrics {
+    /// The handles of destination `name`.
+    pub fn destination(&self, name: &str) -> DestMetrics {
+        let d = DestLabels {
+            destination: name.to_owned(),
+        };
+        let ack = |code: &'static str| {
+            self.acks
+                .get_or_create(&AckLabels {
+                    destination: name.to_owned(),
+                    code,
+                })
+                .clone()
+        };
+        DestMetrics {
+            delivered: self.delivered.get_or_create(&d).clone(),
+            duplicates_suppressed: self.duplicates_suppressed.get_or_create(&d).clone(),
+            connections_active: self.connections_active.get_or_create(&d).clone(),
+            delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
+            end_to_end: self.end_to_end.get_or_create(&d).clone(),
+            acks: ["AA", "AE", "AR", "CA", "CE", "CR"].map(ack),
+        }
+    }
+}
