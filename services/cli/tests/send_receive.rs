@@ -3,10 +3,6 @@
 //! Every child process is killed when its guard drops, and every wait is bounded, so a broken build fails
 //! these tests instead of hanging them.
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -15,6 +11,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+#[path = "../../ingress/tests/support/pki.rs"]
+mod pki;
+use pki::pki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hl7gw");
 /// The longest any one child process may run.
@@ -506,89 +506,13 @@ fn usage_errors_exit_2() {
     );
 }
 
-/// Certificates for one test: a CA, a server certificate for localhost/127.0.0.1, a client certificate.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn path(&self, name: &str) -> String {
-        self.dir
-            .path()
-            .join(name)
-            .to_str()
-            .expect("UTF-8 temp path")
-            .to_owned()
-    }
-}
-
-fn ca(name: &str) -> (rcgen::Certificate, Issuer<'static, KeyPair>) {
-    let mut params = CertificateParams::new(Vec::new()).expect("CA parameters");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let key = KeyPair::generate().expect("generating a key");
-    let cert = params.self_signed(&key).expect("self-signing the CA");
-    (cert, Issuer::new(params, key))
-}
-
-fn leaf(
-    issuer: &Issuer<'static, KeyPair>,
-    names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let mut params =
-        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .expect("certificate names");
-    params.distinguished_name.push(DnType::CommonName, names[0]);
-    params.extended_key_usages = vec![usage];
-    params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().expect("generating a key");
-    let cert = params
-        .signed_by(&key, issuer)
-        .expect("signing a certificate");
-    (cert.pem(), key.serialize_pem())
-}
-
-fn pki() -> Pki {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let write =
-        |name: &str, pem: &str| std::fs::write(dir.path().join(name), pem).expect("writing PEM");
-    let (ca_cert, issuer) = ca("hl7gw test CA");
-    write("ca.pem", &ca_cert.pem());
-    let (cert, key) = leaf(
-        &issuer,
-        &["localhost", "127.0.0.1"],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    write("server.pem", &cert);
-    write("server.key", &key);
-    let (cert, key) = leaf(
-        &issuer,
-        &["hl7-client"],
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
-    write("client.pem", &cert);
-    write("client.key", &key);
-    let (other_ca, other) = ca("some other CA");
-    write("other-ca.pem", &other_ca.pem());
-    let (cert, key) = leaf(&other, &["intruder"], ExtendedKeyUsagePurpose::ClientAuth);
-    write("intruder.pem", &cert);
-    write("intruder.key", &key);
-    Pki { dir }
-}
-
 #[test]
 fn tls_round_trip() {
     let pki = pki();
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
+    let (cert, key) = (pki.file("server.pem"), pki.file("server.key"));
     let rx = Receiver::start(dir.path(), &["--tls-cert", &cert, "--tls-key", &key]);
-    let ca = pki.path("ca.pem");
+    let ca = pki.file("ca.pem");
     let files = samples();
     // By IP address (the certificate names 127.0.0.1) ...
     let sent = send(&rx.addr, &["--tls", "--ca", &ca], &files);
@@ -609,7 +533,7 @@ fn tls_round_trip() {
     assert_eq!(stored.len(), 2 * files.len());
     assert_eq!(stored[0].1, std::fs::read(&files[0]).unwrap());
     // A CA that did not issue the server's certificate, or a name it does not carry: no connection.
-    let other = pki.path("other-ca.pem");
+    let other = pki.file("other-ca.pem");
     assert_eq!(send(&rx.addr, &["--tls", "--ca", &other], &files).code(), 2);
     let wrong = ["--tls", "--ca", &ca, "--server-name", "example.org"];
     assert_eq!(send(&rx.addr, &wrong, &files).code(), 2);
@@ -623,9 +547,9 @@ fn mutual_tls_round_trip() {
     let pki = pki();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, ca) = (
-        pki.path("server.pem"),
-        pki.path("server.key"),
-        pki.path("ca.pem"),
+        pki.file("server.pem"),
+        pki.file("server.key"),
+        pki.file("ca.pem"),
     );
     let rx = Receiver::start(
         dir.path(),
@@ -633,7 +557,7 @@ fn mutual_tls_round_trip() {
     );
     let to = format!("localhost:{}", rx.port());
     let files = samples();
-    let (ccert, ckey) = (pki.path("client.pem"), pki.path("client.key"));
+    let (ccert, ckey) = (pki.file("client.pem"), pki.file("client.key"));
     let sent = send(
         &to,
         &["--tls", "--ca", &ca, "--cert", &ccert, "--key", &ckey],
@@ -652,7 +576,7 @@ fn mutual_tls_round_trip() {
     }
     // Without a client certificate, or with one from another CA: refused, nothing stored.
     assert_eq!(send(&to, &["--tls", "--ca", &ca], &files).code(), 2);
-    let (icert, ikey) = (pki.path("intruder.pem"), pki.path("intruder.key"));
+    let (icert, ikey) = (pki.file("intruder.pem"), pki.file("intruder.key"));
     let intruder = ["--tls", "--ca", &ca, "--cert", &icert, "--key", &ikey];
     assert_eq!(send(&to, &intruder, &files).code(), 2);
     assert_eq!(rx.stored().len(), files.len());
