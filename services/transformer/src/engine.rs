@@ -343,10 +343,14 @@ fn compile_step(t: &Transform) -> Result<Step, String> {
         steps.push(Step::DeleteSegment(segment_name(&s.segment)?));
     }
     if let Some(s) = &t.rename_segment {
-        steps.push(Step::RenameSegment(
-            segment_name(&s.from)?,
-            segment_name(&s.to)?,
-        ));
+        let (from, to) = (segment_name(&s.from)?, segment_name(&s.to)?);
+        // Renaming a segment to its own name would never finish (every pass finds it again).
+        if from == to {
+            return Err(format!(
+                "renameSegment: from and to are both {from:?}; nothing to rename"
+            ));
+        }
+        steps.push(Step::RenameSegment(from, to));
     }
     if let Some(s) = &t.mask {
         steps.push(Step::Mask(
@@ -676,6 +680,10 @@ mod tests {
             (
                 "{transforms: [{hash: {path: PID-3, saltEnv: HL7GW_NO_SUCH_VAR}}], destinations: [a]}",
                 "HL7GW_NO_SUCH_VAR",
+            ),
+            (
+                "{transforms: [{renameSegment: {from: ZPI, to: ZPI}}], destinations: [a]}",
+                "renameSegment",
             ),
         ];
         for (y, want) in bad {
