@@ -107,9 +107,11 @@ pub struct Config {
     pub group_prefix: String,
     /// The receivers, by destination name (the names routes use).
     pub destinations: BTreeMap<String, Destination>,
-    /// A (sending facility, MSH-10) delivered within this window is not sent again (0s: off).
+    /// An output (envelope id and route) delivered within this window is not sent again when Kafka gives it
+    /// to this pod once more after a crash or rebalance (0s: off).
     #[serde(with = "humantime_serde")]
     pub duplicate_window: Duration,
+    /// Most outputs remembered for the duplicate window (about 96 bytes each).
     pub duplicate_capacity: usize,
     /// Messages read ahead per partition while the one before is being delivered.
     pub queue_per_partition: usize,

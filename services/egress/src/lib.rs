@@ -97,7 +97,13 @@ pub async fn run(
             producer: producer.clone(),
             metrics: metrics.clone(),
             m: metrics.destination(name),
-            dedup: Dedup::new(cfg.duplicate_window, cfg.duplicate_capacity),
+            // Entries hold no ACK: the count bounds the bytes.
+            dedup: Dedup::new(
+                cfg.duplicate_window,
+                cfg.duplicate_capacity,
+                cfg.duplicate_capacity
+                    .saturating_mul(hl7gw_runtime::dedup::ENTRY_OVERHEAD_BYTES),
+            ),
             state: deliver::DestState::default(),
         }));
     }

@@ -80,12 +80,16 @@ pub struct Config {
     pub max_in_flight_per_connection: usize,
     /// Messages per second one connection may send (0: unlimited); faster senders are slowed, not refused.
     pub rate_limit_per_connection: f64,
-    /// A repeated (sending application, sending facility, MSH-10) within this window gets the first ACK
-    /// again and is not published twice (0s: off).
+    /// A resend (the same sending application, sending facility and MSH-10, with the same bytes) within this
+    /// window gets the first ACK again and is not published twice (0s: off). A reused control id with other
+    /// content is a new message (counted in `hl7gw_ingress_control_id_reused_total`).
     #[serde(with = "humantime_serde")]
     pub duplicate_window: Duration,
     /// Most remembered messages for duplicate detection.
     pub duplicate_capacity: usize,
+    /// Most bytes the duplicate window may hold (each remembered message costs its ACK plus ~96 bytes); the
+    /// oldest are forgotten first.
+    pub duplicate_max_bytes: usize,
     /// MLLP release 2: answer each frame with a commit acknowledgement block (0x06 / 0x15) instead of an
     /// HL7 ACK message.
     pub mllp2_commit_acks: bool,
@@ -131,6 +135,7 @@ impl Default for Config {
             rate_limit_per_connection: 0.0,
             duplicate_window: Duration::from_secs(600),
             duplicate_capacity: 200_000,
+            duplicate_max_bytes: 64 * 1024 * 1024,
             mllp2_commit_acks: false,
             proxy_protocol: false,
             tls: None,

@@ -163,11 +163,8 @@ async fn write_loop<W>(
         let _ = wr.write_all(&out).await;
     }
     let _ = wr.shutdown().await;
-    // Messages left unanswered (close on timeout, or the peer went away): the sender resends them.
-    rx.close();
-    while let Ok(p) = rx.try_recv() {
-        pipe.abandon(p);
-    }
+    // Messages left unanswered (close on timeout, or the peer went away) are dropped with `rx`: the sender
+    // resends them.
 }
 
 /// Spaces messages of one connection to at most `rate` per second (0: no limit).

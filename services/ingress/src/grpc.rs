@@ -96,10 +96,6 @@ impl Ingest for IngestService {
                     break;
                 }
             }
-            pending_rx.close();
-            while let Ok(p) = pending_rx.try_recv() {
-                pipe.abandon(p);
-            }
         });
         let (pipe, max) = (self.pipe.clone(), self.cfg.max_frame_bytes);
         tokio::spawn(async move {

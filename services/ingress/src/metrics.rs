@@ -57,6 +57,7 @@ pub struct IngressMetrics {
     pub publish_failures: Family<ReasonLabels, Counter>,
     pub publish_duration: Histogram,
     pub in_flight: Gauge,
+    pub control_id_reused: Counter,
 }
 
 impl IngressMetrics {
@@ -78,6 +79,7 @@ impl IngressMetrics {
             publish_failures: Family::default(),
             publish_duration: Histogram::new(hl7gw_runtime::metrics::latency_buckets()),
             in_flight: Gauge::default(),
+            control_id_reused: Counter::default(),
         };
         let r = r.sub_registry_with_prefix("ingress");
         r.register(
@@ -145,6 +147,12 @@ impl IngressMetrics {
             "in_flight",
             "Messages waiting for Kafka's confirmation",
             m.in_flight.clone(),
+        );
+        r.register(
+            "control_id_reused",
+            "Messages whose (MSH-3, MSH-4, MSH-10) was seen within the duplicate window with other content: \
+             published as new messages",
+            m.control_id_reused.clone(),
         );
         m
     }

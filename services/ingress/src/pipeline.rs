@@ -8,7 +8,7 @@
 use crate::config::{AckMode, Config, OnTimeout};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
-use hl7gw_runtime::dedup::{self, Dedup};
+use hl7gw_runtime::dedup::{Dedup, Key, Seen};
 use hl7gw_runtime::envelope::{self, headers};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
@@ -16,12 +16,18 @@ use hl7v2::ack::{
     hl7_timestamp, write_ack,
 };
 use hl7v2::{Charset, ErrorCode, Header, Message};
+use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use tracing::Span;
+
+/// Longest MSH-10 accepted (HL7 2.7, ST).
+const MAX_CONTROL_ID: usize = 199;
+/// Longest MSH-3 and MSH-4 accepted (HL7 2.7, HD).
+const MAX_HD: usize = 227;
 
 /// Where messages come from: one per connection or gRPC stream.
 #[derive(Debug, Clone)]
@@ -66,7 +72,76 @@ pub struct Reply {
     pub frame: Bytes,
     /// The envelope published, if any.
     pub envelope_id: String,
-    dedup_key: Option<Box<[u8]>>,
+    ticket: Option<Ticket>,
+}
+
+/// What the duplicate window needs to remember an accepted message once that is safe: its key, the digest
+/// of its bytes, and in fast mode the meeting point of the ACK and Kafka's confirmation.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    key: Key,
+    digest: u64,
+    fast: Option<Arc<FastStore>>,
+}
+
+/// Fast mode answers before Kafka confirms, so a message is remembered only once both its ACK was written
+/// and Kafka stored it: a resend of a message Kafka never took is published again, not answered from memory.
+#[derive(Debug, Default)]
+struct FastStore(Mutex<FastState>);
+
+#[derive(Debug, Default)]
+enum FastState {
+    #[default]
+    Waiting,
+    Acked(Bytes),
+    Stored,
+    Failed,
+}
+
+impl FastStore {
+    /// The ACK was written; returns it when Kafka already confirmed (remember it now).
+    fn acked(&self, ack: Bytes) -> Option<Bytes> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match *g {
+            FastState::Stored => Some(ack),
+            FastState::Waiting => {
+                *g = FastState::Acked(ack);
+                None
+            }
+            FastState::Acked(_) | FastState::Failed => None,
+        }
+    }
+
+    /// Kafka confirmed; returns the ACK when it was already written (remember it now).
+    fn stored(&self) -> Option<Bytes> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *g, FastState::Stored) {
+            FastState::Acked(ack) => Some(ack),
+            _ => None,
+        }
+    }
+
+    fn failed(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = FastState::Failed;
+    }
+}
+
+/// One message waiting for Kafka in the `in_flight` gauge, for as long as it is held: a message dropped
+/// unanswered (peer gone, gRPC call cancelled) leaves the gauge with it.
+#[derive(Debug)]
+pub struct InFlight(Gauge);
+
+impl InFlight {
+    fn new(g: &Gauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Reply {
@@ -88,9 +163,10 @@ pub enum Pending {
         delivery: DeliveryFuture,
         started: Instant,
         envelope_id: String,
-        dedup_key: Option<Box<[u8]>>,
+        ticket: Option<Ticket>,
         msg_type: MsgType,
         span: Span,
+        in_flight: InFlight,
     },
 }
 
@@ -98,7 +174,7 @@ pub enum Pending {
 pub struct Pipeline {
     cfg: Arc<Config>,
     producer: FutureProducer,
-    dedup: Dedup,
+    dedup: Arc<Dedup>,
     pub metrics: IngressMetrics,
     key_paths: Vec<hl7v2::Path>,
     fallback: Charset,
@@ -128,7 +204,11 @@ impl Pipeline {
             v >>= 5;
         }
         Self {
-            dedup: Dedup::new(cfg.duplicate_window, cfg.duplicate_capacity),
+            dedup: Arc::new(Dedup::new(
+                cfg.duplicate_window,
+                cfg.duplicate_capacity,
+                cfg.duplicate_max_bytes,
+            )),
             cfg,
             producer,
             metrics,
@@ -178,22 +258,31 @@ impl Pipeline {
             Ok(c) => c,
             Err(r) => return Pending::Ready(self.reject(frame, r, origin, sequence, received)),
         };
-        let dedup_key = self
-            .dedup
-            .enabled()
-            .then(|| dedup::key(h.sending_application, h.sending_facility, h.control_id));
-        if let Some(ack) = dedup_key
-            .as_deref()
-            .and_then(|k| self.dedup.lookup(k, Instant::now()))
-        {
-            self.metrics.message(t, outcome::DUPLICATE);
-            tracing::debug!(parent: &span, "duplicate: replaying the first ACK");
-            return Pending::Ready(Reply {
-                action: Action::Replay(ack),
-                frame,
-                envelope_id: String::new(),
-                dedup_key: None,
-            });
+        let mut ticket = self.dedup.enabled().then(|| Ticket {
+            key: self
+                .dedup
+                .key(&[h.sending_application, h.sending_facility, h.control_id]),
+            digest: self.dedup.digest(&frame),
+            fast: None,
+        });
+        if let Some(tk) = &ticket {
+            match self.dedup.lookup(tk.key, tk.digest, Instant::now()) {
+                Seen::New => {}
+                Seen::Resend(ack) => {
+                    self.metrics.message(t, outcome::DUPLICATE);
+                    tracing::debug!(parent: &span, "duplicate: replaying the first ACK");
+                    return Pending::Ready(Reply {
+                        action: Action::Replay(ack),
+                        frame,
+                        envelope_id: String::new(),
+                        ticket: None,
+                    });
+                }
+                Seen::Reused => {
+                    self.metrics.control_id_reused.inc();
+                    tracing::info!(parent: &span, "control id reused with other content: a new message");
+                }
+            }
         }
         let key = self.kafka_key(&msg);
         let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
@@ -222,32 +311,47 @@ impl Pipeline {
             }
         };
         match self.cfg.ack_mode {
-            AckMode::Durable => {
-                self.metrics.in_flight.inc();
-                Pending::Publishing {
-                    frame,
-                    delivery,
-                    started,
-                    envelope_id: id,
-                    dedup_key,
-                    msg_type: t,
-                    span,
-                }
-            }
+            AckMode::Durable => Pending::Publishing {
+                frame,
+                delivery,
+                started,
+                envelope_id: id,
+                ticket,
+                msg_type: t,
+                span,
+                in_flight: InFlight::new(&self.metrics.in_flight),
+            },
             AckMode::Fast => {
                 self.metrics.message(t, outcome::ACCEPTED);
                 let metrics = self.metrics.clone();
+                let fast = ticket.as_mut().map(|tk| {
+                    let f = Arc::new(FastStore::default());
+                    tk.fast = Some(f.clone());
+                    (self.dedup.clone(), tk.key, tk.digest, f)
+                });
                 tokio::spawn(async move {
-                    match delivery.await {
-                        Ok(Ok(_)) => metrics
-                            .publish_duration
-                            .observe(started.elapsed().as_secs_f64()),
+                    let stored = match delivery.await {
+                        Ok(Ok(_)) => {
+                            metrics
+                                .publish_duration
+                                .observe(started.elapsed().as_secs_f64());
+                            true
+                        }
                         Ok(Err((e, _))) => {
                             metrics.publish_failed(kafka_reason(&e));
                             tracing::error!(parent: &span, error = %e, "fast mode: an ACKed message was not stored");
+                            false
                         }
                         Err(_) => {
                             metrics.publish_failed("canceled");
+                            false
+                        }
+                    };
+                    if let Some((dedup, key, digest, f)) = fast {
+                        if !stored {
+                            f.failed();
+                        } else if let Some(ack) = f.stored() {
+                            dedup.remember(key, digest, ack, Instant::now());
                         }
                     }
                 });
@@ -255,7 +359,7 @@ impl Pipeline {
                     action: Action::Accept,
                     frame,
                     envelope_id: id,
-                    dedup_key,
+                    ticket,
                 })
             }
         }
@@ -263,29 +367,31 @@ impl Pipeline {
 
     /// Waits for Kafka's answer, bounded by `ack_timeout` from the publish.
     pub async fn resolve(&self, p: Pending) -> Reply {
-        let (frame, delivery, started, envelope_id, dedup_key, msg_type, span) = match p {
+        let (frame, delivery, started, envelope_id, ticket, msg_type, span, in_flight) = match p {
             Pending::Ready(r) => return r,
             Pending::Publishing {
                 frame,
                 delivery,
                 started,
                 envelope_id,
-                dedup_key,
+                ticket,
                 msg_type,
                 span,
+                in_flight,
             } => (
                 frame,
                 delivery,
                 started,
                 envelope_id,
-                dedup_key,
+                ticket,
                 msg_type,
                 span,
+                in_flight,
             ),
         };
         let deadline = tokio::time::Instant::from_std(started + self.cfg.ack_timeout);
         let res = tokio::time::timeout_at(deadline, delivery).await;
-        self.metrics.in_flight.dec();
+        drop(in_flight);
         match res {
             Ok(Ok(Ok(_))) => {
                 self.metrics
@@ -296,7 +402,7 @@ impl Pipeline {
                     action: Action::Accept,
                     frame,
                     envelope_id,
-                    dedup_key,
+                    ticket,
                 }
             }
             Ok(Ok(Err((e, _))))
@@ -323,18 +429,10 @@ impl Pipeline {
                         action: Action::Close,
                         frame,
                         envelope_id: String::new(),
-                        dedup_key: None,
+                        ticket: None,
                     },
                 }
             }
-        }
-    }
-
-    /// Drops a message that will not be answered (the peer left, or the connection closes on timeout): the
-    /// sender resends it. Keeps the in-flight gauge true.
-    pub fn abandon(&self, p: Pending) {
-        if let Pending::Publishing { .. } = p {
-            self.metrics.in_flight.dec();
         }
     }
 
@@ -371,7 +469,7 @@ impl Pipeline {
             ),
         };
         let wanted = accept_ack_wanted(&h, outcome);
-        let remember = outcome == Outcome::Accept && r.dedup_key.is_some();
+        let remember = outcome == Outcome::Accept && r.ticket.is_some();
         if !wanted && !remember {
             return None;
         }
@@ -390,9 +488,15 @@ impl Pipeline {
             },
         );
         // Remember accepted messages even when MSH-15 asked for no ACK, so a resend is not published twice.
-        if let (true, Some(k)) = (remember, &r.dedup_key) {
-            self.dedup
-                .remember(k.clone(), Bytes::copy_from_slice(buf), Instant::now());
+        if let (true, Some(tk)) = (remember, &r.ticket) {
+            let ack = Bytes::copy_from_slice(buf);
+            let now_safe = match &tk.fast {
+                None => Some(ack),
+                Some(f) => f.acked(ack),
+            };
+            if let Some(ack) = now_safe {
+                self.dedup.remember(tk.key, tk.digest, ack, Instant::now());
+            }
         }
         if !wanted {
             buf.clear();
@@ -414,7 +518,7 @@ impl Pipeline {
             }),
             frame: Bytes::new(),
             envelope_id: String::new(),
-            dedup_key: None,
+            ticket: None,
         }
     }
 
@@ -445,6 +549,23 @@ impl Pipeline {
                 text: "MSH-10 (message control id) is empty".into(),
                 location: Some((b"MSH", 10)),
             });
+        }
+        // The standard's lengths (HL7 2.7: MSH-10 ST 199, MSH-3/4 HD 227); longer values would let crafted
+        // messages make every key, ACK and log line large.
+        for (field, value, max) in [
+            (10, h.control_id, MAX_CONTROL_ID),
+            (3, h.sending_application, MAX_HD),
+            (4, h.sending_facility, MAX_HD),
+        ] {
+            if value.len() > max {
+                return Err(Rejected {
+                    outcome: Outcome::Error,
+                    code: ErrorCode::ValueTooLong,
+                    reason: "value_too_long",
+                    text: format!("MSH-{field} is longer than {max} characters"),
+                    location: Some((b"MSH", field)),
+                });
+            }
         }
         if h.version.is_empty()
             || !self
@@ -573,7 +694,7 @@ impl Pipeline {
             }),
             frame,
             envelope_id: String::new(),
-            dedup_key: None,
+            ticket: None,
         }
     }
 
@@ -630,7 +751,7 @@ impl Pipeline {
             action: Action::Reject(r),
             frame,
             envelope_id: id,
-            dedup_key: None,
+            ticket: None,
         }
     }
 }

@@ -693,6 +693,30 @@ async fn fast_mode_acks_and_stores_every_message() {
     );
 }
 
+/// Issue 9, item 1: in fast mode a message's ACK is remembered for duplicate detection only once Kafka stored
+/// it; a resend that arrives before (or after a failed publish) is published again instead of being answered
+/// from memory for a message Kafka never took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_mode_does_not_remember_an_ack_before_its_publish_succeeded() {
+    let mut env = unreachable_env(None);
+    env.push(("HL7GW_ACK_MODE", "fast".to_owned()));
+    let ingress = Ingress::start_with(&env, &[], false);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let first = c.call(&adt("FASTLOST1", "P1")).await.unwrap();
+    assert_eq!(msa(&first), ("AA".to_owned(), "FASTLOST1".to_owned()));
+    let again = c.call(&adt("FASTLOST1", "P1")).await.unwrap();
+    assert_eq!(msa(&again), ("AA".to_owned(), "FASTLOST1".to_owned()));
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
+        0.0,
+        "a resend was answered from memory although its first copy was never stored"
+    );
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"accepted\"}"),
+        2.0
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // 9. An unreachable broker and `on_timeout`
 
@@ -760,6 +784,42 @@ async fn unreachable_broker_with_on_timeout_nak_answers_ar_207() {
     assert_eq!(ingress.metric("hl7gw_ingress_acks_total{code=\"AA\"}"), 0.0);
     assert_eq!(ingress.metric("hl7gw_ingress_acks_total{code=\"AR\"}"), 3.0);
     assert_not_ready(&ingress);
+}
+
+/// Issue 9: a gRPC `Send` whose caller gives up (deadline, cancel) while the message waits for Kafka must not
+/// leave the in-flight gauge raised forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_grpc_send_does_not_stay_in_flight() {
+    use hl7gw_runtime::proto::v1::SendRequest;
+    use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
+    let mut env = unreachable_env(None);
+    env.retain(|(k, _)| *k != "HL7GW_ACK_TIMEOUT");
+    env.push(("HL7GW_ACK_TIMEOUT", "30s".to_owned()));
+    let ingress = Ingress::start_with(&env, &[], false);
+    let mut client = IngestClient::connect(format!("http://{}", ingress.grpc))
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(SendRequest {
+        message: adt("CANCEL1", "P1").into(),
+    });
+    req.set_timeout(Duration::from_millis(300));
+    let r = client.send(req).await;
+    assert!(
+        r.is_err(),
+        "no answer within 300 ms while Kafka is away: {r:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = ingress.metric("hl7gw_ingress_in_flight");
+        if n == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "in_flight stays at {n} after the caller gave up"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

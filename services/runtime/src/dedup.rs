@@ -1,81 +1,141 @@
-//! Duplicate suppression, bounded in time and in size, per process. The ingress remembers the first ACK of a
-//! (sending application, sending facility, MSH-10) and replays it to a resend; the egress remembers what it
-//! delivered so a redelivery after a crash or rebalance is not sent again. A duplicate that lands on another
-//! pod is not caught, which consumers tolerate: delivery is at least once.
+//! Duplicate suppression, bounded in time, in entries and in bytes, per process. The ingress remembers the
+//! first ACK of a (sending application, sending facility, MSH-10) together with a digest of the message, and
+//! replays it only to a resend of the same bytes: a reused control id with other content is a new message.
+//! The egress remembers which outputs (envelope id, route) it delivered, so a redelivery after a crash or a
+//! rebalance is not sent again. Keys and digests are keyed SipHash values (random keys per process), so an
+//! entry's size does not depend on the message and crafted collisions are out of a sender's reach. A
+//! duplicate that lands on another pod is not caught, which consumers tolerate: delivery is at least once.
 
 use bytes::Bytes;
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Remembers the ACKs of recently accepted messages.
+/// What one remembered message costs besides its ACK bytes: the map entry, the expiry queue slot and the
+/// allocator's share (measured order of magnitude, not exact).
+pub const ENTRY_OVERHEAD_BYTES: usize = 96;
+
+/// A message's identity in the window (a keyed hash of its identifying fields).
+pub type Key = u64;
+
+/// The answer of [`Dedup::lookup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// Not remembered (or duplicates are off).
+    New,
+    /// The same key with the same content: a resend; its first ACK.
+    Resend(Bytes),
+    /// The same key with other content: a reused control id, a new message.
+    Reused,
+}
+
+/// Remembers recently accepted messages.
 #[derive(Debug)]
 pub struct Dedup {
     window: Duration,
     capacity: usize,
+    max_bytes: usize,
+    keys: RandomState,
+    digests: RandomState,
     inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    digest: u64,
+    ack: Bytes,
+    at: Instant,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    acks: HashMap<Box<[u8]>, Bytes>,
-    order: VecDeque<(Instant, Box<[u8]>)>,
-}
-
-/// The key of a message: its sender and control id.
-pub fn key(app: &[u8], facility: &[u8], control_id: &[u8]) -> Box<[u8]> {
-    let mut k = Vec::with_capacity(app.len() + facility.len() + control_id.len() + 2);
-    k.extend_from_slice(app);
-    k.push(0);
-    k.extend_from_slice(facility);
-    k.push(0);
-    k.extend_from_slice(control_id);
-    k.into_boxed_slice()
+    entries: HashMap<Key, Entry>,
+    order: VecDeque<(Instant, Key)>,
+    bytes: usize,
 }
 
 impl Dedup {
-    /// A cache of at most `capacity` ACKs kept for `window` (either 0 turns it off).
-    pub fn new(window: Duration, capacity: usize) -> Self {
+    /// A cache of at most `capacity` entries and `max_bytes` bytes, each kept for `window` (any 0 turns it
+    /// off).
+    pub fn new(window: Duration, capacity: usize, max_bytes: usize) -> Self {
         Self {
             window,
             capacity,
+            max_bytes,
+            keys: RandomState::new(),
+            digests: RandomState::new(),
             inner: Mutex::new(Inner::default()),
         }
     }
 
     /// True when duplicates are tracked.
     pub fn enabled(&self) -> bool {
-        !self.window.is_zero() && self.capacity > 0
+        !self.window.is_zero() && self.capacity > 0 && self.max_bytes > ENTRY_OVERHEAD_BYTES
     }
 
-    /// The ACK first sent for `key`, if it was accepted within the window.
-    pub fn lookup(&self, key: &[u8], now: Instant) -> Option<Bytes> {
+    /// The key of a message from its identifying parts (each length-prefixed, so `("ab", "c")` and
+    /// `("a", "bc")` differ).
+    pub fn key(&self, parts: &[&[u8]]) -> Key {
+        let mut h = self.keys.build_hasher();
+        for p in parts {
+            h.write_usize(p.len());
+            h.write(p);
+        }
+        h.finish()
+    }
+
+    /// The digest of a message's bytes.
+    pub fn digest(&self, payload: &[u8]) -> u64 {
+        let mut h = self.digests.build_hasher();
+        h.write(payload);
+        h.finish()
+    }
+
+    /// Whether `key` was accepted within the window, and with the same content (`digest`).
+    pub fn lookup(&self, key: Key, digest: u64, now: Instant) -> Seen {
         if !self.enabled() {
-            return None;
+            return Seen::New;
         }
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.expire(now, self.window);
-        g.acks.get(key).cloned()
+        match g.entries.get(&key) {
+            None => Seen::New,
+            Some(e) if e.digest == digest => Seen::Resend(e.ack.clone()),
+            Some(_) => Seen::Reused,
+        }
     }
 
-    /// Remembers the ACK of an accepted message.
-    pub fn remember(&self, key: Box<[u8]>, ack: Bytes, now: Instant) {
+    /// Remembers an accepted message (replacing what its key held) and its ACK.
+    pub fn remember(&self, key: Key, digest: u64, ack: Bytes, now: Instant) {
         if !self.enabled() {
+            return;
+        }
+        let cost = ENTRY_OVERHEAD_BYTES + ack.len();
+        if cost > self.max_bytes {
             return;
         }
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.expire(now, self.window);
-        while g.acks.len() >= self.capacity {
-            match g.order.pop_front() {
-                Some((_, k)) => {
-                    g.acks.remove(&k);
-                }
-                None => break,
+        if let Some(old) = g.entries.remove(&key) {
+            g.bytes -= ENTRY_OVERHEAD_BYTES + old.ack.len();
+        }
+        while g.entries.len() >= self.capacity || g.bytes + cost > self.max_bytes {
+            if !g.evict_oldest() {
+                break;
             }
         }
-        if g.acks.insert(key.clone(), ack).is_none() {
-            g.order.push_back((now, key));
-        }
+        g.bytes += cost;
+        g.entries.insert(
+            key,
+            Entry {
+                digest,
+                ack,
+                at: now,
+            },
+        );
+        g.order.push_back((now, key));
     }
 
     /// Number of remembered messages.
@@ -83,8 +143,13 @@ impl Dedup {
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .acks
+            .entries
             .len()
+    }
+
+    /// Bytes held by the remembered messages (their ACKs and the per-entry overhead).
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).bytes
     }
 
     /// True when nothing is remembered.
@@ -94,14 +159,26 @@ impl Dedup {
 }
 
 impl Inner {
+    /// Drops the oldest queue slot and, if it is still the live one of its key, the entry. False when empty.
+    fn evict_oldest(&mut self) -> bool {
+        let Some((t, k)) = self.order.pop_front() else {
+            return false;
+        };
+        // A key remembered again has a newer slot further back; this stale one leaves its entry alone.
+        if self.entries.get(&k).is_some_and(|e| e.at == t)
+            && let Some(e) = self.entries.remove(&k)
+        {
+            self.bytes -= ENTRY_OVERHEAD_BYTES + e.ack.len();
+        }
+        true
+    }
+
     fn expire(&mut self, now: Instant, window: Duration) {
         while let Some((t, _)) = self.order.front() {
             if now.duration_since(*t) < window {
                 break;
             }
-            if let Some((_, k)) = self.order.pop_front() {
-                self.acks.remove(&k);
-            }
+            self.evict_oldest();
         }
     }
 }
@@ -110,39 +187,100 @@ impl Inner {
 mod tests {
     use super::*;
 
-    #[test]
-    fn replays_within_the_window_and_forgets_after() {
-        let d = Dedup::new(Duration::from_secs(10), 100);
-        let t0 = Instant::now();
-        let k = key(b"APP", b"FAC", b"1");
-        assert!(d.lookup(&k, t0).is_none());
-        d.remember(k.clone(), Bytes::from_static(b"ACK1"), t0);
-        assert_eq!(
-            d.lookup(&k, t0 + Duration::from_secs(9)).unwrap(),
-            &b"ACK1"[..]
-        );
-        assert!(d.lookup(&key(b"APP", b"FAC2", b"1"), t0).is_none());
-        assert!(d.lookup(&k, t0 + Duration::from_secs(10)).is_none());
-        assert!(d.is_empty());
+    fn key(d: &Dedup, app: &[u8], facility: &[u8], id: &[u8]) -> Key {
+        d.key(&[app, facility, id])
     }
 
     #[test]
-    fn bounded_in_size() {
-        let d = Dedup::new(Duration::from_secs(10), 3);
+    fn replays_a_resend_within_the_window_and_forgets_after() {
+        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
+        let t0 = Instant::now();
+        let k = key(&d, b"APP", b"FAC", b"1");
+        let digest = d.digest(b"MSH|1");
+        assert_eq!(d.lookup(k, digest, t0), Seen::New);
+        d.remember(k, digest, Bytes::from_static(b"ACK1"), t0);
+        assert_eq!(
+            d.lookup(k, digest, t0 + Duration::from_secs(9)),
+            Seen::Resend(Bytes::from_static(b"ACK1"))
+        );
+        assert_eq!(
+            d.lookup(key(&d, b"APP", b"FAC2", b"1"), digest, t0),
+            Seen::New
+        );
+        assert_eq!(d.lookup(k, digest, t0 + Duration::from_secs(10)), Seen::New);
+        assert!(d.is_empty());
+        assert_eq!(d.bytes(), 0);
+    }
+
+    #[test]
+    fn the_same_key_with_other_content_is_a_reused_control_id() {
+        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
+        let t = Instant::now();
+        let k = key(&d, b"APP", b"FAC", b"REUSED-1");
+        d.remember(k, d.digest(b"PID|MRN111"), Bytes::from_static(b"ACK1"), t);
+        assert_eq!(d.lookup(k, d.digest(b"PID|MRN222"), t), Seen::Reused);
+        // The second message replaces the first; its own resend is recognised, the first's is new again.
+        d.remember(k, d.digest(b"PID|MRN222"), Bytes::from_static(b"ACK2"), t);
+        assert_eq!(
+            d.lookup(k, d.digest(b"PID|MRN222"), t),
+            Seen::Resend(Bytes::from_static(b"ACK2"))
+        );
+        assert_eq!(d.len(), 1);
+        assert_eq!(d.bytes(), ENTRY_OVERHEAD_BYTES + 4);
+    }
+
+    #[test]
+    fn parts_are_length_prefixed() {
+        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
+        assert_ne!(d.key(&[b"ab", b"c"]), d.key(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn bounded_in_entries() {
+        let d = Dedup::new(Duration::from_secs(10), 3, 1 << 20);
         let t = Instant::now();
         for i in 0..10u8 {
-            d.remember(key(b"A", b"F", &[b'0' + i]), Bytes::new(), t);
+            d.remember(key(&d, b"A", b"F", &[b'0' + i]), 0, Bytes::new(), t);
         }
         assert_eq!(d.len(), 3);
-        assert!(d.lookup(&key(b"A", b"F", b"9"), t).is_some());
-        assert!(d.lookup(&key(b"A", b"F", b"0"), t).is_none());
+        assert!(matches!(
+            d.lookup(key(&d, b"A", b"F", b"9"), 0, t),
+            Seen::Resend(_)
+        ));
+        assert_eq!(d.lookup(key(&d, b"A", b"F", b"0"), 0, t), Seen::New);
+    }
+
+    /// Issue 9, item 13: large ACKs (long MSH fields echoed back) cannot grow the cache past its byte bound.
+    #[test]
+    fn bounded_in_bytes() {
+        let max = 64 * 1024;
+        let d = Dedup::new(Duration::from_secs(10), 1_000_000, max);
+        let t = Instant::now();
+        let ack = Bytes::from(vec![b'A'; 4000]);
+        for i in 0..1000u32 {
+            d.remember(d.key(&[&i.to_be_bytes()]), 0, ack.clone(), t);
+            assert!(d.bytes() <= max, "{} bytes after {i}", d.bytes());
+        }
+        assert_eq!(d.len(), max / (4000 + ENTRY_OVERHEAD_BYTES));
+        // The newest is kept, the oldest went first.
+        assert!(matches!(
+            d.lookup(d.key(&[&999u32.to_be_bytes()]), 0, t),
+            Seen::Resend(_)
+        ));
+        assert_eq!(d.lookup(d.key(&[&0u32.to_be_bytes()]), 0, t), Seen::New);
+        // An ACK larger than the whole budget is not remembered at all.
+        d.remember(1, 0, Bytes::from(vec![0; max]), t);
+        assert_eq!(d.lookup(1, 0, t), Seen::New);
     }
 
     #[test]
     fn off_when_window_or_capacity_is_zero() {
-        let d = Dedup::new(Duration::ZERO, 10);
+        let d = Dedup::new(Duration::ZERO, 10, 1 << 20);
         let t = Instant::now();
-        d.remember(key(b"A", b"F", b"1"), Bytes::new(), t);
-        assert!(d.lookup(&key(b"A", b"F", b"1"), t).is_none());
+        d.remember(1, 0, Bytes::new(), t);
+        assert_eq!(d.lookup(1, 0, t), Seen::New);
+        let d = Dedup::new(Duration::from_secs(1), 0, 1 << 20);
+        d.remember(1, 0, Bytes::new(), t);
+        assert_eq!(d.lookup(1, 0, t), Seen::New);
     }
 }
