@@ -33,6 +33,17 @@ impl Default for RoutesConfig {
     }
 }
 
+/// What happens to a message no route matches (see [`Config::unmatched`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unmatched {
+    /// To the DLQ with reason `unmatched` (replayable once a route takes it).
+    #[default]
+    DeadLetter,
+    /// Counted and skipped.
+    Drop,
+}
+
 /// The whole transformer configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,8 +64,15 @@ pub struct Config {
     /// Transactional id of this instance (default `hl7gw-transformer-<pod name>`); must be unique per pod.
     pub transactional_id: Option<String>,
     pub routes: RoutesConfig,
-    /// Destination for messages no route matches (absent: they are counted and skipped).
+    /// Destination for messages no route matches; when set it takes precedence over `unmatched`.
     pub default_destination: Option<String>,
+    /// What a message no route matches gets when `default_destination` is not set: `dead_letter` (the
+    /// default: it goes to `dlq_topic` with rejection reason `unmatched`, counted in
+    /// `hl7gw_transformer_dlq_writes_total{reason="unmatched"}`, so a route missing for a while loses nothing)
+    /// or `drop` (counted in `hl7gw_transformer_messages_total{outcome="unmatched"}` and skipped; its offset
+    /// is committed, so the message is gone). Messages are never routed before the first complete route list
+    /// is loaded: until then the transformer consumes nothing and is not ready.
+    pub unmatched: Unmatched,
     /// Most messages per Kafka transaction.
     pub batch_max: usize,
     /// How long a batch waits for more messages once it has one.
@@ -83,6 +101,7 @@ impl Default for Config {
             transactional_id: None,
             routes: RoutesConfig::default(),
             default_destination: None,
+            unmatched: Unmatched::default(),
             batch_max: 500,
             batch_linger: Duration::from_millis(5),
             transaction_timeout: Duration::from_secs(10),

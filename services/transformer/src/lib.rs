@@ -64,8 +64,8 @@ pub async fn run(
     let side_stop = CancellationToken::new();
 
     if let Some(path) = &cfg.routes.file {
-        let loaded = std::fs::read(path).ok();
-        source::load_file(path, &live, &metrics)?;
+        // Missing or bad at start: not fatal; the worker consumes nothing until a route list is loaded.
+        let loaded = source::load_file_at_start(path, &live, &metrics);
         tokio::spawn(source::watch_file(
             path.clone(),
             loaded,
@@ -140,9 +140,8 @@ pub async fn run(
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
     on_bound(bound);
 
-    // Topics first (inbound, DLQ, every destination's), then the subscription.
+    // Topics first (inbound, DLQ, every destination's); the worker subscribes once the routes are loaded.
     ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
-    consumer.subscribe(&[&cfg.inbound_topic])?;
     tokio::spawn(housekeeping(
         cfg.clone(),
         consumer.clone(),
@@ -216,7 +215,7 @@ pub async fn run(
 }
 
 /// Creates the inbound, DLQ and destination topics that do not exist yet.
-async fn ensure_destinations(
+pub(crate) async fn ensure_destinations(
     cfg: &Config,
     live: &source::LiveRoutes,
     known: &mut BTreeSet<String>,

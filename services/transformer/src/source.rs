@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 pub struct LiveRoutes {
     current: RwLock<Arc<Routes>>,
     loaded: AtomicBool,
+    first_load: tokio::sync::Notify,
 }
 
 impl LiveRoutes {
@@ -40,6 +41,19 @@ impl LiveRoutes {
             Err(p) => *p.into_inner() = routes,
         }
         self.loaded.store(true, Ordering::Release);
+        self.first_load.notify_waiters();
+    }
+
+    /// Returns once a first complete route list was loaded (at once if one was).
+    pub async fn wait_loaded(&self) {
+        loop {
+            // Registered before the check, so a load between the check and the await is not missed.
+            let notified = self.first_load.notified();
+            if self.is_loaded() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// True once a first set was loaded (readiness).
@@ -161,17 +175,56 @@ pub fn load_file(
     live: &LiveRoutes,
     metrics: &TransformerMetrics,
 ) -> Result<Vec<Verdict>, SourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SourceError::Read {
+    let bytes = std::fs::read(path).map_err(|source| SourceError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    let docs = parse_file(&text).map_err(|source| SourceError::Yaml {
+    load_bytes(path, &bytes, live, metrics)
+}
+
+/// Loads the routes from the content of the routes file at `path`.
+pub fn load_bytes(
+    path: &Path,
+    bytes: &[u8],
+    live: &LiveRoutes,
+    metrics: &TransformerMetrics,
+) -> Result<Vec<Verdict>, SourceError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| SourceError::Read {
+        path: path.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    let docs = parse_file(text).map_err(|source| SourceError::Yaml {
         path: path.display().to_string(),
         source,
     })?;
     let (routes, verdicts) = compile_all(&docs, &live.get());
     publish(live, routes, &verdicts, metrics);
     Ok(verdicts)
+}
+
+/// Reads the routes file at start. A file that is missing, unreadable or not YAML is not fatal: the
+/// transformer stays up, not ready and consuming nothing, until [`watch_file`] loads a good version. Returns
+/// the content read (what `watch_file` compares against), if any.
+pub fn load_file_at_start(
+    path: &Path,
+    live: &LiveRoutes,
+    metrics: &TransformerMetrics,
+) -> Option<Vec<u8>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "routes file not readable yet: consuming nothing until it is");
+            return None;
+        }
+    };
+    if let Err(e) = load_bytes(path, &bytes, live, metrics) {
+        metrics
+            .route_reloads
+            .get_or_create(&crate::metrics::ResultLabels { result: "error" })
+            .inc();
+        tracing::warn!(error = %e, "routes file not loaded: consuming nothing until it changes");
+    }
+    Some(bytes)
 }
 
 /// Re-reads the routes file whenever its content differs from `loaded` (what was loaded last), until `stop`.
@@ -189,12 +242,22 @@ pub async fn watch_file(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        let now = tokio::fs::read(&path).await.ok();
-        if now.is_none() || now == last {
+        let Some(now) = tokio::fs::read(&path).await.ok() else {
+            // Missing (or being replaced): the routes loaded last keep running.
+            continue;
+        };
+        if last.as_deref() == Some(now.as_slice()) {
             continue;
         }
-        last = now;
-        if let Err(e) = load_file(&path, &live, &metrics) {
+        // A file being written (truncated, then filled) must not be taken half-written, which could remove
+        // routes for a moment: the change is taken once two reads a moment apart agree.
+        tokio::time::sleep(interval.min(Duration::from_millis(100))).await;
+        if tokio::fs::read(&path).await.ok().as_deref() != Some(now.as_slice()) {
+            continue;
+        }
+        let result = load_bytes(&path, &now, &live, &metrics);
+        last = Some(now);
+        if let Err(e) = result {
             metrics
                 .route_reloads
                 .get_or_create(&crate::metrics::ResultLabels { result: "error" })

@@ -2,7 +2,7 @@
 //! records plus the consumer offsets, committed together: after a crash either all of a batch's effects are
 //! visible to read_committed consumers or none are, and the batch is consumed again.
 
-use crate::config::Config;
+use crate::config::{Config, Unmatched};
 use crate::engine::{PluginCaller, Route};
 use crate::metrics::{TransformerMetrics, outcome};
 use crate::source::LiveRoutes;
@@ -213,7 +213,19 @@ pub async fn route_one<P: PluginCaller>(
                 });
                 outcome::DEFAULT
             }
-            None => outcome::UNMATCHED,
+            None => {
+                if cfg.unmatched == Unmatched::DeadLetter {
+                    let mut bad = env.clone();
+                    bad.rejection = Some(Rejection {
+                        stage: "transformer".into(),
+                        reason: "unmatched".into(),
+                        detail: "no route matched the message".into(),
+                        ..Rejection::default()
+                    });
+                    records.push(dlq(cfg, bad, "unmatched", metrics));
+                }
+                outcome::UNMATCHED
+            }
         }
     } else if failed {
         outcome::FAILED
@@ -281,6 +293,23 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let p = self.producer.clone();
         blocking(move || p.init_transactions(timeout)).await?;
         tracing::info!("transactions initialised");
+        // Nothing is consumed before the first complete route list: a message read earlier would be routed
+        // by no route at all (while the API server is slow or the routes file is missing).
+        if !self.live.is_loaded() {
+            tracing::warn!("waiting for the routes before consuming");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = self.live.wait_loaded() => {}
+        }
+        crate::ensure_destinations(
+            &self.cfg,
+            &self.live,
+            &mut std::collections::BTreeSet::new(),
+        )
+        .await;
+        self.consumer.subscribe(&[&self.cfg.inbound_topic])?;
+        tracing::info!(topic = %self.cfg.inbound_topic, "routes loaded: consuming");
         let mut buf = Vec::new();
         while !stop.is_cancelled() {
             let (batch, generation) = self.gather(&stop).await?;
@@ -534,7 +563,21 @@ mod tests {
             "a",
             "{match: {messageTypes: [ADT]}, destinations: [lab]}",
         )];
+        // The default: to the DLQ with reason `unmatched`.
         let (r, m) = run(&Config::default(), &routes, &inbound(ORU)).await;
+        assert_eq!((r.outcome, r.records.len()), (outcome::UNMATCHED, 1));
+        assert_eq!(r.records[0].topic, "hl7.dlq");
+        let rej = r.records[0].envelope.rejection.as_ref().unwrap();
+        assert_eq!(
+            (rej.stage.as_str(), rej.reason.as_str()),
+            ("transformer", "unmatched")
+        );
+        assert_eq!(r.records[0].key, "F|P1");
+        let dropping = Config {
+            unmatched: Unmatched::Drop,
+            ..Config::default()
+        };
+        let (r, _) = run(&dropping, &routes, &inbound(ORU)).await;
         assert_eq!((r.outcome, r.records.len()), (outcome::UNMATCHED, 0));
         let unmatched = m
             .messages

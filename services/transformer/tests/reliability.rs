@@ -1,0 +1,286 @@
+//! The transformer's reliability promises (docs/reliability-transformer.md), each against the real binary and
+//! the real test broker: nothing is consumed before the routes are loaded, an unmatched message goes to the
+//! DLQ, a slow batch commits before its transaction times out, a broker outage is recovered in-process.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../ingress/tests/support/mod.rs"]
+mod support;
+
+use hl7gw_runtime::proto::v1::Envelope;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{KillOnDrop, broker, http_get, read_topic};
+
+/// One test's topics and consumer group.
+struct Topics {
+    id: String,
+}
+
+impl Topics {
+    fn new() -> Self {
+        Self {
+            id: uuid::Uuid::now_v7().simple().to_string(),
+        }
+    }
+    fn inbound(&self) -> String {
+        format!("r{}.inbound", self.id)
+    }
+    fn dlq(&self) -> String {
+        format!("r{}.dlq", self.id)
+    }
+    fn out(&self, destination: &str) -> String {
+        format!("r{}.out.{destination}", self.id)
+    }
+    fn group(&self) -> String {
+        format!("r{}", self.id)
+    }
+    /// The transformer's environment for these topics against `brokers`.
+    fn env(&self, brokers: &str) -> Vec<(String, String)> {
+        [
+            ("HL7GW_KAFKA_BROKERS", brokers.to_owned()),
+            ("HL7GW_INBOUND_TOPIC", self.inbound()),
+            ("HL7GW_DLQ_TOPIC", self.dlq()),
+            ("HL7GW_OUT_TOPIC_PREFIX", format!("r{}.out.", self.id)),
+            ("HL7GW_GROUP_ID", self.group()),
+            ("HL7GW_TRANSACTIONAL_ID", format!("r{}-0", self.id)),
+            ("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "3".to_owned()),
+            ("RUST_LOG", "warn".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
+/// A running transformer and its admin address.
+struct Transformer {
+    proc: KillOnDrop,
+    admin: SocketAddr,
+}
+
+impl Transformer {
+    fn start(env: &[(String, String)]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-transformer"));
+        cmd.args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("starting hl7gw-transformer");
+        let stdout = child.stdout.take().unwrap();
+        let mut proc = KillOnDrop(child);
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let admin = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("admin="))
+            .and_then(|a| a.parse().ok());
+        let Some(admin) = admin else {
+            let status = proc.0.wait().ok();
+            panic!("the transformer printed no listening line ({line:?}); it exited: {status:?}");
+        };
+        Self { proc, admin }
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.proc.0.try_wait(), Ok(None))
+    }
+
+    fn ready(&self) -> u16 {
+        http_get(self.admin, "/readyz").0
+    }
+
+    fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.ready() != 200 {
+            assert!(Instant::now() < deadline, "not ready within {limit:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The value of a metric series (exact name with labels), 0 when absent.
+    fn metric(&self, series: &str) -> f64 {
+        let (_, body) = http_get(self.admin, "/metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+fn message(kind: &str, control_id: &str, patient: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|APP|FAC|X|Y|20260101||{kind}|{control_id}|P|2.5\rPID|1||{patient}^^^FAC^MR||DOE^JANE\r"
+    )
+    .into_bytes()
+}
+
+/// Produces one envelope per message to `topic`, keyed by facility and patient as the ingress does.
+async fn produce(brokers: &str, topic: &str, messages: &[Vec<u8>]) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    for (i, raw) in messages.iter().enumerate() {
+        let m = hl7v2::Message::parse(raw).unwrap();
+        let env = Envelope {
+            id: format!("e{i}"),
+            raw: raw.clone().into(),
+            header: Some(hl7gw_runtime::envelope::header(
+                m.header(),
+                hl7v2::Charset::Utf8,
+            )),
+            key: format!("FAC|P{i}"),
+            ..Envelope::default()
+        };
+        let mut payload = Vec::new();
+        hl7gw_runtime::envelope::encode_into(&env, &mut payload);
+        producer
+            .send(
+                FutureRecord::to(topic).key(&env.key).payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// The offsets the group committed on the topic's three partitions (None where nothing was committed).
+fn committed(brokers: &str, group: &str, topic: &str) -> Vec<Option<i64>> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition(topic, p);
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    got.elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+fn route_file(path: &Path) {
+    std::fs::write(
+        path,
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: adt}\nspec:\n  match: {messageTypes: ['ADT^*']}\n  destinations: [adt]\n",
+    )
+    .unwrap();
+}
+
+/// Item 2: with the routes file missing at start, the transformer stays up, not ready, and consumes and commits
+/// nothing; once the file appears every message is routed, and the unmatched one goes to the DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_consumed_before_the_routes_are_loaded() {
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    let brokers = broker();
+    let adts: Vec<Vec<u8>> = (0..4)
+        .map(|i| message("ADT^A01", &format!("W{i}"), &format!("MRN{i}")))
+        .collect();
+    let mut all = adts.clone();
+    all.push(message("ORU^R01", "W-ORU", "MRN9"));
+    produce(brokers, &t.inbound(), &all).await;
+
+    let mut env = t.env(brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    env.push(("HL7GW_ROUTES__RELOAD_INTERVAL".into(), "200ms".into()));
+    let mut tr = Transformer::start(&env);
+
+    // Several seconds without routes: up, not ready, nothing routed, nothing committed.
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        assert!(tr.running(), "the transformer exited without routes");
+        assert_eq!(tr.ready(), 503, "ready without routes");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        committed(brokers, &t.group(), &t.inbound()),
+        [None, None, None],
+        "offsets committed before any route was loaded"
+    );
+    assert_eq!(
+        tr.metric("hl7gw_transformer_messages_total{message_type=\"ADT\",outcome=\"unmatched\"}"),
+        0.0
+    );
+
+    // The routes appear: ready, and every message is routed or dead-lettered as unmatched.
+    route_file(&routes);
+    tr.wait_ready(Duration::from_secs(30));
+    let out = read_topic(brokers, &t.out("adt"), adts.len(), Duration::from_secs(60));
+    let mut ids: Vec<String> = out
+        .iter()
+        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["W0", "W1", "W2", "W3"]);
+    let dlq = read_topic(brokers, &t.dlq(), 1, Duration::from_secs(30));
+    assert_eq!(dlq.len(), 1);
+    let rej = dlq[0].envelope.rejection.clone().unwrap_or_default();
+    assert_eq!(
+        (rej.stage.as_str(), rej.reason.as_str()),
+        ("transformer", "unmatched")
+    );
+    assert_eq!(
+        tr.metric("hl7gw_transformer_dlq_writes_total{reason=\"unmatched\"}"),
+        1.0
+    );
+    assert!(tr.running());
+}
+
+/// Item 2, Kubernetes source: an API server that does not answer (a closed port) means no routes: the
+/// transformer stays up and not ready, and consumes and commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_api_server_means_nothing_is_consumed() {
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let closed = support::free_port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'http://127.0.0.1:{closed}'}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u, namespace: hl7gw}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    let brokers = broker();
+    let msgs: Vec<Vec<u8>> = (0..3)
+        .map(|i| message("ADT^A01", &format!("K{i}"), &format!("MRN{i}")))
+        .collect();
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(brokers);
+    env.push(("HL7GW_ROUTES__KUBERNETES".into(), "true".into()));
+    env.push(("KUBECONFIG".into(), kubeconfig.to_str().unwrap().to_owned()));
+    let mut tr = Transformer::start(&env);
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        assert!(tr.running(), "the transformer exited");
+        assert_eq!(tr.ready(), 503);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        committed(brokers, &t.group(), &t.inbound()),
+        [None, None, None],
+        "offsets committed while no route list was ever loaded"
+    );
+    assert!(read_topic(brokers, &t.dlq(), 0, Duration::from_secs(4)).is_empty());
+}
