@@ -1,10 +1,13 @@
 //! An MLLP client for one receiver: one persistent connection (plain TCP or TLS), reconnected on the next
-//! send after any failure; connect and response timeouts.
+//! send after any failure; connect and response timeouts. An answer counts only when its MSA-2 names the
+//! message sent: a late or extra ACK (an application ACK after an accept ACK) is discarded, never taken as
+//! the answer to the next message.
 
 use crate::config::Destination;
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use hl7v2::MllpCodec;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls_pki_types::ServerName;
 use std::sync::Arc;
@@ -28,6 +31,8 @@ pub enum SendError {
     ResponseTimeout,
     #[error("the receiver closed the connection without answering")]
     Closed,
+    #[error("{0} answers in a row named other messages")]
+    Unmatched(u32),
 }
 
 impl SendError {
@@ -40,6 +45,7 @@ impl SendError {
             Self::Io(_) => "io_error",
             Self::ResponseTimeout => "response_timeout",
             Self::Closed => "closed",
+            Self::Unmatched(_) => "unmatched_acks",
         }
     }
 }
@@ -83,7 +89,12 @@ pub struct MllpClient {
     tls: Option<Tls>,
     conn: Option<Framed<Box<dyn Io>, MllpCodec>>,
     connected: Gauge,
+    unmatched: Counter,
 }
+
+/// Most answers naming other messages read for one send before the connection is dropped and the message
+/// sent again on a new one.
+const MAX_UNMATCHED: u32 = 16;
 
 impl std::fmt::Debug for MllpClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,13 +106,20 @@ impl std::fmt::Debug for MllpClient {
 }
 
 impl MllpClient {
-    /// A client that connects on first use; `connected` counts this destination's open connections.
-    pub fn new(dest: Arc<Destination>, tls: Option<Tls>, connected: Gauge) -> Self {
+    /// A client that connects on first use; `connected` counts this destination's open connections and
+    /// `unmatched` the answers discarded because their MSA-2 named another message.
+    pub fn new(
+        dest: Arc<Destination>,
+        tls: Option<Tls>,
+        connected: Gauge,
+        unmatched: Counter,
+    ) -> Self {
         Self {
             dest,
             tls,
             conn: None,
             connected,
+            unmatched,
         }
     }
 
@@ -139,12 +157,15 @@ impl MllpClient {
         }
     }
 
-    /// Sends one message and waits for the receiver's answer frame. Any failure closes the connection.
-    pub async fn send(&mut self, message: &[u8]) -> Result<BytesMut, SendError> {
+    /// Sends one message and waits for the receiver's answer to it: the first frame whose MSA-2 is
+    /// `control_id` (or empty, or not an ACK at all, which the caller judges). Any failure closes the
+    /// connection.
+    pub async fn send(&mut self, message: &[u8], control_id: &[u8]) -> Result<BytesMut, SendError> {
         if self.conn.is_none() {
             self.connect().await?;
         }
         let timeout = self.dest.response_timeout;
+        let unmatched = &self.unmatched;
         let result = match self.conn.as_mut() {
             None => Err(SendError::Closed),
             Some(conn) => {
@@ -152,10 +173,23 @@ impl MllpClient {
                     conn.send(message)
                         .await
                         .map_err(|e| SendError::Io(e.to_string()))?;
-                    match conn.next().await {
-                        Some(Ok(frame)) => Ok(frame),
-                        Some(Err(e)) => Err(SendError::Io(e.to_string())),
-                        None => Err(SendError::Closed),
+                    let mut skipped = 0;
+                    loop {
+                        let frame = match conn.next().await {
+                            Some(Ok(frame)) => frame,
+                            Some(Err(e)) => return Err(SendError::Io(e.to_string())),
+                            None => return Err(SendError::Closed),
+                        };
+                        match hl7v2::read_ack(&frame) {
+                            Some((_, id)) if !id.is_empty() && id != control_id => {
+                                unmatched.inc();
+                                skipped += 1;
+                                if skipped >= MAX_UNMATCHED {
+                                    return Err(SendError::Unmatched(skipped));
+                                }
+                            }
+                            _ => return Ok(frame),
+                        }
                     }
                 };
                 tokio::time::timeout(timeout, exchange)

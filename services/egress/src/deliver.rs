@@ -5,7 +5,7 @@
 use crate::client::{MllpClient, SendError, Tls};
 use crate::config::{Config, Destination};
 use crate::metrics::{DestMetrics, EgressMetrics, ReasonLabels};
-use hl7gw_runtime::dedup::{self, Dedup};
+use hl7gw_runtime::dedup::{Dedup, Seen};
 use hl7gw_runtime::envelope;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection};
 use hl7v2::AckCode;
@@ -165,6 +165,7 @@ impl DestCtx {
             self.dest.clone(),
             self.tls.clone(),
             self.m.connections_active.clone(),
+            self.m.unmatched_acks.clone(),
         );
         while let Some((generation, m)) = rx.recv().await {
             if generation != self.consumer.context().generation() {
@@ -224,12 +225,19 @@ impl DestCtx {
         if let Some(tc) = &env.trace {
             hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
         }
-        let key = dedup::key(b"", h.sending_facility.as_bytes(), h.control_id.as_bytes());
-        if self.dedup.enabled() && self.dedup.lookup(&key, Instant::now()).is_some() {
+        // One output is one envelope (its id, given at the ingress) through one route: two senders that share a
+        // control id, or two routes to this destination, are different outputs.
+        let key = (!env.id.is_empty() && self.dedup.enabled())
+            .then(|| self.dedup.key(&[env.id.as_bytes(), env.route.as_bytes()]));
+        if let Some(key) = key
+            && self.dedup.lookup(key, 0, Instant::now()) != Seen::New
+        {
             self.m.duplicates_suppressed.inc();
             tracing::info!(parent: &span, "delivered within the duplicate window: not sent again");
             return Done::Settled;
         }
+        // The receiver answers the control id it reads in the message sent (a route may have changed it).
+        let sent_id = hl7v2::Header::salvage(&env.raw).control_id;
         let retry = &self.dest.retry;
         let mut attempt = env.attempts;
         let mut tries = 0u32;
@@ -237,7 +245,7 @@ impl DestCtx {
             attempt += 1;
             tries += 1;
             let started = Instant::now();
-            let result = client.send(&env.raw).await;
+            let result = client.send(&env.raw, sent_id).await;
             let reason: &'static str;
             let mut last_ack = None;
             match result {
@@ -254,9 +262,13 @@ impl DestCtx {
                         match code {
                             AckCode::AA | AckCode::CA => {
                                 self.accepted(&env, started);
-                                if self.dedup.enabled() {
-                                    self.dedup
-                                        .remember(key, bytes::Bytes::new(), Instant::now());
+                                if let Some(key) = key {
+                                    self.dedup.remember(
+                                        key,
+                                        0,
+                                        bytes::Bytes::new(),
+                                        Instant::now(),
+                                    );
                                 }
                                 if tries > 1 {
                                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);

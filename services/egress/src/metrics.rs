@@ -32,6 +32,7 @@ pub struct EgressMetrics {
     pub retries: Family<ReasonLabels, Counter>,
     pub dlq_writes: Family<ReasonLabels, Counter>,
     pub duplicates_suppressed: Family<DestLabels, Counter>,
+    pub unmatched_acks: Family<DestLabels, Counter>,
     pub replayed: Family<DestLabels, Counter>,
     pub connections_active: Family<DestLabels, Gauge>,
     pub consumer_lag: Family<DestLabels, Gauge>,
@@ -52,6 +53,7 @@ impl EgressMetrics {
             retries: Family::default(),
             dlq_writes: Family::default(),
             duplicates_suppressed: Family::default(),
+            unmatched_acks: Family::default(),
             replayed: Family::default(),
             connections_active: Family::default(),
             consumer_lag: Family::default(),
@@ -79,6 +81,11 @@ impl EgressMetrics {
             "duplicates_suppressed",
             "Messages not sent again because they were delivered within the duplicate window",
             m.duplicates_suppressed.clone(),
+        );
+        r.register(
+            "unmatched_acks",
+            "Receivers' answers whose MSA-2 named another message than the one sent: discarded",
+            m.unmatched_acks.clone(),
         );
         r.register(
             "replayed",
@@ -116,6 +123,7 @@ impl EgressMetrics {
 pub struct DestMetrics {
     pub delivered: Counter,
     pub duplicates_suppressed: Counter,
+    pub unmatched_acks: Counter,
     pub connections_active: Gauge,
     pub delivery_duration: Histogram,
     pub end_to_end: Histogram,
@@ -156,6 +164,7 @@ impl EgressMetrics {
         DestMetrics {
             delivered: self.delivered.get_or_create(&d).clone(),
             duplicates_suppressed: self.duplicates_suppressed.get_or_create(&d).clone(),
+            unmatched_acks: self.unmatched_acks.get_or_create(&d).clone(),
             connections_active: self.connections_active.get_or_create(&d).clone(),
             delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
             end_to_end: self.end_to_end.get_or_create(&d).clone(),

@@ -241,3 +241,173 @@ impl WaitOrKill for std::process::Child {
         }
     }
 }
+
+/// Two routes that both lead to `lab`, as an integration engineer writes when one feed needs two shapes.
+const TWO_ROUTES: &str = "\
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {name: adt-to-lab}
+spec:
+  match: {messageTypes: ['ADT^A*']}
+  transforms:
+    - set: {path: MSH-5, value: LAB}
+    - mask: {path: PID-5}
+  destinations: [lab]
+---
+apiVersion: hl7gw.io/v1alpha1
+kind: HL7Route
+metadata: {name: adt-copy-to-lab}
+spec:
+  match: {messageTypes: ['ADT^A*']}
+  transforms:
+    - set: {path: MSH-5, value: LAB}
+    - set: {path: MSH-6, value: COPY}
+    - mask: {path: PID-5}
+  destinations: [lab]
+";
+
+/// An ADT^A01 from `app` at facility `FAC`.
+fn adt_from(app: &str, control_id: &str, patient: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|{app}|FAC|HL7GW|HL7GW|20261123120000||ADT^A01^ADT_A01|{control_id}|P|2.5.1\r\
+         EVN|A01|20261123120000\r\
+         PID|1||{patient}^^^FAC^MR||DOE^JANE||19700101|F\r"
+    )
+    .into_bytes()
+}
+
+/// Issue 9, item 3: the egress's duplicate window knows one output by its envelope id and route, not by the
+/// untransformed (MSH-4, MSH-10): two sending applications of one facility that use the same control id, and
+/// two routes to one destination, are four different messages and all four reach the receiver.
+#[test]
+fn two_senders_of_one_facility_and_two_routes_to_one_destination_all_arrive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    std::fs::write(p.dir.path().join("routes.yaml"), TWO_ROUTES).unwrap();
+    p.start_all(None);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
+        let mut c = support::Mllp::connect(addr).await;
+        for app in ["ADMIT", "REGISTER"] {
+            let ack = c.call(&adt_from(app, "SAME-1", "MRN42")).await.unwrap();
+            assert_eq!(support::ack_code(&ack), "AA");
+        }
+    });
+    let dir = p.received_dir();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = received(&dir).copies.get("SAME-1").copied().unwrap_or(0);
+        if n >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} of 4 outputs (2 senders x 2 routes) reached the receiver"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(received(&dir).copies.get("SAME-1").copied(), Some(4));
+}
+
+/// A receiver that answers every message twice, as enhanced-mode receivers do: first the accept ACK (CA, or CR
+/// for control ids ending in `-3`), then later an application ACK (AA). Returns the task.
+async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
+    use futures_util::{SinkExt, StreamExt};
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::default());
+                let mut n = 0u32;
+                while let Some(Ok(frame)) = f.next().await {
+                    let m = hl7v2::Message::parse(&frame).unwrap();
+                    let cid = String::from_utf8_lossy(m.get("MSH-10").unwrap()).into_owned();
+                    let accept = if cid.ends_with("-3") { "CR" } else { "CA" };
+                    for code in [accept, "AA"] {
+                        n += 1;
+                        let ack = format!(
+                            "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{n}|P|2.5.1\rMSA|{code}|{cid}\r"
+                        );
+                        if f.send(ack.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    })
+}
+
+/// Issue 9, item 4: the egress matches MSA-2 to the control id it sent. A receiver that sends an accept ACK
+/// and then an application ACK must not shift every answer by one: the message the receiver refused (CR) is
+/// dead-lettered, and no other is.
+#[test]
+fn answers_are_matched_by_msa2_not_by_arrival() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut p = Pipeline::new();
+        let _receiver = two_ack_receiver(p.receiver_port).await;
+        p.start_egress();
+        p.start_transformer();
+        p.start_ingress();
+        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
+        let mut c = support::Mllp::connect(addr).await;
+        let ids: Vec<String> = (1..=6).map(|i| format!("TWOACK-{i}")).collect();
+        for id in &ids {
+            // One patient: one partition, one connection, in order.
+            let ack = c.call(&adt_from("ADMIT", id, "MRN7")).await.unwrap();
+            assert_eq!(support::ack_code(&ack), "AA");
+        }
+        let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = egress
+                .status(StatusRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            let d = &s.destinations[0];
+            if d.delivered + d.dead_lettered >= 6 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not settled: {d:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let dead: Vec<String> = egress
+            .list_dead_letters(ListDeadLettersRequest {
+                destination: "lab".into(),
+                ..ListDeadLettersRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .dead_letters
+            .into_iter()
+            .map(|d| d.control_id)
+            .collect();
+        assert_eq!(
+            dead,
+            ["TWOACK-3"],
+            "only the refused message is a dead letter"
+        );
+        let s = egress
+            .status(StatusRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(s.destinations[0].delivered, 5);
+    });
+}

@@ -8,6 +8,7 @@ mod support;
 
 use hl7gw_egress::client::{MllpClient, Tls};
 use hl7gw_egress::config::{ClientTls, Destination, RetryPolicy};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -64,7 +65,7 @@ async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate()
     };
     let client = |d: Destination| {
         let tls = Tls::from_config(&d).unwrap();
-        MllpClient::new(Arc::new(d), tls, Gauge::default())
+        MllpClient::new(Arc::new(d), tls, Gauge::default(), Counter::default())
     };
 
     let connected = Gauge::default();
@@ -73,12 +74,16 @@ async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate()
         Arc::new(d.clone()),
         Tls::from_config(&d).unwrap(),
         connected.clone(),
+        Counter::default(),
     );
-    let ack = ok.send(msg).await.expect("an ACK over mutual TLS");
+    let ack = ok
+        .send(msg, b"TLS-1")
+        .await
+        .expect("an ACK over mutual TLS");
     assert_eq!(hl7v2::read_ack(&ack).unwrap().0.as_str(), "AA");
     assert_eq!(connected.get(), 1, "one persistent connection");
     let ack = ok
-        .send(msg)
+        .send(msg, b"TLS-1")
         .await
         .expect("a second message on the same connection");
     assert_eq!(hl7v2::read_ack(&ack).unwrap().0.as_str(), "AA");
@@ -87,7 +92,7 @@ async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate()
     for cert in [None, Some("intruder")] {
         let mut refused = client(destination(&addr, tls(cert)));
         assert!(
-            refused.send(msg).await.is_err(),
+            refused.send(msg, b"TLS-1").await.is_err(),
             "a client with {cert:?} must not get an answer"
         );
     }
