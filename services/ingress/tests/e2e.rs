@@ -222,6 +222,18 @@ async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
             "200",
             "missing_message_type",
         ),
+        // Issue 9, item 13: MSH-10 is at most 199 characters (HL7 2.7 ST); a longer one would let a few
+        // crafted messages fill the duplicate window's memory.
+        (
+            format!(
+                "MSH|^~\\&|A|B|C|D|2020||ADT^A01|{}|P|2.5\rPID|1",
+                "L".repeat(200)
+            )
+            .into_bytes(),
+            "AE",
+            "104",
+            "value_too_long",
+        ),
     ];
     for (payload, code, err, reason) in &cases {
         let mut c = Mllp::connect(addr).await;
@@ -325,6 +337,49 @@ async fn duplicates_get_the_first_ack_and_are_published_once() {
     assert_eq!(
         ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
         2.0
+    );
+}
+
+/// Issue 9, item 1: senders reuse control ids (a counter reset on restart, two interfaces with one MSH-3/4).
+/// A message whose (MSH-3, MSH-4, MSH-10) was seen but whose bytes differ is a new message: published and
+/// answered, never given the first message's ACK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_control_id_with_other_content_is_a_new_message() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let first = c.call(&adt("REUSED-1", "MRN111")).await.unwrap();
+    let second = c.call(&adt("REUSED-1", "MRN222")).await.unwrap();
+    assert_eq!(ack_code(&first), "AA");
+    assert_eq!(ack_code(&second), "AA");
+    assert_ne!(first, second, "the second patient got the first one's ACK");
+    // A true resend of the second is still answered from memory.
+    let resend = c.call(&adt("REUSED-1", "MRN222")).await.unwrap();
+    assert_eq!(resend, second);
+    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let mut patients: Vec<String> = records
+        .iter()
+        .map(|r| {
+            let raw = String::from_utf8_lossy(&r.envelope.raw).into_owned();
+            if raw.contains("MRN111") {
+                "MRN111"
+            } else {
+                "MRN222"
+            }
+            .to_owned()
+        })
+        .collect();
+    patients.sort();
+    assert_eq!(
+        patients,
+        ["MRN111", "MRN222"],
+        "both admissions are stored, once each"
+    );
+    assert_eq!(ingress.metric("hl7gw_ingress_control_id_reused_total"), 1.0);
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
+        1.0
     );
 }
 
@@ -460,6 +515,32 @@ fn bad_config_is_refused_before_any_port_is_bound() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+    // Issue 9, item 5: `kafka.properties` cannot switch off what the ACK promise rests on.
+    let dir = tempfile::tempdir().unwrap();
+    for (key, value) in [
+        ("acks", "1"),
+        ("enable.idempotence", "false"),
+        ("request.required.acks", "1"),
+        ("isolation.level", "read_uncommitted"),
+        ("partition.assignment.strategy", "cooperative-sticky"),
+        ("enable.auto.commit", "true"),
+    ] {
+        let file = dir.path().join("ingress.yaml");
+        std::fs::write(
+            &file,
+            format!("kafka:\n  properties:\n    {key}: \"{value}\"\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
+            .arg("--check-config")
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "kafka.properties.{key} accepted");
+        assert!(stderr.contains(key), "{key}: {stderr}");
+    }
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
         .args(["--check-config", "--ack-mode", "fast"])
         .output()

@@ -23,8 +23,91 @@ pub struct KafkaSettings {
     pub compression: String,
     /// Partitions for topics the service creates when they are missing (0: do not create topics).
     pub create_topics_partitions: u32,
-    /// Extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...), applied last.
+    /// Extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...), applied last. The properties
+    /// the services' promises rest on ([`PROTECTED_PROPERTIES`]) are refused when the config is read.
+    #[serde(deserialize_with = "deserialize_properties")]
     pub properties: BTreeMap<String, String>,
+}
+
+/// librdkafka properties set by the code and not overridable through `kafka.properties`, each with what
+/// depends on it. A value here could turn a durable ACK into a promise Kafka never made (`acks`,
+/// idempotence), let a consumer see aborted transactions, commit offsets before the work is done, or lose the
+/// egress's queued records on a cooperative rebalance.
+pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
+    ("acks", "an AA is sent only after acks=all"),
+    ("request.required.acks", "an AA is sent only after acks=all"),
+    (
+        "enable.idempotence",
+        "the idempotent producer keeps retries from duplicating or reordering",
+    ),
+    (
+        "max.in.flight.requests.per.connection",
+        "ordering with the idempotent producer",
+    ),
+    ("max.in.flight", "ordering with the idempotent producer"),
+    (
+        "message.timeout.ms",
+        "set from ack_timeout / transaction_timeout",
+    ),
+    (
+        "delivery.timeout.ms",
+        "set from ack_timeout / transaction_timeout",
+    ),
+    (
+        "transactional.id",
+        "set from the transformer's transactional_id",
+    ),
+    (
+        "transaction.timeout.ms",
+        "set from the transformer's transaction_timeout",
+    ),
+    ("isolation.level", "consumers read committed records only"),
+    (
+        "enable.auto.commit",
+        "offsets are committed only after the work is done",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets are stored only after the work is done",
+    ),
+    (
+        "auto.offset.reset",
+        "a new consumer group starts at the earliest record, not after the backlog",
+    ),
+    (
+        "partition.assignment.strategy",
+        "the workers rely on eager rebalancing (range/roundrobin)",
+    ),
+    (
+        "group.protocol",
+        "the workers rely on the classic group protocol",
+    ),
+    ("group.id", "set from group_id / group_prefix"),
+    ("bootstrap.servers", "set from kafka_brokers"),
+    ("metadata.broker.list", "set from kafka_brokers"),
+    ("linger.ms", "set kafka.linger_ms instead"),
+    ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
+    ("compression.type", "set kafka.compression instead"),
+    ("compression.codec", "set kafka.compression instead"),
+];
+
+/// Refuses `kafka.properties` entries that collide with [`PROTECTED_PROPERTIES`].
+fn deserialize_properties<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let props = BTreeMap::<String, String>::deserialize(d)?;
+    for key in props.keys() {
+        if let Some((k, why)) = PROTECTED_PROPERTIES
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key.trim()))
+        {
+            return Err(serde::de::Error::custom(format!(
+                "kafka.properties.{k} cannot be set: {why}"
+            )));
+        }
+    }
+    Ok(props)
 }
 
 impl Default for KafkaSettings {
@@ -174,4 +257,37 @@ pub fn consumer_lag<C: ConsumerContext, K: Consumer<C>>(
         lag += (high - pos).max(0);
     }
     Ok(lag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(yaml: &str) -> Result<KafkaSettings, String> {
+        use figment::providers::Format;
+        figment::Figment::from(figment::providers::Yaml::string(yaml))
+            .extract()
+            .map_err(|e| e.to_string())
+    }
+
+    /// Issue 9, item 5: what the code relies on cannot be switched off through `kafka.properties`.
+    #[test]
+    fn protected_properties_are_refused_and_others_pass() {
+        for key in [
+            "acks",
+            "enable.idempotence",
+            "ISOLATION.LEVEL",
+            "partition.assignment.strategy",
+        ] {
+            let e = settings(&format!("properties: {{{key}: x}}")).unwrap_err();
+            assert!(
+                e.to_string().contains(&key.to_ascii_lowercase()),
+                "{key}: {e}"
+            );
+        }
+        let s =
+            settings("properties: {security.protocol: SASL_SSL, sasl.mechanism: SCRAM-SHA-512}")
+                .unwrap();
+        assert_eq!(s.properties.len(), 2);
+    }
 }
