@@ -148,6 +148,7 @@ impl Config {
         if self.kafka_brokers.trim().is_empty() {
             return rule("kafka_brokers is empty".into());
         }
+        self.kafka.validate()?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());
         }

@@ -22,6 +22,9 @@ fn main() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
+        for w in cfg.kafka.durability_warnings() {
+            eprintln!("warning: {w}");
+        }
         println!("configuration is valid");
         return Ok(());
     }

@@ -8,6 +8,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Room for the envelope around the largest message (header copy, ids, source, trace, stage).
+pub const ENVELOPE_HEADROOM: usize = 64 * 1024;
+
 /// When the sender gets its accept ACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -169,6 +172,14 @@ impl Config {
         }
         if self.max_frame_bytes < 64 {
             return rule("max_frame_bytes must be at least 64");
+        }
+        self.kafka.validate()?;
+        if self.max_frame_bytes + ENVELOPE_HEADROOM > self.kafka.max_message_bytes {
+            return Err(ConfigError::Rule(format!(
+                "max_frame_bytes ({}) plus {ENVELOPE_HEADROOM} bytes of envelope must fit kafka.max_message_bytes ({}): \
+                 raise kafka.max_message_bytes (and the topics' max.message.bytes) or lower max_frame_bytes",
+                self.max_frame_bytes, self.kafka.max_message_bytes
+            )));
         }
         if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
             return rule("max_connections and max_in_flight_per_connection must be at least 1");

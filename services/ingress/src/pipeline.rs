@@ -244,7 +244,7 @@ impl Pipeline {
                     text: e.to_string(),
                     location: None,
                 };
-                return Pending::Ready(self.reject(frame, r, origin, sequence, received));
+                return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
             }
         };
         let h = *msg.header();
@@ -256,7 +256,9 @@ impl Pipeline {
         );
         let charset = match self.validate(&h, &frame) {
             Ok(c) => c,
-            Err(r) => return Pending::Ready(self.reject(frame, r, origin, sequence, received)),
+            Err(r) => {
+                return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+            }
         };
         let mut ticket = self.dedup.enabled().then(|| Ticket {
             key: self
@@ -288,11 +290,15 @@ impl Pipeline {
         let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
         let id = envelope::new_id();
         let env = self
-            .envelope(&id, received, origin, &frame, &h, charset, sequence)
+            .envelope(&id, received, Some(origin), &frame, &h, charset, sequence)
             .with_trace(traceparent.clone(), tracestate)
             .with_key(String::from_utf8_lossy(&key).into_owned());
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
+        if payload.len() > self.cfg.kafka.max_message_bytes {
+            let r = self.too_large(payload.len());
+            return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+        }
         let hdrs = kafka_headers(&h, Some(&traceparent));
         let mut record = FutureRecord::to(&self.cfg.inbound_topic)
             .payload(&payload)
@@ -305,6 +311,10 @@ impl Pipeline {
             Ok(d) => d,
             Err((e, _)) => {
                 self.metrics.publish_failed(kafka_reason(&e));
+                if is_too_large(&e) {
+                    let r = self.too_large(payload.len());
+                    return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+                }
                 tracing::warn!(parent: &span, error = %e, "publish refused by the producer");
                 self.metrics.message(t, outcome::UNAVAILABLE);
                 return Pending::Ready(self.unavailable(frame, "kafka_unavailable"));
@@ -404,6 +414,17 @@ impl Pipeline {
                     envelope_id,
                     ticket,
                 }
+            }
+            // The topic's own limit is below the record: no resend can succeed.
+            Ok(Ok(Err((e, m)))) if is_too_large(&e) => {
+                self.metrics.publish_failed(kafka_reason(&e));
+                let size = {
+                    use rdkafka::message::Message as _;
+                    m.payload().map_or(0, <[u8]>::len)
+                };
+                tracing::warn!(parent: &span, size, "the topic refused the record as too large");
+                let r = self.too_large(size);
+                self.reject(frame, r, None, 0, SystemTime::now())
             }
             Ok(Ok(Err((e, _))))
                 if e.rdkafka_error_code()
@@ -642,7 +663,7 @@ impl Pipeline {
         &self,
         id: &str,
         received: SystemTime,
-        origin: &Origin,
+        origin: Option<&Origin>,
         frame: &Bytes,
         h: &Header<'_>,
         charset: Charset,
@@ -651,7 +672,7 @@ impl Pipeline {
         Envelope {
             id: id.to_owned(),
             received_at: Some(envelope::timestamp(received)),
-            source: Some(self.source(origin)),
+            source: origin.map(|o| self.source(o)),
             raw: frame.clone(),
             charset: charset_label(h, &self.cfg.charset_fallback),
             header: Some(envelope::header(h, charset)),
@@ -698,12 +719,28 @@ impl Pipeline {
         }
     }
 
-    /// Counts a rejection, sends the input to the DLQ (without waiting), and returns the NAK reply.
+    /// AE for a message whose record is larger than Kafka takes: permanent, the sender must not resend it.
+    fn too_large(&self, size: usize) -> Rejected {
+        Rejected {
+            outcome: Outcome::Error,
+            code: ErrorCode::ApplicationInternalError,
+            reason: "too_large",
+            text: format!(
+                "message too large for Kafka: a {size}-byte record, the limit is {} bytes",
+                self.cfg.kafka.max_message_bytes
+            ),
+            location: None,
+        }
+    }
+
+    /// Counts a rejection, sends the input to the DLQ (without waiting), and returns the NAK reply. `origin`
+    /// is unknown for a record Kafka refused after the publish. A DLQ record that would exceed the record
+    /// limit keeps the metadata and the reason but not the message itself.
     fn reject(
         &self,
         frame: Bytes,
         r: Rejected,
-        origin: &Origin,
+        origin: Option<&Origin>,
         sequence: u64,
         received: SystemTime,
     ) -> Reply {
@@ -725,6 +762,18 @@ impl Pipeline {
         });
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
+        if payload.len() > self.cfg.kafka.max_message_bytes
+            && let Some(rej) = env.rejection.as_mut()
+        {
+            rej.detail = format!(
+                "{}; the message itself ({} bytes) is not stored",
+                rej.detail,
+                env.raw.len()
+            );
+            env.raw = Bytes::new();
+            payload.clear();
+            envelope::encode_into(&env, &mut payload);
+        }
         let hdrs = kafka_headers(&h, None);
         let record = FutureRecord::<(), _>::to(&self.cfg.dlq_topic)
             .payload(&payload)
@@ -827,6 +876,15 @@ fn charset_label(h: &Header<'_>, fallback: &str) -> String {
     } else {
         String::from_utf8_lossy(h.charset).into_owned()
     }
+}
+
+/// A record over librdkafka's or the topic's size limit.
+fn is_too_large(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge)
+    )
 }
 
 fn kafka_reason(e: &rdkafka::error::KafkaError) -> &'static str {

@@ -383,6 +383,72 @@ async fn a_reused_control_id_with_other_content_is_a_new_message() {
     );
 }
 
+/// An ADT^A01 of about `size` bytes (a long NTE), for the size limits.
+fn big_adt(control_id: &str, size: usize) -> Vec<u8> {
+    let mut m = adt(control_id, "P1");
+    m.extend_from_slice(b"NTE|1||");
+    m.resize(size - 1, b'x');
+    m.push(b'\r');
+    m
+}
+
+/// Issue 9, item 9: one limit for the whole way. A message under `max_frame_bytes` (1 MiB) is stored, not
+/// answered "resend later" forever because librdkafka's own record limit (1,000,000 bytes by default) is
+/// smaller; and a message a topic refuses as too large is a permanent error for that message (AE, DLQ with
+/// reason `too_large`), never AR 207.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_size_limits_are_aligned_and_too_large_is_permanent() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let brokers = broker();
+    let (inbound, dlq, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let ack = c.call(&big_adt("BIG1", 1_040_000)).await.unwrap();
+    assert_eq!(ack_code(&ack), "AA", "{}", String::from_utf8_lossy(&ack));
+    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].envelope.raw.len(), 1_040_000);
+    drop(ingress);
+
+    // A topic whose own limit is smaller than the message.
+    let (small, dlq2, mut env) = topics_env(brokers);
+    let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let topic =
+        NewTopic::new(&small, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "200000");
+    admin
+        .create_topics([&topic], &AdminOptions::new())
+        .await
+        .unwrap();
+    env.retain(|(k, _)| *k != "HL7GW_DLQ_TOPIC");
+    env.push(("HL7GW_DLQ_TOPIC", dlq.clone()));
+    let _ = dlq2;
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let ack = c.call(&big_adt("BIG2", 300_000)).await.unwrap();
+    let m = hl7v2::Message::parse(&ack).unwrap();
+    assert_eq!(
+        m.get("MSA-1"),
+        Some(&b"AE"[..]),
+        "{}",
+        String::from_utf8_lossy(&ack)
+    );
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_rejects_total{reason=\"too_large\"}"),
+        1.0
+    );
+    let dead = read_topic(brokers, &dlq, 1, Duration::from_secs(30));
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].envelope.rejection.as_ref().unwrap().reason,
+        "too_large"
+    );
+    // The ingress goes on with messages that fit.
+    assert_eq!(ack_code(&c.call(&adt("SMALL1", "P1")).await.unwrap()), "AA");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_answers_what_was_read_and_exits_zero() {
     let brokers = broker();

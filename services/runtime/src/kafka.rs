@@ -23,6 +23,15 @@ pub struct KafkaSettings {
     pub compression: String,
     /// Partitions for topics the service creates when they are missing (0: do not create topics).
     pub create_topics_partitions: u32,
+    /// Replication factor of topics the service creates (-1: the broker's default). Production: 3.
+    pub replication_factor: i32,
+    /// `min.insync.replicas` of topics the service creates (0: the broker's default). Production: 2, so an
+    /// AA (acks=all) never rests on one disk.
+    pub min_insync_replicas: u32,
+    /// Largest record the service produces, and the `max.message.bytes` of topics it creates: one limit for
+    /// librdkafka (`message.max.bytes`) and the topics. A message whose record would be larger is refused
+    /// for good (AE and DLQ), not retried. The default (2 MiB) matches k8s/kafka/topics.yaml.
+    pub max_message_bytes: usize,
     /// Extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...), applied last. The properties
     /// the services' promises rest on ([`PROTECTED_PROPERTIES`]) are refused when the config is read.
     #[serde(deserialize_with = "deserialize_properties")]
@@ -89,6 +98,7 @@ pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
     ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
     ("compression.type", "set kafka.compression instead"),
     ("compression.codec", "set kafka.compression instead"),
+    ("message.max.bytes", "set kafka.max_message_bytes instead"),
 ];
 
 /// Refuses `kafka.properties` entries that collide with [`PROTECTED_PROPERTIES`].
@@ -116,8 +126,63 @@ impl Default for KafkaSettings {
             linger_ms: 0,
             compression: "none".into(),
             create_topics_partitions: 6,
+            replication_factor: -1,
+            min_insync_replicas: 0,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             properties: BTreeMap::new(),
         }
+    }
+}
+
+/// The default of [`KafkaSettings::max_message_bytes`]: 2 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
+
+impl KafkaSettings {
+    /// The rules serde cannot check.
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        let rule = |m: String| Err(crate::config::ConfigError::Rule(m));
+        if !(1000..=1_000_000_000).contains(&self.max_message_bytes) {
+            return rule(format!(
+                "kafka.max_message_bytes must be between 1000 and 1000000000, not {}",
+                self.max_message_bytes
+            ));
+        }
+        if self.replication_factor == 0 || self.replication_factor < -1 {
+            return rule(
+                "kafka.replication_factor must be -1 (broker default) or at least 1".into(),
+            );
+        }
+        if self.replication_factor > 0 && self.min_insync_replicas as i32 > self.replication_factor
+        {
+            return rule(format!(
+                "kafka.min_insync_replicas ({}) above kafka.replication_factor ({}): no write could succeed",
+                self.min_insync_replicas, self.replication_factor
+            ));
+        }
+        Ok(())
+    }
+
+    /// Warnings for `--check-config`: topics this service would create whose durability does not match
+    /// production (an AA resting on a single broker's disk).
+    pub fn durability_warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.create_topics_partitions == 0 {
+            return w;
+        }
+        if self.replication_factor < 3 {
+            w.push(format!(
+                "kafka.replication_factor is {}: topics created by this service may have fewer than 3 \
+                 replicas (production: 3, or create the topics yourself and set create_topics_partitions: 0)",
+                self.replication_factor
+            ));
+        }
+        if self.min_insync_replicas < 2 {
+            w.push(format!(
+                "kafka.min_insync_replicas is {}: an acknowledged write may rest on one broker (production: 2)",
+                self.min_insync_replicas
+            ));
+        }
+        w
     }
 }
 
@@ -137,6 +202,7 @@ pub fn producer_config(
         .set("max.in.flight.requests.per.connection", "5")
         .set("linger.ms", s.linger_ms.to_string())
         .set("compression.type", &s.compression)
+        .set("message.max.bytes", s.max_message_bytes.to_string())
         .set(
             "message.timeout.ms",
             delivery_timeout.as_millis().max(1).to_string(),
@@ -172,7 +238,8 @@ pub enum TopicError {
     },
 }
 
-/// Creates the topics that do not exist yet (replication factor: the broker's default).
+/// Creates the topics that do not exist yet, with the configured replication, `min.insync.replicas` and
+/// record size limit.
 pub async fn ensure_topics(
     brokers: &str,
     s: &KafkaSettings,
@@ -182,14 +249,22 @@ pub async fn ensure_topics(
         return Ok(());
     }
     let admin: AdminClient<DefaultClientContext> = base_config(brokers, s).create()?;
+    let max_bytes = s.max_message_bytes.to_string();
+    let min_isr = s.min_insync_replicas.to_string();
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| {
-            NewTopic::new(
+            let n = NewTopic::new(
                 t,
                 s.create_topics_partitions as i32,
-                TopicReplication::Fixed(-1),
+                TopicReplication::Fixed(s.replication_factor),
             )
+            .set("max.message.bytes", &max_bytes);
+            if s.min_insync_replicas > 0 {
+                n.set("min.insync.replicas", &min_isr)
+            } else {
+                n
+            }
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
@@ -289,5 +364,45 @@ mod tests {
             settings("properties: {security.protocol: SASL_SSL, sasl.mechanism: SCRAM-SHA-512}")
                 .unwrap();
         assert_eq!(s.properties.len(), 2);
+    }
+
+    /// Issue 9, item 6: a service that creates its topics says when they would not survive a broker.
+    #[test]
+    fn durability_is_checked() {
+        let d = KafkaSettings::default();
+        d.validate().unwrap();
+        assert_eq!(d.durability_warnings().len(), 2, "broker defaults: warn");
+        let prod = KafkaSettings {
+            replication_factor: 3,
+            min_insync_replicas: 2,
+            ..KafkaSettings::default()
+        };
+        prod.validate().unwrap();
+        assert!(prod.durability_warnings().is_empty());
+        let none = KafkaSettings {
+            create_topics_partitions: 0,
+            ..KafkaSettings::default()
+        };
+        assert!(
+            none.durability_warnings().is_empty(),
+            "topics made elsewhere"
+        );
+        for bad in [
+            KafkaSettings {
+                replication_factor: 0,
+                ..KafkaSettings::default()
+            },
+            KafkaSettings {
+                replication_factor: 2,
+                min_insync_replicas: 3,
+                ..KafkaSettings::default()
+            },
+            KafkaSettings {
+                max_message_bytes: 10,
+                ..KafkaSettings::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 }
