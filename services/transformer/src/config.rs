@@ -78,7 +78,10 @@ pub struct Config {
     /// How long a batch waits for more messages once it has one.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
-    /// Bound on each transaction call (begin/commit/abort, offsets).
+    /// Bound on each transaction call (begin/commit/abort, offsets), and the producer's
+    /// `transaction.timeout.ms`. It also bounds a batch: routing a batch (plugin calls included) stops after half
+    /// of it, what was routed is committed and the rest is read again (`hl7gw_transformer_batches_cut_total`);
+    /// the first message of a batch is always routed whole, each plugin call bounded by its own `timeoutMs`.
     #[serde(with = "humantime_serde")]
     pub transaction_timeout: Duration,
     /// Longest a SIGTERM drain may take.
@@ -146,6 +149,11 @@ impl Config {
             return rule("default_destination: letters, digits, '.', '_' or '-'");
         }
         Ok(())
+    }
+
+    /// How long routing one batch may take before what is done is committed: half the transaction timeout.
+    pub fn batch_time_budget(&self) -> Duration {
+        self.transaction_timeout / 2
     }
 
     /// The output topic for a destination.

@@ -50,6 +50,7 @@ pub struct TransformerMetrics {
     pub outputs: Family<OutputLabels, Counter>,
     pub dlq_writes: Family<ReasonLabels, Counter>,
     pub transactions: Family<ResultLabels, Counter>,
+    pub batches_cut: Counter,
     pub route_reloads: Family<ResultLabels, Counter>,
     pub routes_active: Gauge,
     pub routes_refused: Gauge,
@@ -66,6 +67,7 @@ impl TransformerMetrics {
             outputs: Family::default(),
             dlq_writes: Family::default(),
             transactions: Family::default(),
+            batches_cut: Counter::default(),
             route_reloads: Family::default(),
             routes_active: Gauge::default(),
             routes_refused: Gauge::default(),
@@ -93,6 +95,11 @@ impl TransformerMetrics {
             "transactions",
             "Kafka transactions by result (committed, aborted)",
             m.transactions.clone(),
+        );
+        r.register(
+            "batches_cut",
+            "Batches committed early because routing them (plugin calls included) reached the batch time budget; the rest was read again",
+            m.batches_cut.clone(),
         );
         r.register(
             "route_reloads",

@@ -326,7 +326,20 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 self.rewind(&batch).await;
                 continue;
             }
-            if let Err(e) = self.transact(&batch, &mut buf).await {
+            let result = self.transact(&batch, &mut buf).await;
+            if let Ok(done) = result
+                && done < batch.len()
+            {
+                // The batch reached its time budget: what was routed is committed, the rest is read again.
+                self.metrics.batches_cut.inc();
+                tracing::info!(
+                    committed = done,
+                    again = batch.len() - done,
+                    "batch time budget reached: committed what was done"
+                );
+                self.rewind(&batch[done..]).await;
+            }
+            if let Err(e) = result {
                 self.metrics
                     .transactions
                     .get_or_create(&crate::metrics::ResultLabels { result: "aborted" })
@@ -384,33 +397,59 @@ impl<P: PluginCaller + 'static> Worker<P> {
         Ok((batch, generation))
     }
 
-    async fn transact(&self, batch: &[OwnedMessage], buf: &mut Vec<u8>) -> Result<(), KafkaError> {
+    /// Routes the batch, then produces its records and offsets in one transaction. Routing (plugin calls
+    /// included) happens before the transaction starts, so it does not count against the broker's
+    /// `transaction.timeout.ms`; and it is bounded by [`Config::batch_time_budget`]: past the budget the
+    /// records routed so far are committed and the count of them is returned (the caller reads the rest again).
+    /// The first record is always routed whole (each plugin call bounded by its own timeout), so a batch
+    /// always makes progress.
+    async fn transact(
+        &self,
+        batch: &[OwnedMessage],
+        buf: &mut Vec<u8>,
+    ) -> Result<usize, KafkaError> {
         let started = Instant::now();
-        self.producer.begin_transaction()?;
+        let deadline = tokio::time::Instant::now() + self.cfg.batch_time_budget();
         let routes = self.live.get();
-        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        let mut routed: Vec<Vec<OutRecord>> = Vec::with_capacity(batch.len());
         for m in batch {
-            let routed = route_one(
+            let one = route_one(
                 &self.cfg,
                 &routes.routes,
                 m.payload().unwrap_or_default(),
                 self.plugins.as_ref(),
                 &self.metrics,
-            )
-            .await;
-            for r in routed.records {
-                envelope::encode_into(&r.envelope, buf);
-                let headers = envelope::record_headers(&r.envelope, &r.traceparent);
-                let mut rec = FutureRecord::to(&r.topic)
-                    .payload(buf.as_slice())
-                    .headers(headers);
-                if !r.key.is_empty() {
-                    rec = rec.key(r.key.as_str());
+            );
+            let r = if routed.is_empty() {
+                one.await
+            } else {
+                match tokio::time::timeout_at(deadline, one).await {
+                    Ok(r) => r,
+                    Err(_) => break,
                 }
-                // The transaction commit waits for every delivery; the futures are not needed.
-                self.producer.send_result(rec).map_err(|(e, _)| e)?;
+            };
+            routed.push(r.records);
+            if tokio::time::Instant::now() >= deadline {
+                break;
             }
+        }
+        let done = routed.len();
+        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for m in &batch[..done] {
             next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
+        }
+        self.producer.begin_transaction()?;
+        for r in routed.into_iter().flatten() {
+            envelope::encode_into(&r.envelope, buf);
+            let headers = envelope::record_headers(&r.envelope, &r.traceparent);
+            let mut rec = FutureRecord::to(&r.topic)
+                .payload(buf.as_slice())
+                .headers(headers);
+            if !r.key.is_empty() {
+                rec = rec.key(r.key.as_str());
+            }
+            // The transaction commit waits for every delivery; the futures are not needed.
+            self.producer.send_result(rec).map_err(|(e, _)| e)?;
         }
         let mut offsets = TopicPartitionList::new();
         for ((topic, partition), offset) in next {
@@ -438,7 +477,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         self.metrics
             .batch_duration
             .observe(started.elapsed().as_secs_f64());
-        Ok(())
+        Ok(done)
     }
 
     /// Seeks each partition of an aborted batch back to its first record.

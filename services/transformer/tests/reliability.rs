@@ -284,3 +284,95 @@ async fn an_unreachable_api_server_means_nothing_is_consumed() {
     );
     assert!(read_topic(brokers, &t.dlq(), 0, Duration::from_secs(4)).is_empty());
 }
+
+/// A plugin that answers every call after `delay` with a ZPL segment appended.
+struct SlowPlugin {
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl hl7gw_runtime::proto::v1::transform_server::Transform for SlowPlugin {
+    async fn transform(
+        &self,
+        req: tonic::Request<hl7gw_runtime::proto::v1::TransformRequest>,
+    ) -> Result<tonic::Response<hl7gw_runtime::proto::v1::TransformResponse>, tonic::Status> {
+        tokio::time::sleep(self.delay).await;
+        let mut m = req.into_inner().message.to_vec();
+        m.extend_from_slice(b"ZPL|slow\r");
+        Ok(tonic::Response::new(
+            hl7gw_runtime::proto::v1::TransformResponse {
+                message: m.into(),
+                ..Default::default()
+            },
+        ))
+    }
+}
+
+/// Serves a plugin on 127.0.0.1 (plain gRPC) and returns its address.
+async fn serve_plugin(delay: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                hl7gw_runtime::proto::v1::transform_server::TransformServer::new(SlowPlugin {
+                    delay,
+                }),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    addr
+}
+
+/// Item 8: one batch whose plugin calls together take far longer than `transaction_timeout` (24 messages x
+/// 500 ms against a 2 s timeout). The transformer commits what it has done before the timeout nears and reads
+/// the rest again: it stays up, is not fenced, and routes every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
+    let t = Topics::new();
+    let plugin = serve_plugin(Duration::from_millis(500)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        format!(
+            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: 3000}}}}]\n  destinations: [slow]\n"
+        ),
+    )
+    .unwrap();
+    let brokers = broker();
+    let n = 24;
+    let msgs: Vec<Vec<u8>> = (0..n)
+        .map(|i| message("ADT^A01", &format!("S{i}"), &format!("MRN{i}")))
+        .collect();
+    // All in the topic before the transformer starts, so its first batches hold many of them.
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    env.push(("HL7GW_TRANSACTION_TIMEOUT".into(), "2s".into()));
+    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    let mut tr = Transformer::start(&env);
+    let out = tokio::task::spawn_blocking({
+        let topic = t.out("slow");
+        move || read_topic(brokers, &topic, n, Duration::from_secs(90))
+    })
+    .await
+    .unwrap();
+    assert!(tr.running(), "the transformer exited (fenced?)");
+    let mut ids: Vec<String> = out
+        .iter()
+        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
+        .collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..n).map(|i| format!("S{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want, "every message once");
+    assert!(out.iter().all(|r| r.envelope.raw.ends_with(b"ZPL|slow\r")));
+    assert!(
+        tr.metric("hl7gw_transformer_batches_cut_total") >= 1.0,
+        "no batch was cut"
+    );
+}
