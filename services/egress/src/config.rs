@@ -28,7 +28,8 @@ pub struct ClientTls {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryPolicy {
-    /// Attempts before giving up (DLQ) on AE/CE answers and transport errors; 0: forever.
+    /// Attempts before giving up (DLQ) on transport errors (no connection, no answer); 0: forever, which
+    /// keeps each patient's order through a receiver outage.
     pub max_attempts: u32,
     #[serde(with = "humantime_serde")]
     pub initial_backoff: Duration,
@@ -65,6 +66,43 @@ impl RetryPolicy {
     }
 }
 
+/// What a receiver's negative answer gets (HL7 table 0008): AR/CR mean "rejected for a reason unrelated to
+/// the content" (the receiver is busy or down: send it again), AE/CE mean "the content is in error" (sending
+/// it again cannot help: DLQ). Retrying in place keeps the patient's later messages behind it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AckPolicy {
+    /// MSA-1 codes retried with the destination's backoff; the other negative codes go to the DLQ at once.
+    pub retry: Vec<String>,
+    /// ERR-3 codes (table 0357) that make a negative answer final whatever its MSA-1: the message as sent can
+    /// never be accepted (unsupported type, version, a data error, ...). 206 and 207 are not among them.
+    pub permanent_errors: Vec<u16>,
+    /// Negative answers retried per message before it goes to the DLQ as `gave_up` (0: no limit).
+    pub max_retries: u32,
+    /// Send MSH-15 as `AL` when the message asks for no accept ACK (`NE`, `ER`, `SU`): the egress commits
+    /// only on an answer, so a compliant receiver's silence would make it resend forever.
+    pub rewrite_msh15: bool,
+}
+
+impl Default for AckPolicy {
+    fn default() -> Self {
+        Self {
+            retry: vec!["AR".into(), "CR".into()],
+            permanent_errors: vec![100, 101, 102, 103, 104, 200, 201, 202, 203, 204, 205],
+            max_retries: 10,
+            rewrite_msh15: true,
+        }
+    }
+}
+
+impl AckPolicy {
+    /// True when a negative answer `code` with ERR-3 `error` (if any) is sent again.
+    pub fn retries(&self, code: hl7v2::AckCode, error: Option<u16>) -> bool {
+        self.retry.iter().any(|c| c == code.as_str())
+            && !error.is_some_and(|e| self.permanent_errors.contains(&e))
+    }
+}
+
 /// One receiving system.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,6 +118,9 @@ pub struct Destination {
     pub response_timeout: Duration,
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// What negative answers get.
+    #[serde(default)]
+    pub ack_policy: AckPolicy,
 }
 
 fn default_connect_timeout() -> Duration {
@@ -181,6 +222,16 @@ impl Config {
                     "destinations.{name}.retry: initial_backoff > 0, max_backoff >= initial_backoff, multiplier >= 1, jitter in 0..1"
                 ));
             }
+            if let Some(c) = d
+                .ack_policy
+                .retry
+                .iter()
+                .find(|c| !matches!(c.as_str(), "AE" | "AR" | "CE" | "CR"))
+            {
+                return rule(format!(
+                    "destinations.{name}.ack_policy.retry: {c:?} is not a negative MSA-1 code (AE, AR, CE, CR)"
+                ));
+            }
             if let Some(t) = &d.tls {
                 for p in [Some(&t.ca), t.cert.as_ref(), t.key.as_ref()]
                     .into_iter()
@@ -217,6 +268,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_default_ack_policy_follows_table_0008() {
+        use hl7v2::AckCode::*;
+        let p = AckPolicy::default();
+        assert!(p.retries(AR, None) && p.retries(CR, Some(207)) && p.retries(AR, Some(206)));
+        assert!(!p.retries(AE, None) && !p.retries(CE, Some(207)));
+        assert!(
+            !p.retries(AR, Some(203)),
+            "an unsupported version never passes"
+        );
+    }
+
+    #[test]
     fn backoff_grows_caps_and_spreads() {
         let r = RetryPolicy::default();
         assert_eq!(r.backoff(1, 0.5), Duration::from_millis(500));
@@ -238,6 +301,7 @@ mod tests {
                 connect_timeout: default_connect_timeout(),
                 response_timeout: default_response_timeout(),
                 retry: RetryPolicy::default(),
+                ack_policy: AckPolicy::default(),
             },
         );
         c.validate().unwrap();

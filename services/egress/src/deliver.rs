@@ -236,16 +236,19 @@ impl DestCtx {
             tracing::info!(parent: &span, "delivered within the duplicate window: not sent again");
             return Done::Settled;
         }
+        let out = outgoing(&env.raw, &self.dest.ack_policy);
         // The receiver answers the control id it reads in the message sent (a route may have changed it).
-        let sent_id = hl7v2::Header::salvage(&env.raw).control_id;
+        let sent_id = hl7v2::Header::salvage(&out).control_id;
         let retry = &self.dest.retry;
+        let policy = &self.dest.ack_policy;
         let mut attempt = env.attempts;
         let mut tries = 0u32;
+        let mut negative = 0u32;
         loop {
             attempt += 1;
             tries += 1;
             let started = Instant::now();
-            let result = client.send(&env.raw, sent_id).await;
+            let result = client.send(&out, sent_id).await;
             let reason: &'static str;
             let mut last_ack = None;
             match result {
@@ -275,28 +278,37 @@ impl DestCtx {
                                 }
                                 return Done::Settled;
                             }
-                            AckCode::AR | AckCode::CR => {
-                                if tries > 1 {
-                                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                            negative_code => {
+                                let error = err_code(&frame);
+                                if !policy.retries(negative_code, error) {
+                                    if tries > 1 {
+                                        self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                                    }
+                                    env.attempts = attempt;
+                                    tracing::warn!(
+                                        parent: &span,
+                                        code = code_str,
+                                        error,
+                                        "receiver refused the message for good: DLQ"
+                                    );
+                                    let detail = match error {
+                                        Some(e) => {
+                                            format!("receiver answered {code_str} (ERR {e})")
+                                        }
+                                        None => format!("receiver answered {code_str}"),
+                                    };
+                                    return self
+                                        .dead_letter(
+                                            env,
+                                            "rejected",
+                                            detail,
+                                            Some(frame.freeze()),
+                                            stop,
+                                        )
+                                        .await;
                                 }
-                                env.attempts = attempt;
-                                tracing::warn!(
-                                    parent: &span,
-                                    code = code_str,
-                                    "receiver rejected the message: DLQ"
-                                );
-                                return self
-                                    .dead_letter(
-                                        env,
-                                        "rejected",
-                                        format!("receiver answered {code_str}"),
-                                        Some(frame.freeze()),
-                                        stop,
-                                    )
-                                    .await;
-                            }
-                            AckCode::AE | AckCode::CE => {
-                                reason = "application_error";
+                                negative += 1;
+                                reason = "negative_ack";
                                 last_ack = Some(frame.freeze());
                             }
                         }
@@ -314,7 +326,9 @@ impl DestCtx {
                 }
             }
             set(&self.state.last_error, reason);
-            if retry.max_attempts > 0 && tries >= retry.max_attempts {
+            if (retry.max_attempts > 0 && tries >= retry.max_attempts)
+                || (policy.max_retries > 0 && negative > policy.max_retries)
+            {
                 if tries > 1 {
                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -427,6 +441,35 @@ impl DestCtx {
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
         Done::Settled
     }
+}
+
+/// The bytes to send: the message, with MSH-15 set to `AL` when it asks for no accept ACK and the policy says
+/// so (a receiver that stays silent could never let the offset be committed).
+fn outgoing(raw: &bytes::Bytes, policy: &crate::config::AckPolicy) -> bytes::Bytes {
+    if !policy.rewrite_msh15 {
+        return raw.clone();
+    }
+    let Ok(m) = hl7v2::Message::parse(raw) else {
+        return raw.clone();
+    };
+    let msh15 = m.header().accept_ack_type;
+    if msh15.is_empty() || msh15 == b"AL" {
+        return raw.clone();
+    }
+    let mut e = m.edit();
+    match e.set("MSH-15", b"AL") {
+        Ok(()) => e.encode().into(),
+        Err(_) => raw.clone(),
+    }
+}
+
+/// The table 0357 code of a negative answer: ERR-3 (v2.5+) or ERR-1's fourth component (v2.3/2.4).
+fn err_code(ack: &[u8]) -> Option<u16> {
+    let m = hl7v2::Message::parse(ack).ok()?;
+    ["ERR-3-1", "ERR-1-4-1"]
+        .iter()
+        .find_map(|p| m.get(p).filter(|v| !v.is_empty()))
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
 }
 
 /// A number in [0, 1) for backoff jitter (no cryptographic need: spreads retries of many pods apart).

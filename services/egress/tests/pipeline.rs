@@ -75,6 +75,11 @@ fn receiver_outage_rejections_dead_letters_and_replay() {
 
 async fn outage_rejections_replay() {
     let mut p = Pipeline::new();
+    // `hl7gw receive --reject-every` answers AR with ERR 207, which the default policy retries (table 0008);
+    // this test is about dead letters and their replay, so this destination dead-letters every refusal.
+    let cfg = p.dir.path().join("egress.yaml");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
     p.start_all(Some(10));
     let dir = p.received_dir();
 
@@ -409,5 +414,135 @@ fn answers_are_matched_by_msa2_not_by_arrival() {
             .unwrap()
             .into_inner();
         assert_eq!(s.destinations[0].delivered, 5);
+    });
+}
+
+/// A receiver that answers by control id, as real receivers do: `POL-1` has a content error (AE 102), `POL-2`
+/// is refused twice with AR 207 ("resend later") before it is taken, a message whose MSH-15 is `NE` gets no
+/// answer at all (a compliant enhanced-mode receiver), and the rest get AA. Every message that reaches it is
+/// recorded in arrival order as (control id, MSH-15).
+async fn policy_receiver(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> {
+    use futures_util::{SinkExt, StreamExt};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::default());
+                while let Some(Ok(frame)) = f.next().await {
+                    let m = hl7v2::Message::parse(&frame).unwrap();
+                    let get = |p: &str| {
+                        String::from_utf8_lossy(m.get(p).unwrap_or_default()).into_owned()
+                    };
+                    let (cid, msh15) = (get("MSH-10"), get("MSH-15"));
+                    let tries = {
+                        let mut l = log.lock().unwrap();
+                        l.push((cid.clone(), msh15.clone()));
+                        l.iter().filter(|(c, _)| *c == cid).count()
+                    };
+                    let answer = match (cid.as_str(), msh15.as_str()) {
+                        (_, "NE") => continue,
+                        ("POL-1", _) => "AE|POL-1\rERR|||102^Data type error^HL70357|E",
+                        ("POL-2", _) if tries <= 2 => {
+                            "AR|POL-2\rERR|||207^Application internal error^HL70357|E"
+                        }
+                        _ => "AA|",
+                    };
+                    let answer = if answer == "AA|" {
+                        format!("AA|{cid}")
+                    } else {
+                        answer.to_owned()
+                    };
+                    let ack = format!(
+                        "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{cid}|P|2.5.1\rMSA|{answer}\r"
+                    );
+                    if f.send(ack.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    seen
+}
+
+/// Issue 9, item 10: the egress follows HL7 table 0008. A content error (AE) goes to the DLQ at once instead
+/// of blocking the partition forever; a rejection with ERR 207 ("resend later") is retried, so the patient's
+/// later messages do not overtake it; and a message whose MSH-15 asks for no accept ACK is sent with MSH-15
+/// `AL`, so a compliant receiver answers instead of the egress resending it forever.
+#[test]
+fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut p = Pipeline::new();
+        let seen = policy_receiver(p.receiver_port).await;
+        p.start_egress();
+        p.start_transformer();
+        p.start_ingress();
+        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
+        let mut c = support::Mllp::connect(addr).await;
+        for (cid, msh15) in [("POL-1", ""), ("POL-2", ""), ("POL-3", "NE"), ("POL-4", "")] {
+            let m = format!(
+                "MSH|^~\\&|ADMIT|FAC|HL7GW|HL7GW|20261123120000||ADT^A01^ADT_A01|{cid}|P|2.5.1|||{msh15}|\r\
+                 EVN|A01|20261123120000\rPID|1||MRN9^^^FAC^MR||DOE^JANE||19700101|F\r"
+            );
+            if msh15 == "NE" {
+                // The ingress, too, sends no accept ACK for NE.
+                c.send(m.as_bytes()).await;
+            } else {
+                let ack = c.call(m.as_bytes()).await.unwrap();
+                assert_eq!(support::ack_code(&ack), "AA");
+            }
+        }
+        let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = egress
+                .status(StatusRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            let d = &s.destinations[0];
+            if d.delivered + d.dead_lettered >= 4 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not settled: {d:?}; the receiver saw {:?}",
+                seen.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let dead = egress
+            .list_dead_letters(ListDeadLettersRequest {
+                destination: "lab".into(),
+                ..ListDeadLettersRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .dead_letters;
+        let dead: Vec<(String, String)> = dead
+            .into_iter()
+            .map(|d| (d.control_id, d.ack_code))
+            .collect();
+        assert_eq!(dead, [("POL-1".to_owned(), "AE".to_owned())]);
+        let seen = seen.lock().unwrap().clone();
+        let order: Vec<&str> = seen.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(
+            order,
+            ["POL-1", "POL-2", "POL-2", "POL-2", "POL-3", "POL-4"],
+            "AE once, AR 207 retried in place, then the rest in order"
+        );
+        assert_eq!(seen[4].1, "AL", "MSH-15 NE went out as AL");
     });
 }
