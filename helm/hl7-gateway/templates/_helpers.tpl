@@ -127,7 +127,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $props "sasl.mechanism" $k.sasl.mechanism -}}
 {{- $_ := set $props "sasl.username" $k.sasl.username -}}
 {{- end -}}
-{{- toYaml (dict "create_topics_partitions" (int $k.createTopicsPartitions) "properties" $props) -}}
+{{- toYaml (dict "create_topics_partitions" (int $k.createTopicsPartitions) "replication_factor" (int $k.replicationFactor) "min_insync_replicas" (int $k.minInsyncReplicas) "max_message_bytes" (int $k.maxMessageBytes) "properties" $props) -}}
 {{- end -}}
 
 {{/* Service configs: what the chart sets, then <component>.config over it. -------------------------------------- */}}
