@@ -13,7 +13,7 @@ use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -21,11 +21,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Tracks the consumer's assignment: a generation bumped on every rebalance, and the partitions held.
+/// Tracks the consumer's assignment: a generation bumped on every rebalance, the partitions held, and a wake-up
+/// for workers waiting out a backoff so they drop the work of a partition that moved.
 #[derive(Debug, Default)]
 pub struct Assignment {
     generation: AtomicU64,
     partitions: Mutex<BTreeSet<i32>>,
+    changed: tokio::sync::Notify,
 }
 
 impl Assignment {
@@ -57,6 +59,7 @@ impl ConsumerContext for Assignment {
             }
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
     }
 }
 
@@ -115,15 +118,27 @@ enum Done {
 }
 
 impl DestCtx {
-    /// Reads the destination topic and hands each record to its partition's worker until `stop`. A worker
+    /// Reads the destination topic and hands each record to its partition's worker until `stop`. A partition
+    /// whose worker queue is full (its receiver is slow or stuck) is paused and its records held back in
+    /// order, so the other partitions go on and the consumer keeps polling (a blocked poll would leave the
+    /// group after `max.poll.interval.ms` while the stuck worker still held a stale queue). A worker
     /// that dies (a panic) cancels `failed`: a new worker would store offsets past the message the dead one
     /// held, so instead the process stops and the partition is read again from its committed offset.
     pub async fn run(self: Arc<Self>, stop: CancellationToken, failed: CancellationToken) {
         let tracker = TaskTracker::new();
         let mut workers: HashMap<i32, mpsc::Sender<(u64, OwnedMessage)>> = HashMap::new();
+        let mut held: HashMap<i32, VecDeque<(u64, OwnedMessage)>> = HashMap::new();
+        let mut retry_held = tokio::time::interval(Duration::from_millis(20));
+        retry_held.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if !held.is_empty() && !self.hand_over_held(&mut held, &workers) {
+                tracing::error!(destination = %self.name, "a partition worker stopped unexpectedly: stopping the egress");
+                failed.cancel();
+                break;
+            }
             let m = tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = retry_held.tick(), if !held.is_empty() => continue,
                 m = self.consumer.recv() => m,
             };
             let m = match m {
@@ -141,18 +156,77 @@ impl DestCtx {
                 tracker.spawn(self.clone().partition_worker(partition, rx, stop.clone()));
                 tx
             });
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                r = tx.send((generation, m)) => if r.is_err() {
+            if let Some(q) = held.get_mut(&partition) {
+                // Behind records already held: keep the partition's order.
+                q.push_back((generation, m));
+                continue;
+            }
+            match tx.try_send((generation, m)) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(item)) => {
+                    self.pause(partition, true);
+                    held.entry(partition).or_default().push_back(item);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
                     tracing::error!(destination = %self.name, partition, "a partition worker stopped unexpectedly: stopping the egress");
                     failed.cancel();
                     break;
-                },
+                }
             }
         }
         drop(workers);
         tracker.close();
         tracker.wait().await;
+    }
+
+    /// Moves held records to their workers as their queues free up, resuming each partition whose records all
+    /// went; records read before a rebalance are dropped (the partition restarts from its committed offset).
+    /// False when a worker is gone.
+    fn hand_over_held(
+        &self,
+        held: &mut HashMap<i32, VecDeque<(u64, OwnedMessage)>>,
+        workers: &HashMap<i32, mpsc::Sender<(u64, OwnedMessage)>>,
+    ) -> bool {
+        let current = self.consumer.context().generation();
+        let mut alive = true;
+        held.retain(|&partition, q| {
+            let Some(tx) = workers.get(&partition) else {
+                return false;
+            };
+            while let Some(item) = q.pop_front() {
+                if item.0 != current {
+                    continue;
+                }
+                match tx.try_send(item) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(item)) => {
+                        q.push_front(item);
+                        return true;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        alive = false;
+                        return false;
+                    }
+                }
+            }
+            self.pause(partition, false);
+            false
+        });
+        alive
+    }
+
+    /// Pauses or resumes fetching one partition (a partition that moved meanwhile is no error).
+    fn pause(&self, partition: i32, pause: bool) {
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition(&self.topic, partition);
+        let r = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = r {
+            tracing::debug!(destination = %self.name, partition, pause, error = %e, "pause/resume");
+        }
     }
 
     async fn partition_worker(
@@ -355,7 +429,13 @@ impl DestCtx {
                 })
                 .inc();
             let wait = retry.backoff(tries, rand_unit());
+            let moved = self.consumer.context().changed.notified();
+            if generation != self.consumer.context().generation() {
+                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                return Done::Abandoned;
+            }
             tokio::select! {
+                _ = moved => {}
                 _ = stop.cancelled() => {
                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                     return Done::Abandoned;

@@ -319,8 +319,8 @@ fn two_senders_of_one_facility_and_two_routes_to_one_destination_all_arrive() {
     assert_eq!(received(&dir).copies.get("SAME-1").copied(), Some(4));
 }
 
-/// A receiver that answers every message twice, as enhanced-mode receivers do: first the accept ACK (CA, or CR
-/// for control ids ending in `-3`), then later an application ACK (AA). Returns the task.
+/// A receiver that answers every message twice, as enhanced-mode receivers do: first the accept ACK (CA, or CE,
+/// a content error, for control ids ending in `-3`), then later an application ACK (AA). Returns the task.
 async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
     use futures_util::{SinkExt, StreamExt};
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
@@ -334,7 +334,7 @@ async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
                 while let Some(Ok(frame)) = f.next().await {
                     let m = hl7v2::Message::parse(&frame).unwrap();
                     let cid = String::from_utf8_lossy(m.get("MSH-10").unwrap()).into_owned();
-                    let accept = if cid.ends_with("-3") { "CR" } else { "CA" };
+                    let accept = if cid.ends_with("-3") { "CE" } else { "CA" };
                     for code in [accept, "AA"] {
                         n += 1;
                         let ack = format!(
@@ -351,7 +351,7 @@ async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
 }
 
 /// Issue 9, item 4: the egress matches MSA-2 to the control id it sent. A receiver that sends an accept ACK
-/// and then an application ACK must not shift every answer by one: the message the receiver refused (CR) is
+/// and then an application ACK must not shift every answer by one: the message the receiver refused (CE) is
 /// dead-lettered, and no other is.
 #[test]
 fn answers_are_matched_by_msa2_not_by_arrival() {
@@ -544,5 +544,97 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
             "AE once, AR 207 retried in place, then the rest in order"
         );
         assert_eq!(seen[4].1, "AL", "MSH-15 NE went out as AL");
+    });
+}
+
+/// Issue 9, item 11: one partition whose receiver never answers (its patient's messages pile up) must not stop
+/// the destination's other partitions: the full partition is paused, the others go on.
+#[test]
+fn a_stuck_partition_does_not_stop_the_others() {
+    use futures_util::{SinkExt, StreamExt};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut p = Pipeline::new();
+        let cfg = p.dir.path().join("egress.yaml");
+        let yaml = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&cfg, format!("queue_per_partition: 2\n{yaml}")).unwrap();
+        // The receiver never answers MRN-STUCK's messages and takes every other one.
+        let delivered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", p.receiver_port))
+            .await
+            .unwrap();
+        let log = delivered.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::default());
+                    while let Some(Ok(frame)) = f.next().await {
+                        let m = hl7v2::Message::parse(&frame).unwrap();
+                        let cid = String::from_utf8_lossy(m.get("MSH-10").unwrap()).into_owned();
+                        if m.get("PID-3-1") == Some(&b"MRN-STUCK"[..]) {
+                            log.lock().unwrap().push(format!("stuck:{cid}"));
+                            continue;
+                        }
+                        log.lock().unwrap().push(cid.clone());
+                        let ack = format!(
+                            "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{cid}|P|2.5.1\rMSA|AA|{cid}\r"
+                        );
+                        if f.send(ack.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        p.start_egress();
+        p.start_transformer();
+        p.start_ingress();
+        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
+        let mut c = support::Mllp::connect(addr).await;
+        for i in 0..40 {
+            let ack = c
+                .call(&adt_from("ADMIT", &format!("STUCK-{i}"), "MRN-STUCK"))
+                .await
+                .unwrap();
+            assert_eq!(support::ack_code(&ack), "AA");
+        }
+        // Wait until the egress is stuck on the first of them, its queue full behind it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !delivered.lock().unwrap().iter().any(|d| d.starts_with("stuck:")) {
+            assert!(Instant::now() < deadline, "the stuck patient never reached the receiver");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let others: Vec<String> = (0..12).map(|i| format!("OTHER-{i}")).collect();
+        for (i, id) in others.iter().enumerate() {
+            let ack = c
+                .call(&adt_from("ADMIT", id, &format!("MRN-OTHER-{i}")))
+                .await
+                .unwrap();
+            assert_eq!(support::ack_code(&ack), "AA");
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = delivered
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|d| d.starts_with("OTHER-"))
+                .count();
+            if n > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no other patient's message was delivered while one partition was stuck"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     });
 }
