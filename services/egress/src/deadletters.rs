@@ -10,6 +10,27 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::time::Duration;
 
+/// Most dead letters one call lists or replays (the server's page), whatever the caller asks.
+pub const MAX_PAGE: usize = 1000;
+/// Most bytes of messages one page holds in memory.
+pub const MAX_PAGE_BYTES: usize = 32 * 1024 * 1024;
+
+/// The page size for a caller's `limit` (0: the whole page).
+pub fn page_limit(requested: usize) -> usize {
+    if requested == 0 {
+        MAX_PAGE
+    } else {
+        requested.min(MAX_PAGE)
+    }
+}
+
+/// A page of dead letters, and whether more matched.
+#[derive(Debug, Default)]
+pub struct Page {
+    pub letters: Vec<(DeadLetter, Envelope)>,
+    pub truncated: bool,
+}
+
 /// What to list.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
@@ -32,7 +53,7 @@ pub enum DeadLetterError {
 
 /// Reads the DLQ from the start (or from `since`) to its current end and returns the egress's dead letters
 /// that pass `filter`, oldest first, with their envelopes. Blocking: run it on a blocking thread.
-pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<(DeadLetter, Envelope)>, DeadLetterError> {
+pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     let budget = Duration::from_secs(30);
     let consumer: BaseConsumer = {
         let mut c = hl7gw_runtime::kafka::base_config(&cfg.kafka_brokers, &cfg.kafka);
@@ -70,11 +91,8 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<(DeadLetter, Envelope)>
         }
     }
     consumer.assign(&tpl)?;
-    let limit = if filter.limit == 0 {
-        1000
-    } else {
-        filter.limit
-    };
+    let limit = page_limit(filter.limit);
+    let mut bytes = 0usize;
     let deadline = std::time::Instant::now() + budget;
     let mut out = Vec::new();
     let mut done: Vec<(i32, i64)> = Vec::new();
@@ -142,12 +160,20 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<(DeadLetter, Envelope)>
             offset: m.offset(),
             envelope: None,
         };
+        bytes += env.raw.len();
         out.push((dl, env));
-        if out.len() >= limit {
-            break;
+        if out.len() >= limit || bytes >= MAX_PAGE_BYTES {
+            // Stopped before the end of the DLQ: more may match.
+            return Ok(Page {
+                letters: out,
+                truncated: done.len() < ends.len(),
+            });
         }
     }
-    Ok(out)
+    Ok(Page {
+        letters: out,
+        truncated: false,
+    })
 }
 
 /// Sends dead letters back to their destination topic (rejection cleared, a `replay` stage added) and waits
@@ -181,4 +207,17 @@ pub async fn replay(
         ids.push((env.id.clone(), env.destination.clone()));
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 9, item 14: a caller cannot ask the server for an unbounded page.
+    #[test]
+    fn pages_are_bounded_by_the_server() {
+        assert_eq!(page_limit(0), MAX_PAGE);
+        assert_eq!(page_limit(10), 10);
+        assert_eq!(page_limit(u32::MAX as usize), MAX_PAGE);
+    }
 }

@@ -37,16 +37,7 @@ fn millis(t: Option<&prost_types::Timestamp>) -> Option<i64> {
 }
 
 impl EgressService {
-    async fn list(
-        &self,
-        filter: Filter,
-    ) -> Result<
-        Vec<(
-            hl7gw_runtime::proto::v1::DeadLetter,
-            hl7gw_runtime::proto::v1::Envelope,
-        )>,
-        Status,
-    > {
+    async fn list(&self, filter: Filter) -> Result<deadletters::Page, Status> {
         let cfg = self.cfg.clone();
         tokio::task::spawn_blocking(move || deadletters::list(&cfg, &filter))
             .await
@@ -118,7 +109,9 @@ impl Egress for EgressService {
                 limit: r.limit as usize,
             })
             .await?;
+        let truncated = found.truncated;
         let dead_letters = found
+            .letters
             .into_iter()
             .map(|(mut dl, env)| {
                 if r.include_envelope {
@@ -127,7 +120,10 @@ impl Egress for EgressService {
                 dl
             })
             .collect();
-        Ok(Response::new(ListDeadLettersResponse { dead_letters }))
+        Ok(Response::new(ListDeadLettersResponse {
+            dead_letters,
+            truncated,
+        }))
     }
 
     async fn replay(
@@ -146,10 +142,11 @@ impl Egress for EgressService {
                 ids: r.ids,
                 since_ms: millis(r.since.as_ref()),
                 until_ms: millis(r.until.as_ref()),
-                limit: 100_000,
+                limit: deadletters::MAX_PAGE,
             })
             .await?;
-        let envs: Vec<_> = found.into_iter().map(|(_, e)| e).collect();
+        let truncated = found.truncated;
+        let envs: Vec<_> = found.letters.into_iter().map(|(_, e)| e).collect();
         let ids = deadletters::replay(&self.cfg, &self.producer, envs)
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
@@ -165,6 +162,7 @@ impl Egress for EgressService {
         Ok(Response::new(ReplayResponse {
             replayed: ids.len() as u32,
             ids: ids.into_iter().map(|(id, _)| id).collect(),
+            truncated,
         }))
     }
 }

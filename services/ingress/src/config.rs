@@ -81,6 +81,17 @@ pub struct Config {
     pub frame_timeout: Duration,
     /// Messages of one connection that may wait for Kafka at once (frames beyond wait, in order).
     pub max_in_flight_per_connection: usize,
+    /// Bytes of messages one connection (or gRPC stream) may have waiting for Kafka or for their ACK to be
+    /// written; beyond it the ingress stops reading that connection (TCP backpressure).
+    pub max_in_flight_bytes_per_connection: usize,
+    /// A sender that does not read its ACKs for this long is disconnected (its unanswered messages are
+    /// resent by it, and counted in `hl7gw_ingress_write_timeouts_total`).
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// Most concurrent gRPC streams (SendStream and unary calls) per gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// Most gRPC connections open at once; further connections wait in the accept backlog.
+    pub grpc_max_connections: usize,
     /// Messages per second one connection may send (0: unlimited); faster senders are slowed, not refused.
     pub rate_limit_per_connection: f64,
     /// A resend (the same sending application, sending facility and MSH-10, with the same bytes) within this
@@ -135,6 +146,10 @@ impl Default for Config {
             idle_timeout: Duration::from_secs(300),
             frame_timeout: Duration::from_secs(30),
             max_in_flight_per_connection: 256,
+            max_in_flight_bytes_per_connection: 16 * 1024 * 1024,
+            write_timeout: Duration::from_secs(30),
+            grpc_max_concurrent_streams: 64,
+            grpc_max_connections: 1024,
             rate_limit_per_connection: 0.0,
             duplicate_window: Duration::from_secs(600),
             duplicate_capacity: 200_000,
@@ -184,8 +199,17 @@ impl Config {
         if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
             return rule("max_connections and max_in_flight_per_connection must be at least 1");
         }
-        if self.idle_timeout.is_zero() || self.frame_timeout.is_zero() {
-            return rule("idle_timeout and frame_timeout must be more than 0");
+        if self.idle_timeout.is_zero()
+            || self.frame_timeout.is_zero()
+            || self.write_timeout.is_zero()
+        {
+            return rule("idle_timeout, frame_timeout and write_timeout must be more than 0");
+        }
+        if !(64 * 1024..=1 << 30).contains(&self.max_in_flight_bytes_per_connection) {
+            return rule("max_in_flight_bytes_per_connection must be between 64 KiB and 1 GiB");
+        }
+        if self.grpc_max_concurrent_streams == 0 || self.grpc_max_connections == 0 {
+            return rule("grpc_max_concurrent_streams and grpc_max_connections must be at least 1");
         }
         if !(self.rate_limit_per_connection >= 0.0 && self.rate_limit_per_connection.is_finite()) {
             return rule("rate_limit_per_connection must be 0 or a positive number");

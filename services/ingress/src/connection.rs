@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::{Decoder, Encoder};
 use tokio_util::sync::CancellationToken;
 
@@ -28,13 +29,14 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, wr) = tokio::io::split(stream);
-    let (tx, rx) = mpsc::channel::<Pending>(cfg.max_in_flight_per_connection);
+    let (tx, rx) = mpsc::channel::<InFlight>(cfg.max_in_flight_per_connection);
+    let budget = Arc::new(Semaphore::new(cfg.max_in_flight_bytes_per_connection));
     let closing = CancellationToken::new();
     let writer = tokio::spawn(write_loop(
         wr,
         rx,
         pipe.clone(),
-        cfg.mllp2_commit_acks,
+        cfg.clone(),
         closing.clone(),
     ));
     let m = &pipe.metrics;
@@ -48,10 +50,19 @@ pub async fn serve<S>(
             match codec.decode(&mut buf) {
                 Ok(Some(frame)) => {
                     m.frames.inc();
+                    // Held until the answer is written: a connection's waiting messages stay within bytes.
+                    let want = frame.len().clamp(1, cfg.max_in_flight_bytes_per_connection) as u32;
+                    let bytes = tokio::select! {
+                        p = budget.clone().acquire_many_owned(want) => match p {
+                            Ok(p) => p,
+                            Err(_) => break 'conn,
+                        },
+                        _ = closing.cancelled() => break 'conn,
+                    };
                     limiter.wait().await;
                     sequence += 1;
                     let p = pipe.submit(frame.freeze(), &origin, sequence);
-                    if tx.send(p).await.is_err() {
+                    if tx.send((p, Some(bytes))).await.is_err() {
                         break 'conn;
                     }
                 }
@@ -71,7 +82,7 @@ pub async fn serve<S>(
                         _ => break 'conn,
                     };
                     if tx
-                        .send(Pending::Ready(pipe.framing_reply(text)))
+                        .send((Pending::Ready(pipe.framing_reply(text)), None))
                         .await
                         .is_err()
                     {
@@ -121,19 +132,23 @@ pub async fn serve<S>(
     let _ = writer.await;
 }
 
+/// A message read from the connection, with its share of the connection's byte budget.
+type InFlight = (Pending, Option<OwnedSemaphorePermit>);
+
 async fn write_loop<W>(
     mut wr: W,
-    mut rx: mpsc::Receiver<Pending>,
+    mut rx: mpsc::Receiver<InFlight>,
     pipe: Arc<Pipeline>,
-    mllp2: bool,
+    cfg: Arc<Config>,
     closing: CancellationToken,
 ) where
     W: AsyncWrite + Unpin,
 {
+    let mllp2 = cfg.mllp2_commit_acks;
     let mut ack = Vec::with_capacity(512);
     let mut out = BytesMut::with_capacity(4 * 1024);
     let mut codec = MllpCodec::default();
-    while let Some(p) = rx.recv().await {
+    while let Some((p, _bytes)) = rx.recv().await {
         let reply = pipe.resolve(p).await;
         if matches!(reply.action, Action::Close) {
             closing.cancel();
@@ -152,17 +167,31 @@ async fn write_loop<W>(
             let _ = codec.encode(&ack[..], &mut out);
         }
         if (rx.is_empty() || out.len() > 64 * 1024) && !out.is_empty() {
-            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
-                closing.cancel();
-                break;
+            let written = tokio::time::timeout(cfg.write_timeout, async {
+                wr.write_all(&out).await?;
+                wr.flush().await
+            })
+            .await;
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    closing.cancel();
+                    break;
+                }
+                Err(_) => {
+                    pipe.metrics.write_timeouts.inc();
+                    tracing::info!("sender did not read its ACKs within write_timeout: closed");
+                    closing.cancel();
+                    break;
+                }
             }
             out.clear();
         }
     }
     if !out.is_empty() {
-        let _ = wr.write_all(&out).await;
+        let _ = tokio::time::timeout(cfg.write_timeout, wr.write_all(&out)).await;
     }
-    let _ = wr.shutdown().await;
+    let _ = tokio::time::timeout(cfg.write_timeout, wr.shutdown()).await;
     // Messages left unanswered (close on timeout, or the peer went away) are dropped with `rx`: the sender
     // resends them.
 }

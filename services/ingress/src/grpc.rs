@@ -8,7 +8,7 @@ use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -84,12 +84,15 @@ impl Ingest for IngestService {
             .inc();
         let mut inbound = req.into_inner();
         let (pending_tx, mut pending_rx) =
-            mpsc::channel::<Pending>(self.cfg.max_in_flight_per_connection);
+            mpsc::channel::<(Pending, OwnedSemaphorePermit)>(self.cfg.max_in_flight_per_connection);
         let (out_tx, out_rx) = mpsc::channel(self.cfg.max_in_flight_per_connection);
         let pipe = self.pipe.clone();
+        // The stream's waiting messages stay within the same byte budget as an MLLP connection's.
+        let budget_bytes = self.cfg.max_in_flight_bytes_per_connection;
+        let budget = Arc::new(Semaphore::new(budget_bytes));
         // Answers in request order.
         tokio::spawn(async move {
-            while let Some(p) = pending_rx.recv().await {
+            while let Some((p, _bytes)) = pending_rx.recv().await {
                 let reply = pipe.resolve(p).await;
                 let close = matches!(reply.action, Action::Close);
                 if out_tx.send(Self::respond(&pipe, reply)).await.is_err() || close {
@@ -102,8 +105,12 @@ impl Ingest for IngestService {
             let mut seq = 0u64;
             while let Ok(Some(req)) = inbound.message().await {
                 seq += 1;
+                let want = req.message.len().clamp(1, budget_bytes) as u32;
+                let Ok(bytes) = budget.clone().acquire_many_owned(want).await else {
+                    break;
+                };
                 let p = submit(&pipe, max, req.message, &origin, seq);
-                if pending_tx.send(p).await.is_err() {
+                if pending_tx.send((p, bytes)).await.is_err() {
                     break;
                 }
             }
@@ -143,6 +150,7 @@ pub async fn serve(
         stop.clone(),
     );
     let max = cfg.max_frame_bytes + 4096;
+    let (streams, connections) = (cfg.grpc_max_concurrent_streams, cfg.grpc_max_connections);
     let svc = IngestServer::new(IngestService {
         pipe,
         cfg,
@@ -150,10 +158,11 @@ pub async fn serve(
     })
     .max_decoding_message_size(max);
     tonic::transport::Server::builder()
+        .max_concurrent_streams(streams)
         .add_service(health_service)
         .add_service(svc)
         .serve_with_incoming_shutdown(
-            hl7gw_runtime::admin::grpc_incoming(listener),
+            hl7gw_runtime::admin::grpc_incoming_limited(listener, connections),
             stop.cancelled(),
         )
         .await

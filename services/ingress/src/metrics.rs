@@ -58,6 +58,7 @@ pub struct IngressMetrics {
     pub publish_duration: Histogram,
     pub in_flight: Gauge,
     pub control_id_reused: Counter,
+    pub write_timeouts: Counter,
 }
 
 impl IngressMetrics {
@@ -80,6 +81,7 @@ impl IngressMetrics {
             publish_duration: Histogram::new(hl7gw_runtime::metrics::latency_buckets()),
             in_flight: Gauge::default(),
             control_id_reused: Counter::default(),
+            write_timeouts: Counter::default(),
         };
         let r = r.sub_registry_with_prefix("ingress");
         r.register(
@@ -153,6 +155,11 @@ impl IngressMetrics {
             "Messages whose (MSH-3, MSH-4, MSH-10) was seen within the duplicate window with other content: \
              published as new messages",
             m.control_id_reused.clone(),
+        );
+        r.register(
+            "write_timeouts",
+            "Connections closed because the sender did not read its ACKs within write_timeout",
+            m.write_timeouts.clone(),
         );
         m
     }

@@ -822,6 +822,138 @@ async fn a_cancelled_grpc_send_does_not_stay_in_flight() {
     }
 }
 
+/// The ingress's resident memory in kB.
+fn rss_kb(ingress: &Ingress) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/status", ingress.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Issue 9, item 14: a connection holds at most `max_in_flight_bytes_per_connection` of messages waiting for
+/// Kafka, not 256 frames of up to 1 MiB each: a sender of large messages during an outage cannot take the
+/// pod's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_holds_a_bounded_number_of_bytes_in_flight() {
+    let mut env = unreachable_env(None);
+    env.retain(|(k, _)| *k != "HL7GW_ACK_TIMEOUT");
+    env.push(("HL7GW_ACK_TIMEOUT", "60s".to_owned()));
+    env.push((
+        "HL7GW_MAX_IN_FLIGHT_BYTES_PER_CONNECTION",
+        "4194304".to_owned(),
+    ));
+    let ingress = Ingress::start_with(&env, &[], false);
+    let before = rss_kb(&ingress);
+    let s = TcpStream::connect(ingress.mllp).await.unwrap();
+    let (_rd, mut wr) = s.into_split();
+    let mut big = adt("BIGFLIGHT", "P1");
+    big.extend_from_slice(b"NTE|1||");
+    big.resize(500_000, b'x');
+    big.push(b'\r');
+    let framed = frame(&big);
+    // Send 200 x 500 kB (100 MB) for up to 8 s; the ingress takes what its bound allows and then stops reading.
+    let sender = tokio::spawn(async move {
+        for _ in 0..200 {
+            if wr.write_all(&framed).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let grown = rss_kb(&ingress).saturating_sub(before);
+    sender.abort();
+    assert!(
+        grown < 60 * 1024,
+        "RSS grew by {grown} kB holding one connection's messages"
+    );
+}
+
+/// Issue 9, item 14: a sender that never reads its ACKs is cut off after `write_timeout` instead of pinning
+/// its messages and the connection forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_that_never_reads_its_acks_is_closed_after_write_timeout() {
+    let mut env = unreachable_env(None);
+    env.retain(|(k, _)| *k != "HL7GW_ACK_TIMEOUT" && *k != "RUST_LOG");
+    env.push(("HL7GW_ACK_TIMEOUT", "60s".to_owned()));
+    env.push(("HL7GW_ACK_MODE", "fast".to_owned()));
+    env.push(("HL7GW_WRITE_TIMEOUT", "1s".to_owned()));
+    env.push(("RUST_LOG", "off".to_owned()));
+    let ingress = Ingress::start_with(&env, &[], false);
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = sock.connect(ingress.mllp).await.unwrap();
+    let (_rd, mut wr) = s.into_split();
+    // Long MSH-5/6 make long ACKs (they are echoed as MSH-3/4), so the socket buffers fill after a few
+    // hundred messages.
+    let wide = "W".repeat(3000);
+    let sender = tokio::spawn(async move {
+        for i in 0..20_000 {
+            let m = format!(
+                "MSH|^~\\&|APP|FAC|{wide}|{wide}|20261123120000||ADT^A01^ADT_A01|NOREAD{i}|P|2.5.1\rPID|1||P1\r"
+            );
+            if wr.write_all(&frame(m.as_bytes())).await.is_err() {
+                break;
+            }
+        }
+    });
+    let closed = wait_metric(
+        &ingress,
+        "hl7gw_ingress_write_timeouts_total",
+        1.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    sender.abort();
+    assert_eq!(closed, 1.0, "the connection was not cut off");
+}
+
+/// Issue 9, item 14: the gRPC listener serves at most `grpc_max_connections` connections; the next one waits
+/// in the accept backlog until one closes (hyper alone would take any number).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_connections_beyond_the_limit_wait_for_a_free_slot() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut env = unreachable_env(None);
+    env.push(("HL7GW_GRPC_MAX_CONNECTIONS", "2".to_owned()));
+    let ingress = Ingress::start_with(&env, &[], false);
+    let url = format!("http://{}", ingress.grpc);
+    let check = |mut c: HealthClient<tonic::transport::Channel>| async move {
+        c.check(HealthCheckRequest::default()).await.map(|_| c)
+    };
+    let connect = |url: String| async move {
+        HealthClient::new(
+            tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        )
+    };
+    let first = check(connect(url.clone()).await).await.unwrap();
+    let _second = check(connect(url.clone()).await).await.unwrap();
+    let third = tokio::spawn(async move {
+        let c = HealthClient::new(
+            tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect_lazy(),
+        );
+        check(c).await.is_ok()
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served beyond the limit of 2"
+    );
+    drop(first);
+    let served = tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("the third connection was served once a slot freed")
+        .unwrap();
+    assert!(served);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // 10. Admin endpoints
 

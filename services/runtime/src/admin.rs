@@ -145,15 +145,99 @@ pub fn grpc_health(
     service
 }
 
-/// The accepted connections of a gRPC listener, with Nagle's algorithm off: tonic leaves it on for incoming
-/// streams, and a unary call then waits ~40 ms for the delayed ACK (measured with k6 before this).
+/// Most connections one gRPC listener serves at once by default; more wait in the accept backlog (hyper
+/// itself sets no limit, so a flood of idle connections could take a pod's memory and file descriptors).
+pub const GRPC_MAX_CONNECTIONS: usize = 1024;
+
+/// The accepted connections of a gRPC listener (at most [`GRPC_MAX_CONNECTIONS`] at once), with Nagle's
+/// algorithm off: tonic leaves it on for incoming streams, and a unary call then waits ~40 ms for the delayed
+/// ACK (measured with k6 before this).
 pub fn grpc_incoming(
     listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        conn.set_nodelay(true)?;
-        Ok(conn)
-    })
+) -> impl tokio_stream::Stream<Item = std::io::Result<GrpcConn>> {
+    grpc_incoming_limited(listener, GRPC_MAX_CONNECTIONS)
+}
+
+/// [`grpc_incoming`] with at most `max` connections open at once: the next one is accepted only when one
+/// closes.
+pub fn grpc_incoming_limited(
+    listener: TcpListener,
+    max: usize,
+) -> impl tokio_stream::Stream<Item = std::io::Result<GrpcConn>> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    Box::pin(futures_util::stream::unfold(
+        (listener, permits),
+        |(listener, permits)| async move {
+            let permit = permits.clone().acquire_owned().await.ok()?;
+            let conn = match listener.accept().await {
+                Ok((s, _)) => s.set_nodelay(true).map(|()| GrpcConn {
+                    inner: s,
+                    _permit: permit,
+                }),
+                Err(e) => Err(e),
+            };
+            Some((conn, (listener, permits)))
+        },
+    ))
+}
+
+/// One accepted gRPC connection; it holds its place in the listener's connection limit until dropped.
+#[derive(Debug)]
+pub struct GrpcConn {
+    inner: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for GrpcConn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for GrpcConn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for GrpcConn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
