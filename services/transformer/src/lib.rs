@@ -17,7 +17,7 @@ use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics, producer_config};
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::FutureProducer;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -112,7 +112,8 @@ pub async fn run(
     for (k, v) in &cfg.kafka.properties {
         pc.set(k, v);
     }
-    let producer: FutureProducer = pc.create()?;
+    let make_producer: worker::ProducerFactory = Arc::new(move || pc.create::<FutureProducer>());
+    let producer = make_producer()?;
     let consumer: Arc<worker::Consumer_> = Arc::new(
         consumer_config(
             &cfg.kafka_brokers,
@@ -142,12 +143,13 @@ pub async fn run(
 
     // Topics first (inbound, DLQ, every destination's); the worker subscribes once the routes are loaded.
     ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
+    let worker_health = Arc::new(worker::WorkerHealth::default());
     tokio::spawn(housekeeping(
         cfg.clone(),
         consumer.clone(),
-        producer.clone(),
         live.clone(),
         health.clone(),
+        worker_health.clone(),
         metrics.clone(),
         side_stop.clone(),
     ));
@@ -170,10 +172,13 @@ pub async fn run(
         worker::Worker {
             cfg: cfg.clone(),
             consumer: consumer.clone(),
-            producer: producer.clone(),
+            producer,
+            make_producer,
             live: live.clone(),
             plugins,
             metrics,
+            readiness: health.clone(),
+            health: worker_health,
         }
         .run(worker_stop.clone()),
     );
@@ -207,7 +212,6 @@ pub async fn run(
     let c = consumer.clone();
     let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
     drop(consumer);
-    let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
     admin_stop.cancel();
     let _ = admin_task.await;
     tracing::info!("transformer stopped");
@@ -247,26 +251,23 @@ pub(crate) async fn ensure_destinations(
     }
 }
 
-/// Every 2 s: readiness (Kafka answers and routes are loaded), new destination topics, consumer lag.
+/// Every 2 s: readiness (Kafka answers, routes are loaded, the worker is not recovering), new destination
+/// topics, consumer lag.
 async fn housekeeping(
     cfg: Arc<Config>,
     consumer: Arc<worker::Consumer_>,
-    producer: FutureProducer,
     live: Arc<source::LiveRoutes>,
     health: Arc<Health>,
+    worker_health: Arc<worker::WorkerHealth>,
     metrics: metrics::TransformerMetrics,
     stop: CancellationToken,
 ) {
     let mut known = BTreeSet::new();
     loop {
         let topics_ok = ensure_destinations(&cfg, &live, &mut known).await;
-        let p = producer.clone();
         let c = consumer.clone();
         let (kafka_ok, lag) = tokio::task::spawn_blocking(move || {
-            let ok = p
-                .client()
-                .fetch_metadata(None, Duration::from_secs(2))
-                .is_ok();
+            let ok = c.fetch_metadata(None, Duration::from_secs(2)).is_ok();
             let lag = consumer_lag(c.as_ref(), Duration::from_secs(2)).ok();
             (ok, lag)
         })
@@ -275,7 +276,8 @@ async fn housekeeping(
         if let Some(lag) = lag {
             metrics.consumer_lag.set(lag);
         }
-        health.set_dependency_ok(kafka_ok && topics_ok && live.is_loaded());
+        health
+            .set_dependency_ok(kafka_ok && topics_ok && live.is_loaded() && worker_health.is_ok());
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             _ = stop.cancelled() => return,

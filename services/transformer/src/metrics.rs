@@ -51,6 +51,7 @@ pub struct TransformerMetrics {
     pub dlq_writes: Family<ReasonLabels, Counter>,
     pub transactions: Family<ResultLabels, Counter>,
     pub batches_cut: Counter,
+    pub producer_recoveries: Counter,
     pub route_reloads: Family<ResultLabels, Counter>,
     pub routes_active: Gauge,
     pub routes_refused: Gauge,
@@ -68,6 +69,7 @@ impl TransformerMetrics {
             dlq_writes: Family::default(),
             transactions: Family::default(),
             batches_cut: Counter::default(),
+            producer_recoveries: Counter::default(),
             route_reloads: Family::default(),
             routes_active: Gauge::default(),
             routes_refused: Gauge::default(),
@@ -100,6 +102,11 @@ impl TransformerMetrics {
             "batches_cut",
             "Batches committed early because routing them (plugin calls included) reached the batch time budget; the rest was read again",
             m.batches_cut.clone(),
+        );
+        r.register(
+            "producer_recoveries",
+            "Transactional producers closed and recreated after a fatal error or a transaction that could not be finished",
+            m.producer_recoveries.clone(),
         );
         r.register(
             "route_reloads",

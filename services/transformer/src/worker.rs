@@ -16,9 +16,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -270,14 +271,44 @@ pub enum WorkerError {
     Kafka(#[from] KafkaError),
 }
 
+/// Creates a transactional producer (always with the same `transactional.id`), for the start and for every
+/// recovery from a fatal producer error.
+pub type ProducerFactory = Arc<dyn Fn() -> Result<FutureProducer, KafkaError> + Send + Sync>;
+
+/// The worker's part of readiness: false while it cannot commit (retrying a commit, recreating the producer).
+#[derive(Debug)]
+pub struct WorkerHealth {
+    ok: AtomicBool,
+}
+
+impl Default for WorkerHealth {
+    fn default() -> Self {
+        Self {
+            ok: AtomicBool::new(true),
+        }
+    }
+}
+
+impl WorkerHealth {
+    /// True unless the worker is recovering.
+    pub fn is_ok(&self) -> bool {
+        self.ok.load(Ordering::Acquire)
+    }
+}
+
 /// The consume-transform-produce loop.
 pub struct Worker<P> {
     pub cfg: Arc<Config>,
     pub consumer: Arc<Consumer_>,
     pub producer: FutureProducer,
+    /// Makes a new producer when the current one failed fatally.
+    pub make_producer: ProducerFactory,
     pub live: Arc<LiveRoutes>,
     pub plugins: Arc<P>,
     pub metrics: TransformerMetrics,
+    /// Readiness, dropped at once when the worker starts recovering.
+    pub readiness: Arc<hl7gw_runtime::admin::Health>,
+    pub health: Arc<WorkerHealth>,
 }
 
 impl<P> std::fmt::Debug for Worker<P> {
@@ -288,7 +319,13 @@ impl<P> std::fmt::Debug for Worker<P> {
 
 impl<P: PluginCaller + 'static> Worker<P> {
     /// Runs until `stop`; the batch in hand when it fires is finished and committed first.
-    pub async fn run(self, stop: CancellationToken) -> Result<(), WorkerError> {
+    ///
+    /// Transaction errors follow librdkafka's rules: a retriable error (a commit that timed out while the
+    /// coordinator is unreachable) retries the same call; an abortable one aborts and reads the batch again; a
+    /// fatal one (fenced, or an abort that cannot finish) closes the producer, makes a new one with the same
+    /// `transactional.id` and rewinds the consumer to the committed offsets. The process never exits for them;
+    /// readiness is down while it recovers, and the retries back off (200 ms doubling to 10 s).
+    pub async fn run(mut self, stop: CancellationToken) -> Result<(), WorkerError> {
         let timeout = self.cfg.transaction_timeout;
         let p = self.producer.clone();
         blocking(move || p.init_transactions(timeout)).await?;
@@ -311,6 +348,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         self.consumer.subscribe(&[&self.cfg.inbound_topic])?;
         tracing::info!(topic = %self.cfg.inbound_topic, "routes loaded: consuming");
         let mut buf = Vec::new();
+        let mut backoff = Backoff::default();
         while !stop.is_cancelled() {
             let (batch, generation) = self.gather(&stop).await?;
             if batch.is_empty() {
@@ -326,40 +364,139 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 self.rewind(&batch).await;
                 continue;
             }
-            let result = self.transact(&batch, &mut buf).await;
-            if let Ok(done) = result
-                && done < batch.len()
-            {
-                // The batch reached its time budget: what was routed is committed, the rest is read again.
-                self.metrics.batches_cut.inc();
-                tracing::info!(
-                    committed = done,
-                    again = batch.len() - done,
-                    "batch time budget reached: committed what was done"
-                );
-                self.rewind(&batch[done..]).await;
-            }
-            if let Err(e) = result {
-                self.metrics
-                    .transactions
-                    .get_or_create(&crate::metrics::ResultLabels { result: "aborted" })
-                    .inc();
-                tracing::warn!(error = %e, "transaction failed: aborting and reading the batch again");
-                let p = self.producer.clone();
-                if let Err(e2) = blocking(move || p.abort_transaction(timeout)).await {
-                    if is_fatal(&e2) {
-                        return Err(e2.into());
+            match self.transact(&batch, &mut buf).await {
+                Ok(done) => {
+                    backoff.reset();
+                    self.set_recovering(false);
+                    if done < batch.len() {
+                        // The batch reached its time budget: what was routed is committed, the rest is read
+                        // again.
+                        self.metrics.batches_cut.inc();
+                        tracing::info!(
+                            committed = done,
+                            again = batch.len() - done,
+                            "batch time budget reached: committed what was done"
+                        );
+                        self.rewind(&batch[done..]).await;
                     }
-                    tracing::warn!(error = %e2, "abort failed");
                 }
-                if is_fatal(&e) {
-                    return Err(e.into());
+                Err(e) => {
+                    self.metrics
+                        .transactions
+                        .get_or_create(&crate::metrics::ResultLabels { result: "aborted" })
+                        .inc();
+                    self.set_recovering(true);
+                    tracing::warn!(error = %e, "transaction failed: aborting and reading the batch again");
+                    let aborted = if is_fatal(&e) {
+                        false
+                    } else {
+                        match self.abort().await {
+                            Ok(()) => true,
+                            Err(e2) => {
+                                tracing::warn!(error = %e2, "the transaction cannot be aborted");
+                                false
+                            }
+                        }
+                    };
+                    if aborted {
+                        self.rewind(&batch).await;
+                    } else {
+                        self.recover(&stop).await;
+                    }
+                    let wait = backoff.next();
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
                 }
-                self.rewind(&batch).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
         Ok(())
+    }
+
+    fn set_recovering(&self, recovering: bool) {
+        if recovering {
+            self.readiness.set_dependency_ok(false);
+        }
+        self.health.ok.store(!recovering, Ordering::Release);
+    }
+
+    /// Calls a transactional API again while librdkafka says its error is retriable ("retry call to resume":
+    /// the coordinator did not answer in time). Other errors are returned.
+    async fn retrying<F>(&self, what: &'static str, call: F) -> Result<(), KafkaError>
+    where
+        F: Fn(&FutureProducer, &Consumer_, Duration) -> Result<(), KafkaError>
+            + Clone
+            + Send
+            + 'static,
+    {
+        let mut backoff = Backoff::default();
+        loop {
+            let (p, c, f) = (self.producer.clone(), self.consumer.clone(), call.clone());
+            let timeout = self.cfg.transaction_timeout;
+            match blocking(move || f(&p, &c, timeout)).await {
+                Ok(()) => return Ok(()),
+                Err(e) if is_retriable(&e) => {
+                    self.set_recovering(true);
+                    tracing::warn!(call = what, error = %e, "retriable transaction error: calling again");
+                    tokio::time::sleep(backoff.next()).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Aborts the open transaction (retrying while retriable).
+    async fn abort(&self) -> Result<(), KafkaError> {
+        self.retrying("abort_transaction", |p, _, t| p.abort_transaction(t))
+            .await
+    }
+
+    /// Replaces a producer that failed fatally (or whose transaction cannot be finished) by a new one with the
+    /// same `transactional.id` (its `init_transactions` fences the old one and settles its open transaction),
+    /// then seeks the consumer to the committed offsets, so the records of an unfinished transaction are read
+    /// again and those of a committed one are not. Retries until it worked or `stop`.
+    async fn recover(&mut self, stop: &CancellationToken) {
+        self.set_recovering(true);
+        self.metrics.producer_recoveries.inc();
+        tracing::warn!("recreating the transactional producer");
+        let mut backoff = Backoff::default();
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            match (self.make_producer)() {
+                Ok(fresh) => {
+                    let old = std::mem::replace(&mut self.producer, fresh);
+                    // Closing a producer may block (it purges its queues): off the async workers.
+                    tokio::task::spawn_blocking(move || drop(old));
+                    let p = self.producer.clone();
+                    let timeout = self.cfg.transaction_timeout;
+                    match blocking(move || p.init_transactions(timeout)).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the new producer cannot initialise transactions yet")
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot create a producer"),
+            }
+            tokio::time::sleep(backoff.next()).await;
+        }
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            let c = self.consumer.clone();
+            match blocking(move || rewind_to_committed(&c)).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot rewind to the committed offsets yet");
+                    tokio::time::sleep(backoff.next()).await;
+                }
+            }
+        }
+        tracing::info!("transactional producer recreated; reading from the committed offsets");
     }
 
     /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max`. Returns
@@ -455,19 +592,15 @@ impl<P: PluginCaller + 'static> Worker<P> {
         for ((topic, partition), offset) in next {
             offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
         }
-        let meta = self
-            .consumer
-            .group_metadata()
-            .ok_or(KafkaError::ConsumerCommit(
+        self.retrying("send_offsets_to_transaction", move |p, c, t| {
+            let meta = c.group_metadata().ok_or(KafkaError::ConsumerCommit(
                 rdkafka::types::RDKafkaErrorCode::State,
             ))?;
-        let timeout = self.cfg.transaction_timeout;
-        let p = self.producer.clone();
-        blocking(move || {
-            p.send_offsets_to_transaction(&offsets, &meta, timeout)?;
-            p.commit_transaction(timeout)
+            p.send_offsets_to_transaction(&offsets, &meta, t)
         })
         .await?;
+        self.retrying("commit_transaction", |p, _, t| p.commit_transaction(t))
+            .await?;
         self.metrics
             .transactions
             .get_or_create(&crate::metrics::ResultLabels {
@@ -506,10 +639,69 @@ impl<P: PluginCaller + 'static> Worker<P> {
     }
 }
 
+/// A fatal producer error: the producer cannot be used again (fenced, or an unrecoverable idempotence error).
 fn is_fatal(e: &KafkaError) -> bool {
     match e {
         KafkaError::Transaction(t) => t.is_fatal(),
+        _ => e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal),
+    }
+}
+
+/// An error after which librdkafka says the same transactional call may be made again.
+fn is_retriable(e: &KafkaError) -> bool {
+    match e {
+        KafkaError::Transaction(t) => t.is_retriable() && !t.is_fatal() && !t.txn_requires_abort(),
         _ => false,
+    }
+}
+
+/// Seeks every assigned partition to the group's committed offset (the beginning where none is committed,
+/// as `auto.offset.reset: earliest`). Blocking.
+fn rewind_to_committed(c: &Consumer_) -> Result<(), KafkaError> {
+    let assignment = c.assignment()?;
+    if assignment.count() == 0 {
+        return Ok(());
+    }
+    let committed = c.committed_offsets(assignment, Duration::from_secs(10))?;
+    for e in committed.elements() {
+        let offset = match e.offset() {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        };
+        c.seek(e.topic(), e.partition(), offset, Duration::from_secs(5))?;
+    }
+    Ok(())
+}
+
+/// Waits between retries: 200 ms doubling to 10 s, with up to a quarter added at random so pods that failed
+/// together do not retry together.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(10);
+
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(Self::MAX);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|t| t.subsec_nanos())
+            .unwrap_or(0);
+        d + d / 4 * (nanos % 1000) / 1000
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
     }
 }
 

@@ -15,6 +15,8 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::{KillOnDrop, broker, http_get, read_topic};
 
@@ -288,6 +290,7 @@ async fn an_unreachable_api_server_means_nothing_is_consumed() {
 /// A plugin that answers every call after `delay` with a ZPL segment appended.
 struct SlowPlugin {
     delay: Duration,
+    calls: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -296,6 +299,7 @@ impl hl7gw_runtime::proto::v1::transform_server::Transform for SlowPlugin {
         &self,
         req: tonic::Request<hl7gw_runtime::proto::v1::TransformRequest>,
     ) -> Result<tonic::Response<hl7gw_runtime::proto::v1::TransformResponse>, tonic::Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
         let mut m = req.into_inner().message.to_vec();
         m.extend_from_slice(b"ZPL|slow\r");
@@ -308,8 +312,9 @@ impl hl7gw_runtime::proto::v1::transform_server::Transform for SlowPlugin {
     }
 }
 
-/// Serves a plugin on 127.0.0.1 (plain gRPC) and returns its address.
-async fn serve_plugin(delay: Duration) -> SocketAddr {
+/// Serves a plugin on 127.0.0.1 (plain gRPC) and returns its address and its count of calls.
+async fn serve_plugin(delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
@@ -317,11 +322,12 @@ async fn serve_plugin(delay: Duration) -> SocketAddr {
             .add_service(
                 hl7gw_runtime::proto::v1::transform_server::TransformServer::new(SlowPlugin {
                     delay,
+                    calls: calls.clone(),
                 }),
             )
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    addr
+    (addr, calls)
 }
 
 /// Item 8: one batch whose plugin calls together take far longer than `transaction_timeout` (24 messages x
@@ -330,7 +336,7 @@ async fn serve_plugin(delay: Duration) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
     let t = Topics::new();
-    let plugin = serve_plugin(Duration::from_millis(500)).await;
+    let (plugin, _) = serve_plugin(Duration::from_millis(500)).await;
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes.yaml");
     std::fs::write(
@@ -375,4 +381,156 @@ async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
         tr.metric("hl7gw_transformer_batches_cut_total") >= 1.0,
         "no batch was cut"
     );
+}
+
+/// A private broker for a test that stops and restarts it (not the shared one).
+const OUTAGE_PORT: u16 = 39292;
+
+/// Item 7: the broker goes away while a batch is in hand (its commit times out, the transaction cannot be
+/// finished) and comes back. The transformer stays up, is not ready while it cannot commit, then recovers
+/// in-process and routes every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_during_a_commit_is_recovered_in_process() {
+    let brokers = support::broker_on(OUTAGE_PORT);
+    let t = Topics::new();
+    let (plugin, calls) = serve_plugin(Duration::from_millis(1500)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        format!(
+            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: 5000}}}}]\n  destinations: [slow]\n"
+        ),
+    )
+    .unwrap();
+    let n = 6;
+    let msgs: Vec<Vec<u8>> = (0..n)
+        .map(|i| message("ADT^A01", &format!("O{i}"), &format!("MRN{i}")))
+        .collect();
+    produce(&brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(&brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    env.push(("HL7GW_TRANSACTION_TIMEOUT".into(), "4s".into()));
+    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    let mut tr = Transformer::start(&env);
+    tr.wait_ready(Duration::from_secs(60));
+
+    // The first batch is being routed (the plugin has its first call): the broker goes away before its
+    // transaction can commit, and stays away longer than the transaction timeout.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the plugin was never called");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::task::spawn_blocking(|| support::stop_broker(OUTAGE_PORT))
+        .await
+        .unwrap();
+    let mut saw_not_ready = false;
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        assert!(tr.running(), "the transformer exited during the outage");
+        saw_not_ready |= tr.ready() != 200;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(saw_not_ready, "ready while the broker was down");
+    tokio::task::spawn_blocking(|| support::broker_on(OUTAGE_PORT))
+        .await
+        .unwrap();
+
+    let out = tokio::task::spawn_blocking({
+        let topic = t.out("slow");
+        let brokers = brokers.clone();
+        move || read_topic(&brokers, &topic, n, Duration::from_secs(150))
+    })
+    .await
+    .unwrap();
+    let running = tr.running();
+    let mut ids: Vec<String> = out
+        .iter()
+        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
+        .collect();
+    ids.sort();
+    let want: Vec<String> = (0..n).map(|i| format!("O{i}")).collect();
+    let recoveries = tr.metric("hl7gw_transformer_producer_recoveries_total");
+    drop(tr);
+    tokio::task::spawn_blocking(|| support::stop_broker(OUTAGE_PORT))
+        .await
+        .unwrap();
+    assert!(running, "the transformer exited after the outage");
+    assert_eq!(ids, want, "every message exactly once after the outage");
+    eprintln!("producer recoveries: {recoveries}");
+}
+
+/// Item 7, the fatal path: another producer takes the transformer's `transactional.id` while a batch is in
+/// hand (as a zombie pod would), so the transformer's producer is fenced. It closes it, makes a new one with
+/// the same id, rewinds to the committed offsets and routes every message exactly once, without exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_producer_is_recreated_in_process() {
+    let t = Topics::new();
+    let (plugin, calls) = serve_plugin(Duration::from_millis(1000)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        format!(
+            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: 5000}}}}]\n  destinations: [slow]\n"
+        ),
+    )
+    .unwrap();
+    let brokers = broker();
+    let n = 4;
+    let msgs: Vec<Vec<u8>> = (0..n)
+        .map(|i| message("ADT^A01", &format!("F{i}"), &format!("MRN{i}")))
+        .collect();
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    env.push(("HL7GW_TRANSACTION_TIMEOUT".into(), "10s".into()));
+    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    let transactional_id = env
+        .iter()
+        .find(|(k, _)| k == "HL7GW_TRANSACTIONAL_ID")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let mut tr = Transformer::start(&env);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the plugin was never called");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The zombie: same transactional.id, newer epoch.
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::{BaseProducer, Producer};
+        let zombie: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("transactional.id", &transactional_id)
+            .create()
+            .unwrap();
+        zombie.init_transactions(Duration::from_secs(30)).unwrap();
+    })
+    .await
+    .unwrap();
+
+    let out = tokio::task::spawn_blocking({
+        let topic = t.out("slow");
+        move || read_topic(brokers, &topic, n, Duration::from_secs(90))
+    })
+    .await
+    .unwrap();
+    assert!(tr.running(), "the transformer exited when fenced");
+    let mut ids: Vec<String> = out
+        .iter()
+        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
+        .collect();
+    ids.sort();
+    let want: Vec<String> = (0..n).map(|i| format!("F{i}")).collect();
+    assert_eq!(ids, want, "every message exactly once");
+    assert!(tr.metric("hl7gw_transformer_producer_recoveries_total") >= 1.0);
+    tr.wait_ready(Duration::from_secs(30));
 }
