@@ -27,6 +27,8 @@ pub enum RouteError {
     Match(String),
     #[error("transforms[{index}]: {reason}")]
     Step { index: usize, reason: String },
+    #[error("keyPaths: {0}")]
+    Key(String),
 }
 
 /// Why a transform step failed on a message. `kind` is a bounded label for metrics and the DLQ reason.
@@ -47,6 +49,17 @@ pub struct Route {
     pub destinations: Vec<String>,
     matcher: Matcher,
     steps: Vec<Step>,
+    /// Paths of the output key (empty: the inbound key).
+    key_paths: Vec<Path>,
+}
+
+/// What a route made of a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub message: Vec<u8>,
+    pub content_type: &'static str,
+    /// The output key from the route's `keyPaths` (None: the route keeps the inbound key).
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -172,12 +185,19 @@ impl Route {
             }
             steps.push(step);
         }
+        let key_paths = spec
+            .key_paths
+            .iter()
+            .map(|p| path(p))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(RouteError::Key)?;
         Ok(Self {
             name: name.to_owned(),
             priority: spec.priority,
             destinations: spec.destinations.clone(),
             matcher,
             steps,
+            key_paths,
         })
     }
 
@@ -236,6 +256,48 @@ impl Route {
         charset: Charset,
         plugins: &P,
     ) -> Result<(Vec<u8>, &'static str), StepError> {
+        self.run(env, raw, charset, plugins)
+            .await
+            .map(|a| (a.message, a.content_type))
+    }
+
+    /// Runs the steps on `raw` and returns the result, its content type and its output key.
+    pub async fn run<P: PluginCaller>(
+        &self,
+        env: &Envelope,
+        raw: &[u8],
+        charset: Charset,
+        plugins: &P,
+    ) -> Result<Applied, StepError> {
+        let (message, content_type, last_hl7) = self.steps_on(env, raw, charset, plugins).await?;
+        let key = if self.key_paths.is_empty() {
+            None
+        } else {
+            let hl7 = last_hl7.as_deref().unwrap_or(message.as_slice());
+            let msg = Message::parse(hl7).map_err(|e| StepError {
+                route: self.name.clone(),
+                step: self.steps.len(),
+                kind: "key",
+                detail: format!("keyPaths: {e}"),
+            })?;
+            Some(output_key(&msg, &self.key_paths))
+        };
+        Ok(Applied {
+            message,
+            content_type,
+            key,
+        })
+    }
+
+    /// Runs the steps; also returns the last HL7 form when the result is not HL7 (for the key).
+    async fn steps_on<P: PluginCaller>(
+        &self,
+        env: &Envelope,
+        raw: &[u8],
+        charset: Charset,
+        plugins: &P,
+    ) -> Result<(Vec<u8>, &'static str, Option<Vec<u8>>), StepError> {
+        let mut last_hl7: Option<Vec<u8>> = None;
         let mut cur = raw.to_vec();
         let mut content_type = HL7_CONTENT_TYPE;
         for (i, step) in self.steps.iter().enumerate() {
@@ -258,6 +320,9 @@ impl Route {
                 };
                 match plugins.call(p, req).await {
                     Ok((out, ct)) => {
+                        if content_type == HL7_CONTENT_TYPE && ct == JSON_CONTENT_TYPE {
+                            last_hl7 = Some(std::mem::take(&mut cur));
+                        }
                         cur = out;
                         content_type = if ct == JSON_CONTENT_TYPE {
                             JSON_CONTENT_TYPE
@@ -281,14 +346,36 @@ impl Route {
             let next = match step {
                 Step::ToJson => {
                     content_type = JSON_CONTENT_TYPE;
+                    last_hl7 = Some(cur.clone());
                     to_json(env, &msg, charset).map_err(|e| fail("to_json", e))?
                 }
                 other => edit(other, &msg, charset).map_err(|(k, d)| fail(k, d))?,
             };
             cur = next;
         }
-        Ok((cur, content_type))
+        if content_type == HL7_CONTENT_TYPE {
+            last_hl7 = None;
+        }
+        Ok((cur, content_type, last_hl7))
     }
+}
+
+/// The values at `paths` (as they stand in the message, escapes included), joined by `|`; empty when every
+/// value is empty (the same rule as the ingress's key).
+fn output_key(msg: &Message<'_>, paths: &[Path]) -> String {
+    let mut key = Vec::with_capacity(48);
+    for (i, p) in paths.iter().enumerate() {
+        if i > 0 {
+            key.push(b'|');
+        }
+        if let Some(v) = msg.get_path(p) {
+            key.extend_from_slice(v);
+        }
+    }
+    if key.iter().all(|&b| b == b'|') {
+        key.clear();
+    }
+    String::from_utf8_lossy(&key).into_owned()
 }
 
 fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), String> {
@@ -685,6 +772,7 @@ mod tests {
                 "{transforms: [{renameSegment: {from: ZPI, to: ZPI}}], destinations: [a]}",
                 "renameSegment",
             ),
+            ("{keyPaths: [PID], destinations: [a]}", "keyPaths"),
         ];
         for (y, want) in bad {
             let e = Route::compile("r", &spec(y)).unwrap_err().to_string();
@@ -726,6 +814,32 @@ mod tests {
             "no PHI left: {}",
             String::from_utf8_lossy(&out)
         );
+    }
+
+    #[tokio::test]
+    async fn key_paths_read_the_transformed_message() {
+        let r = Route::compile(
+            "r",
+            &spec("{transforms: [{hash: {path: PID-3-1}}, {toJson: {}}], keyPaths: [MSH-4-1, PID-3-1], destinations: [a]}"),
+        )
+        .unwrap();
+        let a = r
+            .run(&env_of(ADT), ADT, Charset::Utf8, &NoPlugins)
+            .await
+            .unwrap();
+        assert_eq!(a.content_type, JSON_CONTENT_TYPE);
+        let key = a.key.unwrap();
+        assert!(
+            key.starts_with("GOOD HOSP|") && key.len() == 10 + 64,
+            "{key}"
+        );
+        assert!(!key.contains("12345"));
+        let plain = Route::compile("p", &spec("destinations: [a]")).unwrap();
+        let a = plain
+            .run(&env_of(ADT), ADT, Charset::Utf8, &NoPlugins)
+            .await
+            .unwrap();
+        assert_eq!(a.key, None, "no keyPaths: the inbound key");
     }
 
     #[tokio::test]

@@ -36,6 +36,14 @@ pub struct HL7RouteSpec {
     pub transforms: Vec<Transform>,
     /// Destination names; each gets the result on topic `hl7.out.<name>`.
     pub destinations: Vec<String>,
+    /// The Kafka key (and `Envelope.key`) of this route's outputs: the values at these terser paths, read
+    /// from the message after every transform step (so a hashed field gives its hash; after `toJson`, from the
+    /// message as it was before it), joined by `|` as the ingress does. Absent: the inbound key (the ingress's
+    /// `key_paths`, by default `MSH-4|PID-3-1` as received), which stays readable even when the route masks or
+    /// hashes those fields: a de-identifying route should set this (e.g. `[MSH-4, PID-3-1]` after hashing
+    /// PID-3-1). The same patient keeps one key, so one partition and its order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_paths: Vec<String>,
 }
 
 /// What a message must look like for a route to take it. Every listed condition must hold; a list holds when

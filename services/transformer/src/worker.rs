@@ -146,15 +146,18 @@ pub async fn route_one<P: PluginCaller>(
         }
         matched += 1;
         match route
-            .apply(&env, &raw, charset, plugins)
+            .run(&env, &raw, charset, plugins)
             .instrument(span.clone())
             .await
         {
-            Ok((out, content_type)) => {
+            Ok(applied) => {
+                // The route's own key (e.g. from a hashed id) or the inbound key.
+                let key = applied.key.unwrap_or_else(|| env.key.clone());
                 for dest in &route.destinations {
                     let mut o = env.clone();
-                    o.raw = out.clone().into();
-                    o.content_type = content_type.to_owned();
+                    o.raw = applied.message.clone().into();
+                    o.content_type = applied.content_type.to_owned();
+                    o.key = key.clone();
                     o.destination = dest.clone();
                     o.route = route.name.clone();
                     // The egress continues the trace from the transformer's span.
@@ -172,7 +175,7 @@ pub async fn route_one<P: PluginCaller>(
                         .inc();
                     records.push(OutRecord {
                         topic: cfg.out_topic(dest),
-                        key: env.key.clone(),
+                        key: key.clone(),
                         envelope: o,
                         traceparent: traceparent.clone(),
                     });

@@ -534,3 +534,60 @@ async fn a_fenced_producer_is_recreated_in_process() {
     assert!(tr.metric("hl7gw_transformer_producer_recoveries_total") >= 1.0);
     tr.wait_ready(Duration::from_secs(30));
 }
+
+/// Item 16: a route that hashes the patient id sets its output key from the hashed value (`keyPaths`, read
+/// after the transforms), so neither the Kafka key nor `Envelope.key` of the de-identified topic carries the
+/// patient id; a route without `keyPaths` keeps the inbound key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deidentifying_route_keys_its_output_without_the_patient_id() {
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: deid}\nspec:\n  transforms:\n    - hash: {path: PID-3-1}\n    - mask: {path: PID-5}\n  keyPaths: [MSH-4, PID-3-1]\n  destinations: [research]\n---\napiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: plain}\nspec:\n  destinations: [plain]\n",
+    )
+    .unwrap();
+    let brokers = broker();
+    let msgs: Vec<Vec<u8>> = (0..2)
+        .map(|i| message("ADT^A01", &format!("D{i}"), &format!("MRN{i}")))
+        .collect();
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    let _tr = Transformer::start(&env);
+    let research = tokio::task::spawn_blocking({
+        let topic = t.out("research");
+        move || read_topic(brokers, &topic, 2, Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    assert_eq!(research.len(), 2);
+    for r in &research {
+        let key = String::from_utf8(r.key.clone().unwrap_or_default()).unwrap();
+        let (facility, id) = key.split_once('|').unwrap_or(("", ""));
+        assert_eq!(facility, "FAC", "{key}");
+        assert_eq!(id.len(), 64, "the hashed id: {key}");
+        assert!(!key.contains("MRN"), "the patient id in the key: {key}");
+        assert_eq!(r.envelope.key, key, "Envelope.key is the record key");
+        let raw = String::from_utf8_lossy(&r.envelope.raw);
+        assert!(raw.contains(id), "the key's hash is the message's PID-3-1");
+        assert!(!raw.contains("MRN") && !raw.contains("DOE"), "{raw}");
+    }
+    let plain = tokio::task::spawn_blocking({
+        let topic = t.out("plain");
+        move || read_topic(brokers, &topic, 2, Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    let mut keys: Vec<String> = plain.iter().map(|r| r.envelope.key.clone()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["FAC|P0", "FAC|P1"],
+        "the inbound key where no keyPaths is set"
+    );
+}
