@@ -78,6 +78,11 @@ pub struct Args {
     #[arg(long, value_name = "NAME", requires = "tls")]
     pub server_name: Option<String>,
 
+    /// Mark the fixture messages as test traffic: MSH-3 `HL7GW-TEST`, MSH-11 `T`. The transformer routes
+    /// them only through routes that name that sending application (`helm test` uses this).
+    #[arg(long)]
+    pub test_traffic: bool,
+
     /// Pace each client at N messages per second (default: as fast as ACKs come back).
     #[arg(long, value_name = "N", value_parser = parse_rate)]
     pub rate: Option<f64>,

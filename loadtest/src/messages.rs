@@ -44,6 +44,20 @@ OBX|6|NM|MCV^Mean Corpuscular Volume^LN||88.0|fL|80.0-100.0|N|||F|||202601011055
 OBX|7|NM|MCH^Mean Corpuscular Hemoglobin^LN||30.2|pg|27.0-33.0|N|||F|||20260101105500\r\
 OBX|8|NM|MCHC^Mean Corpuscular Hemoglobin Concentration^LN||34.5|g/dL|32.0-36.0|N|||F|||20260101105500\r";
 
+/// The sending application (MSH-3) of test traffic: routes do not take it unless they name it.
+pub const TEST_SENDING_APPLICATION: &str = "HL7GW-TEST";
+
+/// A fixture pattern as test traffic: MSH-3 [`TEST_SENDING_APPLICATION`] and MSH-11 `T` (training/test), so
+/// `helm test` against a live pipeline is never taken for a production admission.
+pub fn mark_as_test(pattern: &str) -> String {
+    let mut fields: Vec<&str> = pattern.splitn(13, '|').collect();
+    if fields.len() == 13 {
+        fields[2] = TEST_SENDING_APPLICATION;
+        fields[10] = "T";
+    }
+    fields.join("|")
+}
+
 const CID_SLOT: &str = "{CID}";
 const PID_SLOT: &str = "{PID}";
 /// Put in MSH-10 of a file's message to find where the control id goes (no delimiter, nothing to escape).
@@ -177,10 +191,17 @@ pub struct MessageSet {
 }
 
 impl MessageSet {
-    /// A built-in fixture.
-    pub fn fixture(f: Fixture) -> Self {
-        let adt = || Template::from_pattern("ADT^A01", ADT_A01);
-        let oru = || Template::from_pattern("ORU^R01", ORU_R01);
+    /// A built-in fixture; `test_traffic` marks every message as test traffic ([`mark_as_test`]).
+    pub fn fixture(f: Fixture, test_traffic: bool) -> Self {
+        let pattern = |p: &str| {
+            if test_traffic {
+                mark_as_test(p)
+            } else {
+                p.to_owned()
+            }
+        };
+        let adt = || Template::from_pattern("ADT^A01", &pattern(ADT_A01));
+        let oru = || Template::from_pattern("ORU^R01", &pattern(ORU_R01));
         let (templates, label) = match f {
             Fixture::Adt => (vec![adt()], "fixture adt (ADT^A01)"),
             Fixture::Oru => (vec![oru()], "fixture oru (ORU^R01)"),
@@ -306,7 +327,7 @@ mod tests {
 
     #[test]
     fn frames_are_mllp_wrapped_and_buffers_reused() {
-        let set = MessageSet::fixture(Fixture::Mix);
+        let set = MessageSet::fixture(Fixture::Mix, false);
         let mut out = Vec::new();
         for seq in 0..4 {
             out.clear();
@@ -380,5 +401,18 @@ mod tests {
         let t = Template::from_pattern("x", "A{B}{CID}C{PID}{");
         let (bytes, _) = render(&t, 1, 2);
         assert_eq!(bytes, b"A{B}RUNID-1-2CLOAD1-2{");
+    }
+
+    #[test]
+    fn test_traffic_is_marked_in_msh3_and_msh11() {
+        for p in [ADT_A01, ORU_R01] {
+            let marked = mark_as_test(p)
+                .replace("{CID}", "C1")
+                .replace("{PID}", "P1");
+            let m = Message::parse(marked.as_bytes()).unwrap();
+            assert_eq!(m.get("MSH-3"), Some(TEST_SENDING_APPLICATION.as_bytes()));
+            assert_eq!(m.get("MSH-11"), Some(&b"T"[..]));
+            assert_eq!(m.get("MSH-10"), Some(&b"C1"[..]));
+        }
     }
 }

@@ -58,7 +58,7 @@ impl Settings {
     pub fn from_args(a: &Args) -> anyhow::Result<Self> {
         check_addr(&a.to).map_err(|e| anyhow!(e))?;
         let messages = if a.files.is_empty() {
-            MessageSet::fixture(a.fixture)
+            MessageSet::fixture(a.fixture, a.test_traffic)
         } else {
             MessageSet::from_files(&a.files)?
         };
