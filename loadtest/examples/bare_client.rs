@@ -21,7 +21,7 @@ fn main() -> anyhow::Result<()> {
     let clients: u32 = args.next().ok_or_else(|| anyhow::anyhow!(usage))?.parse()?;
     let per_client: u64 = args.next().ok_or_else(|| anyhow::anyhow!(usage))?.parse()?;
     let mut frame = Vec::new();
-    MessageSet::fixture(Fixture::Adt)
+    MessageSet::fixture(Fixture::Adt, false)
         .pick(0)
         .write_frame(&mut frame, b"BARE", 0, 0, false);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -17,7 +17,7 @@ fn main() -> anyhow::Result<()> {
     let run = new_run_id();
     let run = run.as_bytes();
     for (name, fixture) in [("ADT^A01", Fixture::Adt), ("ORU^R01", Fixture::Oru)] {
-        let set = MessageSet::fixture(fixture);
+        let set = MessageSet::fixture(fixture, false);
         let template = set.pick(0);
         let mut buf = Vec::with_capacity(4096);
 
