@@ -33,6 +33,21 @@ impl Default for RoutesConfig {
     }
 }
 
+/// TLS for `https://` plugin endpoints (`http://` endpoints are plain gRPC).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginTls {
+    /// PEM file of the CA certificate(s) the plugins' server certificates are checked against; required for
+    /// `https://` plugins (the system trust store is not used: point this at the system bundle, e.g.
+    /// `/etc/ssl/certs/ca-certificates.crt`, to trust it). Without it an `https://` plugin call fails
+    /// (`plugin_failed`, DLQ) and the transformer logs why.
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM) for plugins that require mutual TLS; set with `key`.
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of `cert`.
+    pub key: Option<PathBuf>,
+}
+
 /// What happens to a message no route matches (see [`Config::unmatched`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -64,6 +79,8 @@ pub struct Config {
     /// Transactional id of this instance (default `hl7gw-transformer-<pod name>`); must be unique per pod.
     pub transactional_id: Option<String>,
     pub routes: RoutesConfig,
+    /// TLS for `https://` plugin endpoints.
+    pub plugin_tls: PluginTls,
     /// Destination for messages no route matches; when set it takes precedence over `unmatched`.
     pub default_destination: Option<String>,
     /// What a message no route matches gets when `default_destination` is not set: `dead_letter` (the
@@ -103,6 +120,7 @@ impl Default for Config {
             group_id: "hl7gw-transformer".into(),
             transactional_id: None,
             routes: RoutesConfig::default(),
+            plugin_tls: PluginTls::default(),
             default_destination: None,
             unmatched: Unmatched::default(),
             batch_max: 500,
@@ -130,6 +148,9 @@ impl Config {
         }
         if self.routes.file.is_some() && self.routes.kubernetes {
             return rule("routes: use routes.file or routes.kubernetes, not both");
+        }
+        if self.plugin_tls.cert.is_some() != self.plugin_tls.key.is_some() {
+            return rule("plugin_tls: set cert and key together");
         }
         if self.batch_max == 0 {
             return rule("batch_max must be at least 1");

@@ -60,6 +60,8 @@ pub struct Applied {
     pub content_type: &'static str,
     /// The output key from the route's `keyPaths` (None: the route keeps the inbound key).
     pub key: Option<String>,
+    /// Plugin steps that failed and were skipped (`onFailure: skip`).
+    pub plugins_skipped: usize,
 }
 
 #[derive(Debug, Default)]
@@ -185,6 +187,22 @@ impl Route {
             }
             steps.push(step);
         }
+        // A plugin skipped on failure would let the message through unchanged; in a route that de-identifies,
+        // that can be the step that was meant to remove PHI.
+        if steps
+            .iter()
+            .any(|s| matches!(s, Step::Mask(..) | Step::Hash(..)))
+            && let Some(index) = steps
+                .iter()
+                .position(|s| matches!(s, Step::Plugin(p) if p.on_failure == OnFailure::Skip))
+        {
+            return Err(RouteError::Step {
+                index,
+                reason: "onFailure: skip is not allowed in a route that de-identifies (mask or hash): a \
+                         skipped plugin would pass the message on unchanged; use deadLetter"
+                    .into(),
+            });
+        }
         let key_paths = spec
             .key_paths
             .iter()
@@ -269,7 +287,8 @@ impl Route {
         charset: Charset,
         plugins: &P,
     ) -> Result<Applied, StepError> {
-        let (message, content_type, last_hl7) = self.steps_on(env, raw, charset, plugins).await?;
+        let (message, content_type, last_hl7, plugins_skipped) =
+            self.steps_on(env, raw, charset, plugins).await?;
         let key = if self.key_paths.is_empty() {
             None
         } else {
@@ -286,6 +305,7 @@ impl Route {
             message,
             content_type,
             key,
+            plugins_skipped,
         })
     }
 
@@ -296,8 +316,9 @@ impl Route {
         raw: &[u8],
         charset: Charset,
         plugins: &P,
-    ) -> Result<(Vec<u8>, &'static str, Option<Vec<u8>>), StepError> {
+    ) -> Result<(Vec<u8>, &'static str, Option<Vec<u8>>, usize), StepError> {
         let mut last_hl7: Option<Vec<u8>> = None;
+        let mut skipped = 0usize;
         let mut cur = raw.to_vec();
         let mut content_type = HL7_CONTENT_TYPE;
         for (i, step) in self.steps.iter().enumerate() {
@@ -332,6 +353,7 @@ impl Route {
                     }
                     Err(reason) => match p.on_failure {
                         OnFailure::Skip => {
+                            skipped += 1;
                             tracing::warn!(route = %self.name, step = i, %reason, "plugin failed: step skipped");
                         }
                         OnFailure::DeadLetter => return Err(fail("plugin_failed", reason)),
@@ -356,7 +378,7 @@ impl Route {
         if content_type == HL7_CONTENT_TYPE {
             last_hl7 = None;
         }
-        Ok((cur, content_type, last_hl7))
+        Ok((cur, content_type, last_hl7, skipped))
     }
 }
 
@@ -773,6 +795,10 @@ mod tests {
                 "renameSegment",
             ),
             ("{keyPaths: [PID], destinations: [a]}", "keyPaths"),
+            (
+                "{transforms: [{plugin: {endpoint: 'https://deid:1', onFailure: skip}}, {hash: {path: PID-3-1}}], destinations: [a]}",
+                "onFailure: skip is not allowed",
+            ),
         ];
         for (y, want) in bad {
             let e = Route::compile("r", &spec(y)).unwrap_err().to_string();

@@ -41,6 +41,8 @@ pub enum TransformerError {
     WorkerPanicked(String),
     #[error(transparent)]
     Bind(#[from] hl7gw_runtime::admin::BindError),
+    #[error(transparent)]
+    PluginTls(#[from] plugin::PluginTlsError),
 }
 
 /// The addresses the transformer listens on.
@@ -61,6 +63,8 @@ pub async fn run(
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::TransformerMetrics::register(&mut registry);
     let live = Arc::new(source::LiveRoutes::default());
+    // Plugin TLS files are read before any port is bound.
+    let plugins = Arc::new(plugin::GrpcPlugins::new(&cfg.plugin_tls)?);
     let side_stop = CancellationToken::new();
 
     if let Some(path) = &cfg.routes.file {
@@ -154,7 +158,6 @@ pub async fn run(
         side_stop.clone(),
     ));
 
-    let plugins = Arc::new(plugin::GrpcPlugins::default());
     let grpc_stop = CancellationToken::new();
     let grpc_task = tokio::spawn(grpc::serve(
         grpc,

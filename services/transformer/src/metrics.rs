@@ -22,6 +22,11 @@ pub struct OutputLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -49,6 +54,7 @@ pub struct TransformerMetrics {
     pub messages: Family<MessageLabels, Counter>,
     pub outputs: Family<OutputLabels, Counter>,
     pub dlq_writes: Family<ReasonLabels, Counter>,
+    pub plugin_skips: Family<RouteLabels, Counter>,
     pub transactions: Family<ResultLabels, Counter>,
     pub batches_cut: Counter,
     pub producer_recoveries: Counter,
@@ -67,6 +73,7 @@ impl TransformerMetrics {
             messages: Family::default(),
             outputs: Family::default(),
             dlq_writes: Family::default(),
+            plugin_skips: Family::default(),
             transactions: Family::default(),
             batches_cut: Counter::default(),
             producer_recoveries: Counter::default(),
@@ -92,6 +99,11 @@ impl TransformerMetrics {
             "dlq_writes",
             "Messages sent to the DLQ, by reason",
             m.dlq_writes.clone(),
+        );
+        r.register(
+            "plugin_skips",
+            "Plugin steps that failed and were skipped (onFailure: skip): the message went on without that step",
+            m.plugin_skips.clone(),
         );
         r.register(
             "transactions",

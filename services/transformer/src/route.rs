@@ -196,14 +196,16 @@ pub enum OnFailure {
     /// The message goes to the DLQ with the reason (default).
     #[default]
     DeadLetter,
-    /// The step is skipped: the message continues unchanged.
+    /// The step is skipped: the message continues unchanged (counted in
+    /// `hl7gw_transformer_plugin_skips_total{route}` and logged). Refused in a route with `mask` or `hash` steps.
     Skip,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PluginStep {
-    /// The plugin's gRPC endpoint (`http://host:port`).
+    /// The plugin's gRPC endpoint: `http://host:port` (plain) or `https://host:port` (TLS, checked against the
+    /// transformer's `plugin_tls.ca`, with its client certificate when `plugin_tls.cert` is set).
     pub endpoint: String,
     /// Per-call deadline in milliseconds (default 1000).
     // `int32`, a format Kubernetes knows (schemars says `uint32`, which the API server warns about).

@@ -151,6 +151,14 @@ pub async fn route_one<P: PluginCaller>(
             .await
         {
             Ok(applied) => {
+                if applied.plugins_skipped > 0 {
+                    metrics
+                        .plugin_skips
+                        .get_or_create(&crate::metrics::RouteLabels {
+                            route: route.name.clone(),
+                        })
+                        .inc_by(applied.plugins_skipped as u64);
+                }
                 // The route's own key (e.g. from a hashed id) or the inbound key.
                 let key = applied.key.unwrap_or_else(|| env.key.clone());
                 for dest in &route.destinations {

@@ -591,3 +591,68 @@ async fn a_deidentifying_route_keys_its_output_without_the_patient_id() {
         "the inbound key where no keyPaths is set"
     );
 }
+
+/// Item 17: an `https://` plugin endpoint is called over TLS (here mutual TLS, the test PKI): the plugin's
+/// answer is in the output. Before, the channel had no TLS and every call failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_plugins_are_called_over_mutual_tls() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let pki = support::pki();
+    let read = |n: &str| std::fs::read(pki.path(n)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let server = tonic::transport::Server::builder()
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(read("server.pem"), read("server.key")))
+                .client_ca_root(Certificate::from_pem(read("ca.pem"))),
+        )
+        .unwrap()
+        .add_service(
+            hl7gw_runtime::proto::v1::transform_server::TransformServer::new(SlowPlugin {
+                delay: Duration::ZERO,
+                calls: calls.clone(),
+            }),
+        );
+    tokio::spawn(
+        server.serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        format!(
+            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: tls}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'https://127.0.0.1:{}', timeoutMs: 5000}}}}]\n  destinations: [tls]\n",
+            addr.port()
+        ),
+    )
+    .unwrap();
+    let brokers = broker();
+    let msgs: Vec<Vec<u8>> = (0..2)
+        .map(|i| message("ADT^A01", &format!("T{i}"), &format!("MRN{i}")))
+        .collect();
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    env.push(("HL7GW_PLUGIN_TLS__CA".into(), pki.file("ca.pem")));
+    env.push(("HL7GW_PLUGIN_TLS__CERT".into(), pki.file("client.pem")));
+    env.push(("HL7GW_PLUGIN_TLS__KEY".into(), pki.file("client.key")));
+    let _tr = Transformer::start(&env);
+    let out = tokio::task::spawn_blocking({
+        let topic = t.out("tls");
+        move || read_topic(brokers, &topic, 2, Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.len(), 2, "no output through the TLS plugin");
+    assert!(out.iter().all(|r| r.envelope.raw.ends_with(b"ZPL|slow\r")));
+    assert!(calls.load(Ordering::SeqCst) >= 2);
+    let dlq = read_topic(brokers, &t.dlq(), 0, Duration::from_secs(3));
+    assert!(dlq.is_empty(), "plugin failures: {dlq:?}");
+}
