@@ -76,7 +76,9 @@ pub struct Config {
     pub out_topic_prefix: String,
     /// Consumer group.
     pub group_id: String,
-    /// Transactional id of this instance (default `hl7gw-transformer-<pod name>`); must be unique per pod.
+    /// Transactional id of this instance; must be unique per pod and stable across its restarts. Default
+    /// `hl7gw-transformer-<POD_NAME or HOSTNAME>`; with neither set, an id unique to the process (logged), so
+    /// two instances never fence each other but a restart does not fence its predecessor.
     pub transactional_id: Option<String>,
     pub routes: RoutesConfig,
     /// TLS for `https://` plugin endpoints.

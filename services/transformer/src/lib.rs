@@ -98,11 +98,7 @@ pub async fn run(
         ));
     }
 
-    let pod = hl7gw_runtime::pod_name();
-    let txn_id = cfg
-        .transactional_id
-        .clone()
-        .unwrap_or_else(|| format!("hl7gw-transformer-{pod}"));
+    let txn_id = transactional_id(&cfg);
     let mut pc = producer_config(
         &cfg.kafka_brokers,
         "hl7gw-transformer",
@@ -219,6 +215,36 @@ pub async fn run(
     let _ = admin_task.await;
     tracing::info!("transformer stopped");
     result
+}
+
+/// The producer's `transactional.id`: the configured one, else `hl7gw-transformer-<POD_NAME or HOSTNAME>` (stable
+/// across restarts of a StatefulSet pod or a Deployment pod's container). With neither, an id unique to this
+/// process: two instances never share (and fence each other with) one, but a restarted process does not fence
+/// its predecessor's open transaction (it is aborted by the broker after `transaction_timeout`), so
+/// exactly-once across restarts needs POD_NAME (or `transactional_id`).
+fn transactional_id(cfg: &Config) -> String {
+    if let Some(id) = &cfg.transactional_id {
+        return id.clone();
+    }
+    let stable = ["POD_NAME", "HOSTNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|v| !v.trim().is_empty());
+    match stable {
+        Some(pod) => format!("hl7gw-transformer-{pod}"),
+        None => {
+            let id = format!(
+                "hl7gw-transformer-local-{}",
+                hl7gw_runtime::envelope::new_id()
+            );
+            tracing::warn!(
+                transactional_id = %id,
+                "neither POD_NAME nor HOSTNAME is set: this process has a transactional.id of its own; \
+                 exactly-once across restarts needs POD_NAME (or transactional_id)"
+            );
+            id
+        }
+    }
 }
 
 /// Creates the inbound, DLQ and destination topics that do not exist yet.

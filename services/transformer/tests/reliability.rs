@@ -69,10 +69,18 @@ struct Transformer {
 
 impl Transformer {
     fn start(env: &[(String, String)]) -> Self {
+        Self::start_without(env, &[])
+    }
+
+    /// Starts with `env`, and without the variables named in `remove` (inherited otherwise).
+    fn start_without(env: &[(String, String)], remove: &[&str]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-transformer"));
         cmd.args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        for k in remove {
+            cmd.env_remove(k);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -655,4 +663,54 @@ async fn https_plugins_are_called_over_mutual_tls() {
     assert!(calls.load(Ordering::SeqCst) >= 2);
     let dlq = read_topic(brokers, &t.dlq(), 0, Duration::from_secs(3));
     assert!(dlq.is_empty(), "plugin failures: {dlq:?}");
+}
+
+/// Two transformers of one group with neither POD_NAME nor HOSTNAME nor a configured transactional id: each
+/// gets a transactional id of its own, so they do not fence each other (before: both were
+/// `hl7gw-transformer-local`, and each transaction of one fenced the other, in a loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_without_a_pod_name_do_not_fence_each_other() {
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: all}\nspec:\n  destinations: [all]\n",
+    )
+    .unwrap();
+    let brokers = broker();
+    let mut env: Vec<(String, String)> = t
+        .env(brokers)
+        .into_iter()
+        .filter(|(k, _)| k != "HL7GW_TRANSACTIONAL_ID")
+        .collect();
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    let unset = ["POD_NAME", "HOSTNAME", "HL7GW_TRANSACTIONAL_ID"];
+    let mut a = Transformer::start_without(&env, &unset);
+    let mut b = Transformer::start_without(&env, &unset);
+    a.wait_ready(Duration::from_secs(60));
+    b.wait_ready(Duration::from_secs(60));
+    // Messages over ten seconds, so both instances run transactions (three partitions, two consumers).
+    let n = 20;
+    for i in 0..n {
+        let m = message("ADT^A01", &format!("N{i}"), &format!("MRN{i}"));
+        produce(brokers, &t.inbound(), &[m]).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let out = tokio::task::spawn_blocking({
+        let topic = t.out("all");
+        move || read_topic(brokers, &topic, n, Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    let recoveries = (
+        a.metric("hl7gw_transformer_producer_recoveries_total"),
+        b.metric("hl7gw_transformer_producer_recoveries_total"),
+    );
+    assert!(a.running() && b.running());
+    assert_eq!(recoveries, (0.0, 0.0), "the instances fenced each other");
+    assert_eq!(out.len(), n, "every message once");
 }
