@@ -360,8 +360,9 @@ impl<P: PluginCaller + 'static> Worker<P> {
         tracing::info!(topic = %self.cfg.inbound_topic, "routes loaded: consuming");
         let mut buf = Vec::new();
         let mut backoff = Backoff::default();
+        let mut errors = ErrorLog::default();
         while !stop.is_cancelled() {
-            let (batch, generation) = self.gather(&stop).await?;
+            let (batch, generation) = self.gather(&stop, &mut errors).await?;
             if batch.is_empty() {
                 continue;
             }
@@ -515,6 +516,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
     async fn gather(
         &self,
         stop: &CancellationToken,
+        errors: &mut ErrorLog,
     ) -> Result<(Vec<OwnedMessage>, u64), WorkerError> {
         let mut batch = Vec::new();
         let first = tokio::select! {
@@ -526,7 +528,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         match first {
             Ok(m) => batch.push(m.detach()),
             Err(e) => {
-                tracing::warn!(error = %e, "consumer error");
+                errors.log(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return Ok((batch, generation));
             }
@@ -537,7 +539,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 Err(_) => break,
                 Ok(Ok(m)) => batch.push(m.detach()),
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "consumer error");
+                    errors.log(&e);
                     break;
                 }
             }
@@ -682,6 +684,29 @@ fn rewind_to_committed(c: &Consumer_) -> Result<(), KafkaError> {
         c.seek(e.topic(), e.partition(), offset, Duration::from_secs(5))?;
     }
     Ok(())
+}
+
+/// Consumer errors (the broker is away: librdkafka reconnects by itself) logged once per 10 s with the count
+/// since the last line, not every 100 ms.
+#[derive(Debug, Default)]
+struct ErrorLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl ErrorLog {
+    fn log(&mut self, e: &KafkaError) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(error = %e, suppressed = self.suppressed, "consumer error");
+        self.last = Some(Instant::now());
+        self.suppressed = 0;
+    }
 }
 
 /// Waits between retries: 200 ms doubling to 10 s, with up to a quarter added at random so pods that failed
