@@ -154,6 +154,9 @@ impl Config {
         if self.plugin_tls.cert.is_some() != self.plugin_tls.key.is_some() {
             return rule("plugin_tls: set cert and key together");
         }
+        if self.plugin_tls.cert.is_some() && self.plugin_tls.ca.is_none() {
+            return rule("plugin_tls: a client certificate needs ca (the plugins' CA) too");
+        }
         if self.batch_max == 0 {
             return rule("batch_max must be at least 1");
         }
@@ -200,6 +203,14 @@ mod tests {
             ..Config::default()
         };
         c.validate().unwrap();
+        let half_tls = Config {
+            plugin_tls: PluginTls {
+                cert: Some("/tls/client.pem".into()),
+                ..PluginTls::default()
+            },
+            ..c.clone()
+        };
+        assert!(half_tls.validate().is_err(), "cert without key");
         assert_eq!(c.out_topic("lab"), "hl7.out.lab");
         assert_eq!(c.grpc_addr.port(), 50051);
     }

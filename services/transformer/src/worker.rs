@@ -427,10 +427,11 @@ impl<P: PluginCaller + 'static> Worker<P> {
     }
 
     fn set_recovering(&self, recovering: bool) {
+        // The flag first: the readiness probe loop reads it before it sets readiness.
+        self.health.ok.store(!recovering, Ordering::Release);
         if recovering {
             self.readiness.set_dependency_ok(false);
         }
-        self.health.ok.store(!recovering, Ordering::Release);
     }
 
     /// Calls a transactional API again while librdkafka says its error is retriable ("retry call to resume":
