@@ -142,6 +142,7 @@ impl Config {
         if self.kafka_brokers.trim().is_empty() {
             return rule("kafka_brokers is empty");
         }
+        self.kafka.validate()?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
             return rule("inbound_topic, dlq_topic and group_id must be set");
         }

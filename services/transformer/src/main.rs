@@ -42,6 +42,9 @@ fn main() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
+        for w in cfg.kafka.durability_warnings() {
+            eprintln!("warning: {w}");
+        }
         if let Some(path) = &cfg.routes.file {
             let mut r = hl7gw_runtime::metrics::registry();
             let m = hl7gw_transformer::metrics::TransformerMetrics::register(&mut r);

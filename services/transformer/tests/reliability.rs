@@ -343,6 +343,7 @@ async fn serve_plugin(delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
 /// the rest again: it stays up, is not fenced, and routes every message exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
+    let _timing = TIMING.lock().await;
     let t = Topics::new();
     let (plugin, _) = serve_plugin(Duration::from_millis(500)).await;
     let dir = tempfile::tempdir().unwrap();
@@ -391,6 +392,10 @@ async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
     );
 }
 
+/// The tests that stop brokers, fence producers or race a transaction timeout run one at a time: on a 2-core
+/// machine, several at once stretch their timings past what they measure.
+static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A private broker for a test that stops and restarts it (not the shared one).
 const OUTAGE_PORT: u16 = 39292;
 
@@ -399,6 +404,7 @@ const OUTAGE_PORT: u16 = 39292;
 /// in-process and routes every message exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_during_a_commit_is_recovered_in_process() {
+    let _timing = TIMING.lock().await;
     let brokers = support::broker_on(OUTAGE_PORT);
     let t = Topics::new();
     let (plugin, calls) = serve_plugin(Duration::from_millis(1500)).await;
@@ -477,6 +483,7 @@ async fn a_broker_outage_during_a_commit_is_recovered_in_process() {
 /// the same id, rewinds to the committed offsets and routes every message exactly once, without exiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_producer_is_recreated_in_process() {
+    let _timing = TIMING.lock().await;
     let t = Topics::new();
     let (plugin, calls) = serve_plugin(Duration::from_millis(1000)).await;
     let dir = tempfile::tempdir().unwrap();
@@ -670,6 +677,7 @@ async fn https_plugins_are_called_over_mutual_tls() {
 /// `hl7gw-transformer-local`, and each transaction of one fenced the other, in a loop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_without_a_pod_name_do_not_fence_each_other() {
+    let _timing = TIMING.lock().await;
     let t = Topics::new();
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes.yaml");
