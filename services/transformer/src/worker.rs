@@ -248,7 +248,42 @@ pub async fn route_one<P: PluginCaller>(
     metrics
         .transform_duration
         .observe(started.elapsed().as_secs_f64());
+    for r in &mut records {
+        too_large_to_dlq(cfg, r, metrics);
+    }
     Routed { records, outcome }
+}
+
+/// An output larger than Kafka takes (`kafka.max_message_bytes`, e.g. the JSON of a message near the limit)
+/// would fail its transaction on every retry and stop the pod: it goes to the DLQ instead, reason
+/// `too_large`, without the message itself when that too would not fit (the input stays in the inbound topic).
+fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetrics) {
+    use prost::Message as _;
+    let max = cfg.kafka.max_message_bytes;
+    let size = r.envelope.encoded_len();
+    if size <= max {
+        return;
+    }
+    tracing::warn!(
+        size,
+        max,
+        route = %r.envelope.route,
+        "an output is larger than kafka.max_message_bytes: DLQ"
+    );
+    let mut env = std::mem::take(&mut r.envelope);
+    env.rejection = Some(Rejection {
+        stage: "transformer".into(),
+        reason: "too_large".into(),
+        detail: format!(
+            "output for {} of {size} bytes, over the {max}-byte record limit",
+            r.topic
+        ),
+        ..Rejection::default()
+    });
+    if env.encoded_len() > max {
+        env.raw = Default::default();
+    }
+    *r = dlq(cfg, env, "too_large", metrics);
 }
 
 fn dlq(
@@ -823,6 +858,25 @@ mod tests {
             r.records[0].envelope.stages.last().unwrap().name,
             "transformer"
         );
+    }
+
+    /// Issue 9, item 9: an output over the record limit is a dead letter, not a transaction that fails forever.
+    #[tokio::test]
+    async fn an_output_larger_than_the_record_limit_goes_to_the_dlq() {
+        let routes = [route(
+            "big",
+            "{transforms: [{toJson: {}}], destinations: [json]}",
+        )];
+        let mut cfg = Config::default();
+        cfg.kafka.max_message_bytes = 400;
+        let (r, _) = run(&cfg, &routes, &inbound(ADT)).await;
+        assert_eq!(r.records.len(), 1);
+        assert_eq!(r.records[0].topic, "hl7.dlq");
+        let rej = r.records[0].envelope.rejection.as_ref().unwrap();
+        assert_eq!(rej.reason, "too_large");
+        // Within the limit, the same route delivers.
+        let (r, _) = run(&Config::default(), &routes, &inbound(ADT)).await;
+        assert_eq!(r.records[0].topic, "hl7.out.json");
     }
 
     #[tokio::test]
