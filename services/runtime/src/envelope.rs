@@ -4,6 +4,15 @@ use crate::proto::v1::{Envelope, Header};
 use hl7v2::Charset;
 use std::time::SystemTime;
 
+/// The sending application (MSH-3) of test traffic (`hl7gw-load --test-traffic`, `helm test`): routes take
+/// it only when they name it, and it never goes to a default destination.
+pub const TEST_SENDING_APPLICATION: &str = "HL7GW-TEST";
+
+/// True for test traffic: MSH-3 (its first component) is [`TEST_SENDING_APPLICATION`].
+pub fn is_test_traffic(h: &Header) -> bool {
+    h.sending_application.split('^').next() == Some(TEST_SENDING_APPLICATION)
+}
+
 /// Kafka header names consumers filter on (the envelope repeats them).
 pub mod headers {
     pub const TYPE: &str = "hl7.type";

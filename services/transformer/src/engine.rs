@@ -242,6 +242,15 @@ impl Route {
         if !hd(&m.applications, &h.sending_application) {
             return Err("sendingApplications".into());
         }
+        // Test traffic (`helm test`) only through routes that name its sending application.
+        if hl7gw_runtime::envelope::is_test_traffic(&h)
+            && !m
+                .applications
+                .iter()
+                .any(|p| p == hl7gw_runtime::envelope::TEST_SENDING_APPLICATION)
+        {
+            return Err("test traffic (HL7GW-TEST) and the route does not name it".into());
+        }
         if !hd(&m.facilities, &h.sending_facility) {
             return Err("sendingFacilities".into());
         }
@@ -739,6 +748,17 @@ mod tests {
         assert!(ok("{match: {sendingFacilities: ['GOOD HOSP']}, destinations: [a]}").is_ok());
         assert!(ok("{match: {sendingApplications: [LAB]}, destinations: [a]}").is_err());
         assert!(ok("{match: {versions: ['2.5*']}, destinations: [a]}").is_ok());
+        // Test traffic only through a route that names HL7GW-TEST.
+        let test = b"MSH|^~\\&|HL7GW-TEST|GOOD HOSP|B|G|20260101||ADT^A01|T1|T|2.5\rPID|1||P1\r";
+        let (tm, tenv) = (Message::parse(test).unwrap(), env_of(test));
+        let test_ok = |y: &str| {
+            Route::compile("r", &spec(y))
+                .unwrap()
+                .matches(&tenv, &tm, Charset::Utf8)
+        };
+        assert!(test_ok("{match: {messageTypes: [ADT]}, destinations: [a]}").is_err());
+        assert!(test_ok("destinations: [a]").is_err());
+        assert!(test_ok("{match: {sendingApplications: [HL7GW-TEST]}, destinations: [a]}").is_ok());
         assert!(ok("{match: {where: [{path: PID-8, equals: F}]}, destinations: [a]}").is_ok());
         assert!(ok("{match: {where: [{path: PID-8, in: [M, U]}]}, destinations: [a]}").is_err());
         assert!(

@@ -211,7 +211,10 @@ pub async fn route_one<P: PluginCaller>(
         }
     }
     span.record("routes", matched);
-    let outcome = if matched == 0 {
+    let outcome = if matched == 0 && hl7gw_runtime::envelope::is_test_traffic(&h_of(&env)) {
+        // Test traffic no route asked for: counted, neither delivered by default nor a dead letter.
+        outcome::UNMATCHED
+    } else if matched == 0 {
         match &cfg.default_destination {
             Some(dest) => {
                 let mut o = env.clone();
@@ -284,6 +287,10 @@ fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetric
         env.raw = Default::default();
     }
     *r = dlq(cfg, env, "too_large", metrics);
+}
+
+fn h_of(env: &Envelope) -> hl7gw_runtime::proto::v1::Header {
+    env.header.clone().unwrap_or_default()
 }
 
 fn dlq(
@@ -877,6 +884,24 @@ mod tests {
         // Within the limit, the same route delivers.
         let (r, _) = run(&Config::default(), &routes, &inbound(ADT)).await;
         assert_eq!(r.records[0].topic, "hl7.out.json");
+    }
+
+    /// `helm test` traffic that no route names is counted, never delivered by default nor dead-lettered.
+    #[tokio::test]
+    async fn unmatched_test_traffic_is_dropped_even_with_a_default_destination() {
+        let routes = [route(
+            "a",
+            "{match: {messageTypes: [ADT]}, destinations: [lab]}",
+        )];
+        let cfg = Config {
+            default_destination: Some("archive".into()),
+            ..Config::default()
+        };
+        let test = b"MSH|^~\\&|HL7GW-TEST|F|B|G|20260101||ADT^A01|T1|T|2.5\rPID|1||P1\r";
+        let (r, _) = run(&cfg, &routes, &inbound(test)).await;
+        assert_eq!((r.outcome, r.records.len()), (outcome::UNMATCHED, 0));
+        let (r, _) = run(&cfg, &routes, &inbound(ADT)).await;
+        assert_eq!(r.records[0].topic, "hl7.out.lab");
     }
 
     #[tokio::test]
