@@ -642,19 +642,7 @@ impl Pipeline {
     }
 
     fn kafka_key(&self, msg: &Message<'_>) -> Vec<u8> {
-        let mut key = Vec::with_capacity(48);
-        for (i, p) in self.key_paths.iter().enumerate() {
-            if i > 0 {
-                key.push(b'|');
-            }
-            if let Some(v) = msg.get_path(p) {
-                key.extend_from_slice(v);
-            }
-        }
-        if key.iter().all(|&b| b == b'|') {
-            key.clear();
-        }
-        key
+        envelope::kafka_key(msg, &self.key_paths)
     }
 
     /// The envelope every record of this ingress starts from.

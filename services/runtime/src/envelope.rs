@@ -13,6 +13,24 @@ pub fn is_test_traffic(h: &Header) -> bool {
     h.sending_application.split('^').next() == Some(TEST_SENDING_APPLICATION)
 }
 
+/// The Kafka key of a message: the values at `paths` (as they stand in the message, escapes included), joined
+/// by `|`; empty when every value is empty. One rule for the ingress's key and a route's `keyPaths`.
+pub fn kafka_key(msg: &hl7v2::Message<'_>, paths: &[hl7v2::Path]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(48);
+    for (i, p) in paths.iter().enumerate() {
+        if i > 0 {
+            key.push(b'|');
+        }
+        if let Some(v) = msg.get_path(p) {
+            key.extend_from_slice(v);
+        }
+    }
+    if key.iter().all(|&b| b == b'|') {
+        key.clear();
+    }
+    key
+}
+
 /// Kafka header names consumers filter on (the envelope repeats them).
 pub mod headers {
     pub const TYPE: &str = "hl7.type";

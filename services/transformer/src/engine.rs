@@ -391,22 +391,9 @@ impl Route {
     }
 }
 
-/// The values at `paths` (as they stand in the message, escapes included), joined by `|`; empty when every
-/// value is empty (the same rule as the ingress's key).
+/// A route's output key: the ingress's key rule on the route's `keyPaths`.
 fn output_key(msg: &Message<'_>, paths: &[Path]) -> String {
-    let mut key = Vec::with_capacity(48);
-    for (i, p) in paths.iter().enumerate() {
-        if i > 0 {
-            key.push(b'|');
-        }
-        if let Some(v) = msg.get_path(p) {
-            key.extend_from_slice(v);
-        }
-    }
-    if key.iter().all(|&b| b == b'|') {
-        key.clear();
-    }
-    String::from_utf8_lossy(&key).into_owned()
+    String::from_utf8_lossy(&hl7gw_runtime::envelope::kafka_key(msg, paths)).into_owned()
 }
 
 fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), String> {
