@@ -247,6 +247,55 @@ impl WaitOrKill for std::process::Child {
     }
 }
 
+/// A 2-worker runtime for one pipeline test.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+type Egress = EgressClient<tonic::transport::Channel>;
+
+/// Waits until the `lab` destination delivered or dead-lettered `n` messages; `context` explains a timeout.
+async fn wait_settled(egress: &mut Egress, n: u64, context: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = egress
+            .status(StatusRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let d = &s.destinations[0];
+        if d.delivered + d.dead_lettered >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not settled: {d:?}; {}",
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// (control id, MSA-1 of the receiver's answer) of every `lab` dead letter.
+async fn dead_letters(egress: &mut Egress) -> Vec<(String, String)> {
+    egress
+        .list_dead_letters(ListDeadLettersRequest {
+            destination: "lab".into(),
+            ..ListDeadLettersRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .dead_letters
+        .into_iter()
+        .map(|d| (d.control_id, d.ack_code))
+        .collect()
+}
+
 /// Two routes that both lead to `lab`, as an integration engineer writes when one feed needs two shapes.
 const TWO_ROUTES: &str = "\
 apiVersion: hl7gw.io/v1alpha1
@@ -356,12 +405,7 @@ async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
 #[test]
 fn answers_are_matched_by_msa2_not_by_arrival() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let mut p = Pipeline::new();
         let _receiver = two_ack_receiver(p.receiver_port).await;
         p.start_egress();
@@ -376,32 +420,12 @@ fn answers_are_matched_by_msa2_not_by_arrival() {
             assert_eq!(support::ack_code(&ack), "AA");
         }
         let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let s = egress
-                .status(StatusRequest::default())
-                .await
-                .unwrap()
-                .into_inner();
-            let d = &s.destinations[0];
-            if d.delivered + d.dead_lettered >= 6 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "not settled: {d:?}");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        wait_settled(&mut egress, 6, String::new).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let dead: Vec<String> = egress
-            .list_dead_letters(ListDeadLettersRequest {
-                destination: "lab".into(),
-                ..ListDeadLettersRequest::default()
-            })
+        let dead: Vec<String> = dead_letters(&mut egress)
             .await
-            .unwrap()
-            .into_inner()
-            .dead_letters
             .into_iter()
-            .map(|d| d.control_id)
+            .map(|(id, _)| id)
             .collect();
         assert_eq!(
             dead,
@@ -477,12 +501,7 @@ async fn policy_receiver(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<(Stri
 #[test]
 fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let mut p = Pipeline::new();
         let seen = policy_receiver(p.receiver_port).await;
         p.start_egress();
@@ -504,37 +523,11 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
             }
         }
         let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let s = egress
-                .status(StatusRequest::default())
-                .await
-                .unwrap()
-                .into_inner();
-            let d = &s.destinations[0];
-            if d.delivered + d.dead_lettered >= 4 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not settled: {d:?}; the receiver saw {:?}",
-                seen.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        let dead = egress
-            .list_dead_letters(ListDeadLettersRequest {
-                destination: "lab".into(),
-                ..ListDeadLettersRequest::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .dead_letters;
-        let dead: Vec<(String, String)> = dead
-            .into_iter()
-            .map(|d| (d.control_id, d.ack_code))
-            .collect();
+        wait_settled(&mut egress, 4, || {
+            format!("the receiver saw {:?}", seen.lock().unwrap())
+        })
+        .await;
+        let dead = dead_letters(&mut egress).await;
         assert_eq!(dead, [("POL-1".to_owned(), "AE".to_owned())]);
         let seen = seen.lock().unwrap().clone();
         let order: Vec<&str> = seen.iter().map(|(c, _)| c.as_str()).collect();
@@ -553,12 +546,7 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
 fn a_stuck_partition_does_not_stop_the_others() {
     use futures_util::{SinkExt, StreamExt};
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let mut p = Pipeline::new();
         let cfg = p.dir.path().join("egress.yaml");
         let yaml = std::fs::read_to_string(&cfg).unwrap();
