@@ -526,16 +526,14 @@ impl DestCtx {
 /// The bytes to send: the message, with MSH-15 set to `AL` when it asks for no accept ACK and the policy says
 /// so (a receiver that stays silent could never let the offset be committed).
 fn outgoing(raw: &bytes::Bytes, policy: &crate::config::AckPolicy) -> bytes::Bytes {
-    if !policy.rewrite_msh15 {
+    // The header alone decides (no full parse for the common case: MSH-15 empty or AL).
+    let msh15 = hl7v2::Header::salvage(raw).accept_ack_type;
+    if !policy.rewrite_msh15 || msh15.is_empty() || msh15 == b"AL" {
         return raw.clone();
     }
     let Ok(m) = hl7v2::Message::parse(raw) else {
         return raw.clone();
     };
-    let msh15 = m.header().accept_ack_type;
-    if msh15.is_empty() || msh15 == b"AL" {
-        return raw.clone();
-    }
     let mut e = m.edit();
     match e.set("MSH-15", b"AL") {
         Ok(()) => e.encode().into(),
