@@ -144,6 +144,9 @@ pub struct Config {
     pub out_topic_prefix: String,
     /// Where rejected and given-up deliveries go.
     pub dlq_topic: String,
+    /// Where `Replay` sends the transformer's dead letters (messages no route took or a transform failed
+    /// on): back to the transformer's input.
+    pub inbound_topic: String,
     /// Consumer groups are `<prefix>.<destination>`.
     pub group_prefix: String,
     /// The receivers, by destination name (the names routes use).
@@ -156,6 +159,10 @@ pub struct Config {
     pub duplicate_capacity: usize,
     /// Messages read ahead per partition while the one before is being delivered.
     pub queue_per_partition: usize,
+    /// Most bytes read ahead per partition (the first message always goes, whatever its size): with large
+    /// messages this, not `queue_per_partition`, bounds the egress's memory (partitions x this per destination,
+    /// plus the consumer's `kafka.consumer_prefetch_bytes`).
+    pub queue_bytes_per_partition: usize,
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     pub log_json: bool,
@@ -170,11 +177,13 @@ impl Default for Config {
             kafka_brokers: "127.0.0.1:9092".into(),
             out_topic_prefix: "hl7.out.".into(),
             dlq_topic: "hl7.dlq".into(),
+            inbound_topic: "hl7.inbound".into(),
             group_prefix: "hl7gw-egress".into(),
             destinations: BTreeMap::new(),
             duplicate_window: Duration::from_secs(600),
             duplicate_capacity: 200_000,
             queue_per_partition: 64,
+            queue_bytes_per_partition: 4 << 20,
             drain_timeout: Duration::from_secs(20),
             log_json: false,
             kafka: KafkaSettings::default(),
@@ -195,6 +204,9 @@ impl Config {
         }
         if self.queue_per_partition == 0 {
             return rule("queue_per_partition must be at least 1".into());
+        }
+        if self.queue_bytes_per_partition == 0 {
+            return rule("queue_bytes_per_partition must be at least 1".into());
         }
         for (name, d) in &self.destinations {
             if name.is_empty()

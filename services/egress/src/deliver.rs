@@ -14,7 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, Stre
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
@@ -108,6 +108,43 @@ impl std::fmt::Debug for DestCtx {
     }
 }
 
+/// A record on its way to a partition worker, with the rebalance generation it was read in.
+type Item = (u64, OwnedMessage);
+
+/// The queue to one partition's worker, bounded in records (the channel) and in payload bytes.
+struct Lane {
+    tx: mpsc::Sender<Item>,
+    bytes: Arc<AtomicUsize>,
+    max_bytes: usize,
+}
+
+impl Lane {
+    /// Queues `item` unless the lane is full in records or bytes (an empty lane takes any one record).
+    // The same signature as `mpsc::Sender::try_send`: a full lane hands the record back to be held.
+    #[allow(clippy::result_large_err)]
+    fn try_send(&self, item: Item) -> Result<(), mpsc::error::TrySendError<Item>> {
+        let len = item.1.payload().map_or(0, <[u8]>::len);
+        let queued = self.bytes.load(Ordering::Acquire);
+        if queued > 0 && queued + len > self.max_bytes {
+            return Err(mpsc::error::TrySendError::Full(item));
+        }
+        // Counted before the worker can take it (and count it off).
+        self.bytes.fetch_add(len, Ordering::AcqRel);
+        self.tx.try_send(item).inspect_err(|_| {
+            self.bytes.fetch_sub(len, Ordering::AcqRel);
+        })
+    }
+}
+
+/// Takes a record's bytes off its lane's count when dropped.
+struct QueuedBytes<'a>(&'a AtomicUsize, usize);
+
+impl Drop for QueuedBytes<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::AcqRel);
+    }
+}
+
 /// How a delivery ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Done {
@@ -126,8 +163,8 @@ impl DestCtx {
     /// held, so instead the process stops and the partition is read again from its committed offset.
     pub async fn run(self: Arc<Self>, stop: CancellationToken, failed: CancellationToken) {
         let tracker = TaskTracker::new();
-        let mut workers: HashMap<i32, mpsc::Sender<(u64, OwnedMessage)>> = HashMap::new();
-        let mut held: HashMap<i32, VecDeque<(u64, OwnedMessage)>> = HashMap::new();
+        let mut workers: HashMap<i32, Lane> = HashMap::new();
+        let mut held: HashMap<i32, VecDeque<Item>> = HashMap::new();
         let mut retry_held = tokio::time::interval(Duration::from_millis(20));
         retry_held.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -153,8 +190,18 @@ impl DestCtx {
             let partition = m.partition();
             let tx = workers.entry(partition).or_insert_with(|| {
                 let (tx, rx) = mpsc::channel(self.cfg.queue_per_partition);
-                tracker.spawn(self.clone().partition_worker(partition, rx, stop.clone()));
-                tx
+                let bytes = Arc::new(AtomicUsize::new(0));
+                tracker.spawn(self.clone().partition_worker(
+                    partition,
+                    rx,
+                    bytes.clone(),
+                    stop.clone(),
+                ));
+                Lane {
+                    tx,
+                    bytes,
+                    max_bytes: self.cfg.queue_bytes_per_partition,
+                }
             });
             if let Some(q) = held.get_mut(&partition) {
                 // Behind records already held: keep the partition's order.
@@ -184,8 +231,8 @@ impl DestCtx {
     /// False when a worker is gone.
     fn hand_over_held(
         &self,
-        held: &mut HashMap<i32, VecDeque<(u64, OwnedMessage)>>,
-        workers: &HashMap<i32, mpsc::Sender<(u64, OwnedMessage)>>,
+        held: &mut HashMap<i32, VecDeque<Item>>,
+        workers: &HashMap<i32, Lane>,
     ) -> bool {
         let current = self.consumer.context().generation();
         let mut alive = true;
@@ -232,7 +279,8 @@ impl DestCtx {
     async fn partition_worker(
         self: Arc<Self>,
         partition: i32,
-        mut rx: mpsc::Receiver<(u64, OwnedMessage)>,
+        mut rx: mpsc::Receiver<Item>,
+        queued_bytes: Arc<AtomicUsize>,
         stop: CancellationToken,
     ) {
         let mut client = MllpClient::new(
@@ -242,6 +290,8 @@ impl DestCtx {
             self.m.unmatched_acks.clone(),
         );
         while let Some((generation, m)) = rx.recv().await {
+            // Released when this record is done with (delivered, dropped or abandoned).
+            let _queued = QueuedBytes(&queued_bytes, m.payload().map_or(0, <[u8]>::len));
             if generation != self.consumer.context().generation() {
                 // Read before a rebalance: the partition restarts from its committed offset.
                 continue;

@@ -32,6 +32,11 @@ pub struct KafkaSettings {
     /// librdkafka (`message.max.bytes`) and the topics. A message whose record would be larger is refused
     /// for good (AE and DLQ), not retried. The default (2 MiB) matches k8s/kafka/topics.yaml.
     pub max_message_bytes: usize,
+    /// Bytes a consumer fetches ahead of its work (librdkafka's `queued.max.messages.kbytes`, which also
+    /// bounds each fetch request). 0 (the default): 1/16 of the memory limit (the pod's), between 4 and 64 MiB, or
+    /// 32 MiB when there is no limit. librdkafka's own default (64 MiB queued plus 50 MiB fetches) is
+    /// most of a 512 MiB pod once messages are large.
+    pub consumer_prefetch_bytes: usize,
     /// Extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...), applied last. The properties
     /// the services' promises rest on ([`PROTECTED_PROPERTIES`]) are refused when the config is read.
     #[serde(deserialize_with = "deserialize_properties")]
@@ -99,6 +104,14 @@ pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
     ("compression.type", "set kafka.compression instead"),
     ("compression.codec", "set kafka.compression instead"),
     ("message.max.bytes", "set kafka.max_message_bytes instead"),
+    (
+        "queued.max.messages.kbytes",
+        "set kafka.consumer_prefetch_bytes instead",
+    ),
+    (
+        "fetch.max.bytes",
+        "set kafka.consumer_prefetch_bytes instead",
+    ),
 ];
 
 /// Refuses `kafka.properties` entries that collide with [`PROTECTED_PROPERTIES`].
@@ -129,6 +142,7 @@ impl Default for KafkaSettings {
             replication_factor: -1,
             min_insync_replicas: 0,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            consumer_prefetch_bytes: 0,
             properties: BTreeMap::new(),
         }
     }
@@ -145,6 +159,12 @@ impl KafkaSettings {
             return rule(format!(
                 "kafka.max_message_bytes must be between 1000 and 1000000000, not {}",
                 self.max_message_bytes
+            ));
+        }
+        if self.consumer_prefetch_bytes != 0 && self.consumer_prefetch_bytes < 1 << 20 {
+            return rule(format!(
+                "kafka.consumer_prefetch_bytes must be 0 (sized from the memory limit) or at least 1048576, not {}",
+                self.consumer_prefetch_bytes
             ));
         }
         if self.replication_factor == 0 || self.replication_factor < -1 {
@@ -278,6 +298,21 @@ pub async fn ensure_topics(
     Ok(())
 }
 
+impl KafkaSettings {
+    /// The consumer prefetch in bytes: [`KafkaSettings::consumer_prefetch_bytes`], or sized from `limit`
+    /// (the process's memory limit) when that is 0.
+    pub fn prefetch_bytes(&self, limit: Option<u64>) -> usize {
+        const MIB: u64 = 1 << 20;
+        if self.consumer_prefetch_bytes > 0 {
+            return self.consumer_prefetch_bytes;
+        }
+        match limit {
+            Some(l) => (l / 16).clamp(4 * MIB, 64 * MIB) as usize,
+            None => (32 * MIB) as usize,
+        }
+    }
+}
+
 /// Consumer settings for the workers: a group, offsets committed only by the service (after its work is
 /// done), read_committed so records of aborted transactions are never seen, and a short session timeout so a
 /// killed pod's partitions move on within seconds.
@@ -300,6 +335,10 @@ pub fn consumer_config(
         .set("socket.nagle.disable", "true")
         .set("fetch.wait.max.ms", "10")
         .set("reconnect.backoff.max.ms", "1000");
+    // Prefetch bounded in bytes. librdkafka bounds each fetch by this too (fetch.max.bytes left unset is
+    // lowered to it); a record larger than a fetch still comes, alone, so large messages never stall.
+    let prefetch = s.prefetch_bytes(crate::memory::limit());
+    c.set("queued.max.messages.kbytes", (prefetch / 1024).to_string());
     for (k, v) in &s.properties {
         c.set(k, v);
     }
@@ -336,6 +375,20 @@ pub fn consumer_lag<C: ConsumerContext, K: Consumer<C>>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prefetch_follows_the_memory_limit_unless_set() {
+        let mut s = super::KafkaSettings::default();
+        assert_eq!(s.prefetch_bytes(None), 32 << 20);
+        assert_eq!(s.prefetch_bytes(Some(512 << 20)), 32 << 20);
+        assert_eq!(s.prefetch_bytes(Some(128 << 20)), 8 << 20);
+        assert_eq!(s.prefetch_bytes(Some(16 << 20)), 4 << 20);
+        assert_eq!(s.prefetch_bytes(Some(8 << 30)), 64 << 20);
+        s.consumer_prefetch_bytes = 2 << 20;
+        assert_eq!(s.prefetch_bytes(Some(8 << 30)), 2 << 20);
+        s.consumer_prefetch_bytes = 1000;
+        assert!(s.validate().is_err());
+    }
+
     use super::*;
 
     fn settings(yaml: &str) -> Result<KafkaSettings, String> {

@@ -94,6 +94,10 @@ pub struct Config {
     pub unmatched: Unmatched,
     /// Most messages per Kafka transaction.
     pub batch_max: usize,
+    /// Most input bytes per Kafka transaction (the record that crosses it still joins the batch, so a batch
+    /// holds at most this plus one `kafka.max_message_bytes`). Inputs and their outputs stay in memory until
+    /// the transaction commits, so this, not `batch_max`, bounds memory when messages are large.
+    pub batch_max_bytes: usize,
     /// How long a batch waits for more messages once it has one.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
@@ -126,6 +130,7 @@ impl Default for Config {
             default_destination: None,
             unmatched: Unmatched::default(),
             batch_max: 500,
+            batch_max_bytes: 16 << 20,
             batch_linger: Duration::from_millis(5),
             transaction_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(20),
@@ -160,6 +165,9 @@ impl Config {
         }
         if self.batch_max == 0 {
             return rule("batch_max must be at least 1");
+        }
+        if self.batch_max_bytes == 0 {
+            return rule("batch_max_bytes must be at least 1");
         }
         if self.transaction_timeout < Duration::from_secs(1) {
             return rule("transaction_timeout must be at least 1s");

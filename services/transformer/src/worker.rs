@@ -289,6 +289,14 @@ fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetric
     *r = dlq(cfg, env, "too_large", metrics);
 }
 
+/// Payload bytes of the records gathered so far.
+fn batch_bytes(batch: &[OwnedMessage]) -> usize {
+    batch
+        .iter()
+        .map(|m| m.payload().map_or(0, <[u8]>::len))
+        .sum()
+}
+
 fn h_of(env: &Envelope) -> hl7gw_runtime::proto::v1::Header {
     env.header.clone().unwrap_or_default()
 }
@@ -554,7 +562,8 @@ impl<P: PluginCaller + 'static> Worker<P> {
         tracing::info!("transactional producer recreated; reading from the committed offsets");
     }
 
-    /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max`. Returns
+    /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max` records
+    /// and `batch_max_bytes` of payload. Returns
     /// the batch and the rebalance generation its first record was read in.
     async fn gather(
         &self,
@@ -577,10 +586,14 @@ impl<P: PluginCaller + 'static> Worker<P> {
             }
         }
         let deadline = tokio::time::Instant::now() + self.cfg.batch_linger;
-        while batch.len() < self.cfg.batch_max {
+        let mut bytes = batch_bytes(&batch);
+        while batch.len() < self.cfg.batch_max && bytes < self.cfg.batch_max_bytes {
             match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
                 Err(_) => break,
-                Ok(Ok(m)) => batch.push(m.detach()),
+                Ok(Ok(m)) => {
+                    bytes += m.payload_len();
+                    batch.push(m.detach());
+                }
                 Ok(Err(e)) => {
                     errors.log(&e);
                     break;
