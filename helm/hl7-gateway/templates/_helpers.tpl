@@ -197,6 +197,7 @@ app.kubernetes.io/component: {{ .component }}
   "kafka_brokers" $v.kafka.brokers
   "out_topic_prefix" $v.kafka.topics.outPrefix
   "dlq_topic" $v.kafka.topics.dlq
+  "inbound_topic" $v.kafka.topics.inbound
   "destinations" $dests
   "drain_timeout" (printf "%vs" $v.egress.drainTimeoutSeconds)
   "log_json" $v.logging.json

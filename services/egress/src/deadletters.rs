@@ -1,5 +1,6 @@
-//! Dead letters: read back from the DLQ topic (the egress keeps no state of its own), listed, and replayed to
-//! their destination topic so the egress delivers them again.
+//! Dead letters: read back from the DLQ topic (the egress keeps no state of its own), listed, and replayed:
+//! the egress's to their destination topic so the egress delivers them again, the transformer's to the
+//! inbound topic so the transformer routes them again.
 
 use crate::config::Config;
 use hl7gw_runtime::envelope;
@@ -35,6 +36,8 @@ pub struct Page {
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub destination: String,
+    /// `egress`, `transformer`, or empty for both.
+    pub stage: String,
     pub ids: Vec<String>,
     /// Milliseconds since the epoch (DLQ record timestamps), inclusive / exclusive.
     pub since_ms: Option<i64>,
@@ -133,10 +136,16 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         let Some(rej) = env.rejection.as_ref() else {
             continue;
         };
-        if rej.stage != "egress"
+        let known = match rej.stage.as_str() {
+            // Replayable only to a destination this egress delivers to.
+            STAGE_EGRESS => cfg.destinations.contains_key(&env.destination),
+            STAGE_TRANSFORMER => true,
+            _ => false,
+        };
+        if !known
+            || (!filter.stage.is_empty() && rej.stage != filter.stage)
             || (!filter.destination.is_empty() && env.destination != filter.destination)
             || (!filter.ids.is_empty() && !filter.ids.contains(&env.id))
-            || !cfg.destinations.contains_key(&env.destination)
         {
             continue;
         }
@@ -159,6 +168,7 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             partition: m.partition(),
             offset: m.offset(),
             envelope: None,
+            stage: rej.stage.clone(),
         };
         bytes += env.raw.len();
         out.push((dl, env));
@@ -176,8 +186,15 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     })
 }
 
-/// Sends dead letters back to their destination topic (rejection cleared, a `replay` stage added) and waits
-/// for Kafka to confirm each. Returns the replayed (id, destination) pairs.
+/// The stage of the egress's own dead letters.
+pub const STAGE_EGRESS: &str = "egress";
+/// The stage of the transformer's dead letters.
+pub const STAGE_TRANSFORMER: &str = "transformer";
+
+/// Sends dead letters back (rejection cleared, a `replay` stage added) and waits for Kafka to confirm each:
+/// the egress's to their destination topic, the transformer's to the inbound topic (destination cleared, so
+/// the routes decide again). Returns the replayed (id, destination) pairs; the destination of a transformer
+/// dead letter is reported as `transformer`.
 pub async fn replay(
     cfg: &Config,
     producer: &FutureProducer,
@@ -186,10 +203,18 @@ pub async fn replay(
     let mut ids = Vec::new();
     let mut buf = Vec::new();
     for mut env in letters {
-        env.rejection = None;
+        let from_transformer = env
+            .rejection
+            .take()
+            .is_some_and(|r| r.stage == STAGE_TRANSFORMER);
+        let (topic, label) = if from_transformer {
+            env.destination.clear();
+            (cfg.inbound_topic.clone(), STAGE_TRANSFORMER.to_owned())
+        } else {
+            (cfg.topic(&env.destination), env.destination.clone())
+        };
         envelope::push_stage(&mut env, "replay");
         envelope::encode_into(&env, &mut buf);
-        let topic = cfg.topic(&env.destination);
         let traceparent = env
             .trace
             .as_ref()
@@ -204,7 +229,7 @@ pub async fn replay(
             .send(rec, Duration::from_secs(10))
             .await
             .map_err(|(e, _)| e)?;
-        ids.push((env.id.clone(), env.destination.clone()));
+        ids.push((env.id.clone(), label));
     }
     Ok(ids)
 }

@@ -103,6 +103,7 @@ impl Egress for EgressService {
         let found = self
             .list(Filter {
                 destination: r.destination,
+                stage: r.stage,
                 ids: Vec::new(),
                 since_ms: millis(r.since.as_ref()),
                 until_ms: millis(r.until.as_ref()),
@@ -131,14 +132,15 @@ impl Egress for EgressService {
         req: Request<ReplayRequest>,
     ) -> Result<Response<ReplayResponse>, Status> {
         let r = req.into_inner();
-        if r.ids.is_empty() && r.destination.is_empty() {
+        if r.ids.is_empty() && r.destination.is_empty() && r.stage.is_empty() {
             return Err(Status::invalid_argument(
-                "name ids, or a destination (with an optional time range)",
+                "name ids, or a destination or stage (with an optional time range)",
             ));
         }
         let found = self
             .list(Filter {
                 destination: r.destination,
+                stage: r.stage,
                 ids: r.ids,
                 since_ms: millis(r.since.as_ref()),
                 until_ms: millis(r.until.as_ref()),

@@ -626,3 +626,182 @@ fn a_stuck_partition_does_not_stop_the_others() {
         }
     });
 }
+
+/// Peak resident memory of a running process (`VmHWM`), in bytes.
+fn peak_rss(child: &KillOnDrop) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.0.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Sum of a counter's series whose labels contain `labels`, read from an admin address.
+fn counter_sum(admin: std::net::SocketAddr, name: &str, labels: &str) -> f64 {
+    let (_, body) = support::http_get(admin, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_backlog_of_500_kb_results_stays_well_under_the_pods_memory_limit() {
+    // The chart's limit is 512 MiB for the transformer and the egress. A backlog of large results (a PDF in
+    // an OBX) must be worked through in batches and queues bounded in bytes, not in records: 500 records or
+    // 64 per partition of 500 KB are a quarter of a gigabyte or more.
+    const N: u32 = 400;
+    const LIMIT: u64 = 256 << 20;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    p.env
+        .push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "6".into()));
+    std::fs::write(
+        p.dir.path().join("routes.yaml"),
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: results}\n\
+         spec:\n  match: {messageTypes: ['ORU^R01']}\n  destinations: [lab]\n",
+    )
+    .unwrap();
+    let report = "A".repeat(500 * 1024);
+    let oru = format!(
+        "MSH|^~\\&|LAB|HOSP|EHR|HOSP|20260101120000||ORU^R01|X|P|2.5\rPID|1||MRN1^^^HOSP^MR||DOE^JOHN\r\
+         OBR|1|||PDF^Report\rOBX|1|ED|PDF^Report||^application^pdf^Base64^{report}||||||F\r"
+    );
+    let file = p.dir.path().join("oru.hl7");
+    std::fs::write(&file, oru).unwrap();
+
+    // The backlog: every result stored in the inbound topic before the transformer starts.
+    p.start_ingress();
+    let record = p.dir.path().join("acked.txt");
+    let out = Command::new(bin("hl7gw-load"))
+        .args(["--to", &format!("127.0.0.1:{}", p.mllp)])
+        .args(["--clients", "2", "--messages", &(N / 2).to_string()])
+        .args(["--warmup", "0", "--timeout", "30", "--record-acked"])
+        .arg(&record)
+        .arg("--files")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hl7gw-load: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids = recorded(&record);
+    assert_eq!(ids.len(), N as usize);
+
+    // The transformer works through it into the destination topic while no egress runs.
+    p.start_transformer();
+    let admin = p.transformer_admin.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while counter_sum(
+        admin,
+        "hl7gw_transformer_messages_total{",
+        "outcome=\"routed\"",
+    ) < f64::from(N)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the transformer did not route the backlog"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let transformer_peak = peak_rss(p.transformer.as_ref().unwrap());
+
+    // The egress works through the destination's backlog into a receiver that fsyncs every file.
+    p.start_receiver(None);
+    p.start_egress();
+    let r = wait_delivered(&p.received_dir(), &ids, Duration::from_secs(300));
+    assert!(r.first.values().all(|(_, b)| b.len() > 500 * 1024));
+    let egress_peak = peak_rss(p.egress.as_ref().unwrap());
+    eprintln!(
+        "backlog of {N} x 500 KB: transformer peak RSS {} MiB, egress peak RSS {} MiB",
+        transformer_peak >> 20,
+        egress_peak >> 20
+    );
+    assert!(
+        transformer_peak < LIMIT,
+        "transformer peak RSS {} MiB",
+        transformer_peak >> 20
+    );
+    assert!(
+        egress_peak < LIMIT,
+        "egress peak RSS {} MiB",
+        egress_peak >> 20
+    );
+}
+
+/// Issue 9 (smaller items): the transformer's dead letters have a replay path. An ORU^R01 arrives while no
+/// route takes results: the transformer dead-letters it (`unmatched`). Once the route is added, `Replay` with
+/// stage `transformer` sends it back to the inbound topic, the transformer routes it and it arrives.
+#[test]
+fn a_transformer_dead_letter_is_replayed_through_the_routes_once_they_are_fixed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    p.start_all(None);
+    let oru = "MSH|^~\\&|LAB|FAC|EHR|FAC|20261123120000||ORU^R01|RESULT-1|P|2.5.1\r\
+               PID|1||MRN7^^^FAC^MR||DOE^JANE\rOBX|1|NM|GLU||5.5|mmol/L|||||F\r";
+    runtime().block_on(async {
+        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
+        let mut c = support::Mllp::connect(addr).await;
+        let ack = c.call(oru.as_bytes()).await.unwrap();
+        assert_eq!(support::ack_code(&ack), "AA");
+
+        let mut egress = Egress::connect(p.egress_addr()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let letter = loop {
+            let page = egress
+                .list_dead_letters(ListDeadLettersRequest {
+                    stage: "transformer".into(),
+                    ..ListDeadLettersRequest::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if let Some(d) = page.dead_letters.into_iter().next() {
+                break d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the unmatched result was not dead-lettered"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        assert_eq!(
+            (
+                letter.control_id.as_str(),
+                letter.reason.as_str(),
+                letter.stage.as_str()
+            ),
+            ("RESULT-1", "unmatched", "transformer")
+        );
+        // Not listed among the destination's own dead letters.
+        assert!(dead_letters(&mut egress).await.is_empty());
+
+        // The route for results is added (the transformer reloads its file), then the replay.
+        let routes = format!(
+            "{}---\napiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: results}}\n\
+             spec:\n  match: {{messageTypes: ['ORU^R01']}}\n  destinations: [lab]\n",
+            common::ROUTES
+        );
+        std::fs::write(p.dir.path().join("routes.yaml"), routes).unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let r = egress
+            .replay(ReplayRequest {
+                stage: "transformer".into(),
+                ..ReplayRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.ids, vec![letter.id]);
+    });
+    let r = wait_delivered(
+        &p.received_dir(),
+        &["RESULT-1".to_owned()],
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.copies.get("RESULT-1"), Some(&1));
+}

@@ -68,6 +68,7 @@ impl Pipeline {
         ];
         let egress_env = vec![
             ("HL7GW_DLQ_TOPIC", t("dlq")),
+            ("HL7GW_INBOUND_TOPIC", t("inbound")),
             ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
             ("HL7GW_GROUP_PREFIX", t("egress")),
         ];
