@@ -27,6 +27,14 @@ kafka-up: ## start the local single-node Kafka (KRaft) on 127.0.0.1:9092 (KAFKA_
 kafka-down: ## stop the local Kafka
 	@scripts/kafka.sh down
 
+.PHONY: kafka-cluster-up kafka-cluster-down
+
+kafka-cluster-up: ## a 3-node KRaft cluster for failover tests on 127.0.0.1:9092,9102,9112 (KAFKA_NODES, KAFKA_PORT)
+	@KAFKA_NODES=$${KAFKA_NODES:-3} scripts/kafka.sh up
+
+kafka-cluster-down: ## stop the local Kafka cluster
+	@KAFKA_NODES=$${KAFKA_NODES:-3} scripts/kafka.sh down
+
 lint: ## cargo fmt --check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
