@@ -5,7 +5,7 @@
 #   scripts/k6.sh build    build the binary once (idempotent; instant when cached), print its path
 #   scripts/k6.sh path     print the binary's path (empty when not built)
 #   scripts/k6.sh smoke    both scripts, 2 VUs for K6_SMOKE_SECONDS (3) each, against a debug (else release)
-#                          hl7gw-ingress on ephemeral ports and the shared test broker (127.0.0.1:39092, left
+#                          hl7gw-ingress on ephemeral ports and the shared test broker (127.0.0.1:29092, left
 #                          running); fails unless every ACK is CA and the p99 thresholds hold. Part of `make test`.
 #   scripts/k6.sh bench    both scripts, 1/4/8 VUs x K6_ITERATIONS (5000) messages each and 8 VUs for
 #                          K6_SECONDS (30), against a release ingress (durable ACKs; K6_ACK_MODES="fast durable"
@@ -129,10 +129,10 @@ smoke() {
   rm -rf "$out"
   mkdir -p "$out"
   # The broker the tests share: started if needed and left running (scripts/test.sh stops it at the end).
-  KAFKA_PORT=39092 KAFKA_DATA_DIR="$root/target/kafka-test/39092" "$root/scripts/kafka.sh" up
+  KAFKA_PORT=29092 KAFKA_DATA_DIR="$root/target/kafka-test/29092" "$root/scripts/kafka.sh" up
   topic="k6.smoke.$(date +%s).$$"
   trap stop_ingress EXIT
-  start_ingress "$bin" 127.0.0.1:39092 "$topic" durable "$out"
+  start_ingress "$bin" 127.0.0.1:29092 "$topic" durable "$out"
   log "smoke: ${bin#"$root"/} mllp=$mllp_addr grpc=$grpc_addr, 2 VUs x $secs s per script"
   for script in mllp grpc; do
     if k6_run "$k6" "loadtest/k6/$script.js" "$out/$script.json" -e SCENARIO=smoke -e SECONDS="$secs" \

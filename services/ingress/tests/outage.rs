@@ -1,5 +1,5 @@
 //! Stop the broker in the middle of a load run: no AA for a message Kafka did not confirm; start it again:
-//! the same ingress recovers without a restart. Runs its own broker (port 39192), which it stops and starts.
+//! the same ingress recovers without a restart. Runs its own broker (port 29192), which it stops and starts.
 #![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
 
 mod support;
@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 use support::*;
 
-const PORT: u16 = 39192;
+const PORT: u16 = 29192;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_gets_no_false_ack_and_the_ingress_recovers() {

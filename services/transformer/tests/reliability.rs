@@ -397,7 +397,7 @@ async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
 static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A private broker for a test that stops and restarts it (not the shared one).
-const OUTAGE_PORT: u16 = 39292;
+const OUTAGE_PORT: u16 = 29292;
 
 /// Item 7: the broker goes away while a batch is in hand (its commit times out, the transaction cannot be
 /// finished) and comes back. The transformer stays up, is not ready while it cannot commit, then recovers

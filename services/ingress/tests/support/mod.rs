@@ -40,6 +40,7 @@ pub fn broker_on(port: u16) -> String {
             root.join(format!("target/kafka-test/{port}")),
         )
         .env("KAFKA_PARTITIONS", "3")
+        .env("KAFKA_NODES", "1")
         .status()
         .expect("running scripts/kafka.sh");
     assert!(
@@ -55,6 +56,7 @@ pub fn stop_broker(port: u16) {
         .arg(root.join("scripts/kafka.sh"))
         .arg("down")
         .env("KAFKA_PORT", port.to_string())
+        .env("KAFKA_NODES", "1")
         .env(
             "KAFKA_DATA_DIR",
             root.join(format!("target/kafka-test/{port}")),
@@ -62,7 +64,7 @@ pub fn stop_broker(port: u16) {
         .status();
 }
 
-/// The shared test broker (port 39092 unless TEST_KAFKA_PORT says otherwise; not an `HL7GW_` name, since the
+/// The shared test broker (port 29092 unless TEST_KAFKA_PORT says otherwise; not an `HL7GW_` name, since the
 /// services the tests start inherit the environment and refuse unknown `HL7GW_` keys).
 pub fn broker() -> &'static str {
     static B: OnceLock<String> = OnceLock::new();
@@ -70,7 +72,7 @@ pub fn broker() -> &'static str {
         let port = std::env::var("TEST_KAFKA_PORT")
             .ok()
             .and_then(|p| p.parse().ok())
-            .unwrap_or(39092);
+            .unwrap_or(29092);
         broker_on(port)
     })
 }
