@@ -8,7 +8,7 @@
 use crate::config::{AckMode, Config, OnTimeout};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
-use hl7gw_runtime::dedup::{Dedup, Key, Seen};
+use hl7gw_runtime::dedup::{Claim, Claimed, Dedup, FirstCopy, Key};
 use hl7gw_runtime::envelope::{self, headers};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
@@ -65,7 +65,7 @@ pub enum Action {
 }
 
 /// The answer to one message, before its bytes are written.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Reply {
     pub action: Action,
     /// The payload as received (its MSH is read again to address the ACK).
@@ -77,17 +77,23 @@ pub struct Reply {
 
 /// What the duplicate window needs to remember an accepted message once that is safe: its key, the digest
 /// of its bytes, and in fast mode the meeting point of the ACK and Kafka's confirmation.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Ticket {
     key: Key,
     digest: u64,
     fast: Option<Arc<FastStore>>,
+    /// Held while the message is in flight (durable mode; fast mode keeps it in its [`FastStore`]), so a resend
+    /// waits for this copy instead of publishing again.
+    claim: Option<Claim>,
 }
 
 /// Fast mode answers before Kafka confirms, so a message is remembered only once both its ACK was written
 /// and Kafka stored it: a resend of a message Kafka never took is published again, not answered from memory.
 #[derive(Debug, Default)]
-struct FastStore(Mutex<FastState>);
+struct FastStore {
+    state: Mutex<FastState>,
+    claim: Mutex<Option<Claim>>,
+}
 
 #[derive(Debug, Default)]
 enum FastState {
@@ -101,7 +107,7 @@ enum FastState {
 impl FastStore {
     /// The ACK was written; returns it when Kafka already confirmed (remember it now).
     fn acked(&self, ack: Bytes) -> Option<Bytes> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match *g {
             FastState::Stored => Some(ack),
             FastState::Waiting => {
@@ -114,7 +120,7 @@ impl FastStore {
 
     /// Kafka confirmed; returns the ACK when it was already written (remember it now).
     fn stored(&self) -> Option<Bytes> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *g, FastState::Stored) {
             FastState::Acked(ack) => Some(ack),
             _ => None,
@@ -122,7 +128,13 @@ impl FastStore {
     }
 
     fn failed(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = FastState::Failed;
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = FastState::Failed;
+        drop(self.take_claim());
+    }
+
+    /// The claim, to release once the message is remembered (or failed).
+    fn take_claim(&self) -> Option<Claim> {
+        self.claim.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 
@@ -158,6 +170,13 @@ impl Reply {
 /// A message whose answer may still depend on Kafka.
 pub enum Pending {
     Ready(Reply),
+    /// A resend of a message still in flight: answered with the first copy's ACK once it has one.
+    Waiting {
+        frame: Bytes,
+        first: tokio::sync::watch::Receiver<FirstCopy>,
+        started: Instant,
+        msg_type: MsgType,
+    },
     Publishing {
         frame: Bytes,
         delivery: DeliveryFuture,
@@ -266,11 +285,17 @@ impl Pipeline {
                 .key(&[h.sending_application, h.sending_facility, h.control_id]),
             digest: self.dedup.digest(&frame),
             fast: None,
+            claim: None,
         });
-        if let Some(tk) = &ticket {
-            match self.dedup.lookup(tk.key, tk.digest, Instant::now()) {
-                Seen::New => {}
-                Seen::Resend(ack) => {
+        if let Some(tk) = &mut ticket {
+            match self.dedup.claim(tk.key, tk.digest, Instant::now()) {
+                Claimed::New(c) => tk.claim = Some(c),
+                Claimed::Reused(c) => {
+                    tk.claim = Some(c);
+                    self.metrics.control_id_reused.inc();
+                    tracing::info!(parent: &span, "control id reused with other content: a new message");
+                }
+                Claimed::Resend(ack) => {
                     self.metrics.message(t, outcome::DUPLICATE);
                     tracing::debug!(parent: &span, "duplicate: replaying the first ACK");
                     return Pending::Ready(Reply {
@@ -280,9 +305,14 @@ impl Pipeline {
                         ticket: None,
                     });
                 }
-                Seen::Reused => {
-                    self.metrics.control_id_reused.inc();
-                    tracing::info!(parent: &span, "control id reused with other content: a new message");
+                Claimed::InFlight(first) => {
+                    tracing::debug!(parent: &span, "duplicate of a message in flight: waiting for its ACK");
+                    return Pending::Waiting {
+                        frame,
+                        first,
+                        started: Instant::now(),
+                        msg_type: t,
+                    };
                 }
             }
         }
@@ -335,7 +365,10 @@ impl Pipeline {
                 self.metrics.message(t, outcome::ACCEPTED);
                 let metrics = self.metrics.clone();
                 let fast = ticket.as_mut().map(|tk| {
-                    let f = Arc::new(FastStore::default());
+                    let f = Arc::new(FastStore {
+                        state: Mutex::default(),
+                        claim: Mutex::new(tk.claim.take()),
+                    });
                     tk.fast = Some(f.clone());
                     (self.dedup.clone(), tk.key, tk.digest, f)
                 });
@@ -361,7 +394,10 @@ impl Pipeline {
                         if !stored {
                             f.failed();
                         } else if let Some(ack) = f.stored() {
-                            dedup.remember(key, digest, ack, Instant::now());
+                            dedup.remember(key, digest, ack.clone(), Instant::now());
+                            if let Some(c) = f.take_claim() {
+                                c.accepted(ack);
+                            }
                         }
                     }
                 });
@@ -379,6 +415,12 @@ impl Pipeline {
     pub async fn resolve(&self, p: Pending) -> Reply {
         let (frame, delivery, started, envelope_id, ticket, msg_type, span, in_flight) = match p {
             Pending::Ready(r) => return r,
+            Pending::Waiting {
+                frame,
+                first,
+                started,
+                msg_type,
+            } => return self.await_first_copy(frame, first, started, msg_type).await,
             Pending::Publishing {
                 frame,
                 delivery,
@@ -457,6 +499,38 @@ impl Pipeline {
         }
     }
 
+    /// A resend that arrived while its first copy was in flight: the first copy's ACK once it was accepted,
+    /// AR/CR 207 when it was not (or not within `ack_timeout`), so the sender resends.
+    async fn await_first_copy(
+        &self,
+        frame: Bytes,
+        mut first: tokio::sync::watch::Receiver<FirstCopy>,
+        started: Instant,
+        msg_type: MsgType,
+    ) -> Reply {
+        let deadline = tokio::time::Instant::from_std(started + self.cfg.ack_timeout);
+        let first_ack = tokio::time::timeout_at(deadline, async {
+            first
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|v| v.clone())
+                .flatten()
+        })
+        .await;
+        if let Ok(Some(ack)) = first_ack {
+            self.metrics.message(msg_type, outcome::DUPLICATE);
+            return Reply {
+                action: Action::Replay(ack),
+                frame,
+                envelope_id: String::new(),
+                ticket: None,
+            };
+        }
+        self.metrics.message(msg_type, outcome::UNAVAILABLE);
+        self.unavailable(frame, "kafka_unavailable")
+    }
+
     /// Writes the ACK for `r` into `buf` (cleared first) and returns its code, or `None` when nothing is to be
     /// sent (enhanced mode whose MSH-15 asks for no such ACK, or a close).
     pub fn render(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {
@@ -516,7 +590,17 @@ impl Pipeline {
                 Some(f) => f.acked(ack),
             };
             if let Some(ack) = now_safe {
-                self.dedup.remember(tk.key, tk.digest, ack, Instant::now());
+                self.dedup
+                    .remember(tk.key, tk.digest, ack.clone(), Instant::now());
+                let claim = match &tk.fast {
+                    None => tk.claim.as_ref(),
+                    Some(_) => None,
+                };
+                if let Some(c) = claim {
+                    c.accepted(ack);
+                } else if let Some(c) = tk.fast.as_ref().and_then(|f| f.take_claim()) {
+                    c.accepted(ack);
+                }
             }
         }
         if !wanted {
@@ -894,6 +978,7 @@ impl std::fmt::Debug for Pending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Ready(r) => f.debug_tuple("Ready").field(r).finish(),
+            Self::Waiting { .. } => f.debug_struct("Waiting").finish_non_exhaustive(),
             Self::Publishing { envelope_id, .. } => f
                 .debug_struct("Publishing")
                 .field("envelope_id", envelope_id)

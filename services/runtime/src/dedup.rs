@@ -5,13 +5,17 @@
 //! rebalance is not sent again. Keys and digests are keyed SipHash values (random keys per process), so an
 //! entry's size does not depend on the message and crafted collisions are out of a sender's reach. A
 //! duplicate that lands on another pod is not caught, which consumers tolerate: delivery is at least once.
+//! A resend that arrives while its first copy still waits for Kafka waits for that copy's answer
+//! ([`Dedup::claim`]), so it is published once and answered with the same ACK.
 
 use bytes::Bytes;
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// What one remembered message costs besides its ACK bytes: the map entry, the expiry queue slot and the
 /// allocator's share (measured order of magnitude, not exact).
@@ -31,7 +35,66 @@ pub enum Seen {
     Reused,
 }
 
-/// Remembers recently accepted messages.
+/// What a resend waiting on its first copy learns: `None` while the copy is in flight, then `Some(ACK)` when
+/// it was accepted and remembered, or `Some(None)` when it was not (NAK, timeout, connection gone).
+pub type FirstCopy = Option<Option<Bytes>>;
+
+/// The answer of [`Dedup::claim`].
+#[derive(Debug)]
+pub enum Claimed {
+    /// Neither remembered nor in flight: publish it, holding the claim until its answer is known.
+    New(Claim),
+    /// The same key with other content (remembered or in flight): a reused control id, a new message.
+    Reused(Claim),
+    /// A resend of a remembered message: its first ACK.
+    Resend(Bytes),
+    /// A resend of a message still in flight: wait for its first copy's outcome.
+    InFlight(watch::Receiver<FirstCopy>),
+}
+
+/// A message being published, registered so a resend of it waits instead of publishing again. Dropped
+/// without [`Claim::accepted`], its waiters learn the first copy failed.
+#[derive(Debug)]
+pub struct Claim {
+    pending: Arc<Mutex<HashMap<Key, InFlight>>>,
+    key: Key,
+    token: u64,
+    tx: watch::Sender<FirstCopy>,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    digest: u64,
+    token: u64,
+    rx: watch::Receiver<FirstCopy>,
+}
+
+impl Claim {
+    /// The message was accepted and remembered with `ack` (call after [`Dedup::remember`]): waiting resends
+    /// answer with it.
+    pub fn accepted(&self, ack: Bytes) {
+        self.tx.send_replace(Some(Some(ack)));
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if p.get(&self.key).is_some_and(|e| e.token == self.token) {
+            p.remove(&self.key);
+        }
+        drop(p);
+        self.tx.send_if_modified(|v| {
+            let unset = v.is_none();
+            if unset {
+                *v = Some(None);
+            }
+            unset
+        });
+    }
+}
+
+/// Remembers recently accepted messages, and the ones in flight.
 #[derive(Debug)]
 pub struct Dedup {
     window: Duration,
@@ -40,6 +103,8 @@ pub struct Dedup {
     keys: RandomState,
     digests: RandomState,
     inner: Mutex<Inner>,
+    pending: Arc<Mutex<HashMap<Key, InFlight>>>,
+    tokens: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -67,6 +132,8 @@ impl Dedup {
             keys: RandomState::new(),
             digests: RandomState::new(),
             inner: Mutex::new(Inner::default()),
+            pending: Arc::new(Mutex::new(HashMap::new())),
+            tokens: AtomicU64::new(0),
         }
     }
 
@@ -104,6 +171,39 @@ impl Dedup {
             None => Seen::New,
             Some(e) if e.digest == digest => Seen::Resend(e.ack.clone()),
             Some(_) => Seen::Reused,
+        }
+    }
+
+    /// Looks `key` up among the remembered and the in-flight messages, and registers it as in flight unless
+    /// it is a resend. The in-flight lock is held across the lookup, and a finished copy is remembered before
+    /// its claim is released, so a resend always finds its first copy in one place or the other.
+    pub fn claim(&self, key: Key, digest: u64, now: Instant) -> Claimed {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reused = match self.lookup(key, digest, now) {
+            Seen::Resend(ack) => return Claimed::Resend(ack),
+            Seen::Reused => true,
+            Seen::New => false,
+        };
+        if let Some(e) = p.get(&key) {
+            if e.digest == digest {
+                return Claimed::InFlight(e.rx.clone());
+            }
+            reused = true;
+        }
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = watch::channel(None);
+        p.insert(key, InFlight { digest, token, rx });
+        drop(p);
+        let c = Claim {
+            pending: self.pending.clone(),
+            key,
+            token,
+            tx,
+        };
+        if reused {
+            Claimed::Reused(c)
+        } else {
+            Claimed::New(c)
         }
     }
 
@@ -227,6 +327,46 @@ mod tests {
         );
         assert_eq!(d.len(), 1);
         assert_eq!(d.bytes(), ENTRY_OVERHEAD_BYTES + 4);
+    }
+
+    /// Issue 10: a resend that arrives while the first copy is in flight waits for it, then gets its ACK;
+    /// when the first copy fails, the waiter learns it and the next resend is new.
+    #[test]
+    fn a_resend_of_a_message_in_flight_waits_for_its_first_copy() {
+        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
+        let t = Instant::now();
+        let k = key(&d, b"APP", b"FAC", b"1");
+        let digest = d.digest(b"MSH|1");
+        let Claimed::New(first) = d.claim(k, digest, t) else {
+            panic!("new")
+        };
+        let Claimed::InFlight(mut waiter) = d.claim(k, digest, t) else {
+            panic!("in flight")
+        };
+        assert!(matches!(
+            d.claim(k, d.digest(b"other"), t),
+            Claimed::Reused(_)
+        ));
+        assert_eq!(*waiter.borrow_and_update(), None);
+        d.remember(k, digest, Bytes::from_static(b"ACK1"), t);
+        first.accepted(Bytes::from_static(b"ACK1"));
+        drop(first);
+        assert_eq!(
+            *waiter.borrow_and_update(),
+            Some(Some(Bytes::from_static(b"ACK1")))
+        );
+        assert!(matches!(d.claim(k, digest, t), Claimed::Resend(_)));
+
+        let k2 = key(&d, b"APP", b"FAC", b"2");
+        let Claimed::New(first) = d.claim(k2, digest, t) else {
+            panic!("new")
+        };
+        let Claimed::InFlight(mut waiter) = d.claim(k2, digest, t) else {
+            panic!("in flight")
+        };
+        drop(first);
+        assert_eq!(*waiter.borrow_and_update(), Some(None));
+        assert!(matches!(d.claim(k2, digest, t), Claimed::New(_)));
     }
 
     #[test]
