@@ -25,20 +25,21 @@ impl Default for Delimiters {
 }
 
 impl Delimiters {
-    /// Reads the field separator and MSH-2 (4 or 5 characters, distinct, none of them CR or LF).
+    /// Reads the field separator and MSH-2 (4 or 5 characters, none of them CR, LF or the field separator).
+    /// Encoding characters may repeat, as real senders write (`^~\\&`, `^^^^`) and the reference parser
+    /// accepts: splitting goes field, repetition, component, subcomponent, so a character that also names
+    /// an earlier level is taken by that level (`^^^^` reads every `^` as a repetition separator).
     pub fn from_msh(field: u8, encoding: &[u8]) -> Option<Self> {
         if !(encoding.len() == 4 || encoding.len() == 5) {
             return None;
         }
-        let mut all = [0u8; 6];
-        all[0] = field;
-        all[1..=encoding.len()].copy_from_slice(encoding);
-        let all = &all[..=encoding.len()];
-        let bad = all
+        if field == b'\r' || field == b'\n' {
+            return None;
+        }
+        if encoding
             .iter()
-            .enumerate()
-            .any(|(i, b)| *b == b'\r' || *b == b'\n' || all[i + 1..].contains(b));
-        if bad {
+            .any(|b| *b == b'\r' || *b == b'\n' || *b == field)
+        {
             return None;
         }
         Some(Self {

@@ -100,7 +100,7 @@ pub enum ParseError {
     /// MSH ends before its field separator.
     #[error("MSH has no field separator at byte {offset}")]
     MissingFieldSeparator { offset: usize },
-    /// MSH-2 is not 4 or 5 characters, or its characters are not distinct.
+    /// MSH-2 is not 4 or 5 characters, or holds CR, LF or the field separator.
     #[error("bad encoding characters in MSH-2 at byte {offset}")]
     BadEncodingCharacters { offset: usize },
     /// A segment's fourth character is not the field separator (its name is not three characters).

@@ -541,6 +541,24 @@ OBX|3|TX|C^D\r";
         assert_eq!(m.header().trigger_event, b"A01");
     }
 
+    /// Issue 10: real senders repeat encoding characters (`^~\\&` from an exported sample, `^^^^`); the
+    /// reference parser accepts them and splits field, repetition, component, subcomponent in that order.
+    #[test]
+    fn repeated_encoding_characters_are_read_as_the_reference_reads_them() {
+        let m = Message::parse(
+            b"MSH|^~\\\\&|APP|FAC|||20260101||ADT^A01|C1|P|2.5\rPID|1||123^^^H~456|A&B|\\T\\",
+        )
+        .unwrap();
+        assert_eq!(m.get("MSH-3"), Some(&b"APP"[..]));
+        assert_eq!(m.get("MSH-9-2"), Some(&b"A01"[..]));
+        assert_eq!(m.get("PID-3-1"), Some(&b"123"[..]));
+        assert_eq!(m.get("PID-3(2)"), Some(&b"456"[..]));
+        // The 5th character (&) is the truncation character, not a separator.
+        assert_eq!(m.get("PID-4"), Some(&b"A&B"[..]));
+        let m = Message::parse(b"MSH|^^^^|APP|FAC^X|||20260101||ADT^A01|C1|P|2.5\r").unwrap();
+        assert_eq!(m.get("MSH-4(2)"), Some(&b"X"[..]));
+    }
+
     #[test]
     fn header_errors() {
         let cases: &[(&[u8], &str)] = &[
@@ -550,8 +568,8 @@ OBX|3|TX|C^D\r";
             (b"MSH", "missing_field_separator"),
             (b"MSH\r", "missing_field_separator"),
             (b"MSH|^~", "bad_encoding_characters"),
-            (b"MSH|^~\\&&|A", "bad_encoding_characters"),
-            (b"MSH|^^\\&|A|B|C|D|E|F|G|H|I|J", "bad_encoding_characters"),
+            (b"MSH|^~\\&^~|A", "bad_encoding_characters"),
+            (b"MSH|^~\r\\&|A", "bad_encoding_characters"),
             (b"MSH|^~\\&|A|B", "too_few_fields"),
             (
                 b"MSH|^~\\&|A|B|C|D|E|F|ADT^A01|1|P|2.5\rPIDX|1",

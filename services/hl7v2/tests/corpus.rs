@@ -5,13 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Files where we are sure the expected view is wrong: (file, what we do instead: parses?, why). Keep it short.
-const KNOWN_DIFFERENCES: &[(&str, bool, &str)] = &[(
-    "neg__bad-encoding-chars-duplicate.hl7",
-    false,
-    "MSH-2 is ^^^^: one character declared as component, repetition, escape and subcomponent separator. \
-     HL7 requires distinct encoding characters; the reference splits it as repetitions and accepts it, we \
-     reject it (bad_encoding_characters) so the sender gets a clear AR instead of a message read as garbage",
-)];
+const KNOWN_DIFFERENCES: &[(&str, bool, &str)] = &[];
 
 fn corpus_dir() -> PathBuf {
     std::env::var_os("TESTDATA_HL7").map_or_else(

@@ -617,3 +617,61 @@ fn bad_config_is_refused_before_any_port_is_bound() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 10: a resend that arrives while the first copy still waits for Kafka (the sender's ACK timeout is
+/// shorter than the publish, or it resends on a second connection) is published once: it waits for the first
+/// copy and gets the same ACK. 20 messages, each sent twice on one connection (pipelined) and once on another
+/// at the same moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_while_the_first_copy_is_in_flight_is_published_once() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut a = Mllp::connect(ingress.mllp).await;
+    let mut b = Mllp::connect(ingress.mllp).await;
+    const N: usize = 20;
+    for i in 0..N {
+        let m = adt(&format!("INFLIGHT-{i}"), "P1");
+        a.send(&m).await;
+        b.send(&m).await;
+        a.send(&m).await;
+    }
+    let limit = Duration::from_secs(30);
+    for i in 0..N {
+        let first = a.recv(limit).await.unwrap();
+        let again = a.recv(limit).await.unwrap();
+        let other = b.recv(limit).await.unwrap();
+        assert_eq!(ack_code(&first), "AA", "message {i}");
+        assert_eq!(
+            first, again,
+            "message {i}: the pipelined resend got the first ACK"
+        );
+        assert_eq!(
+            first, other,
+            "message {i}: the resend on another connection got the first ACK"
+        );
+    }
+    let records = read_topic(brokers, &inbound, N, Duration::from_secs(30));
+    assert_eq!(records.len(), N, "each message published once");
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
+        (2 * N) as f64
+    );
+}
+
+/// Issue 10: MSH-2 with a repeated character (`^~\\&`, as exported samples carry it) is accepted, as the
+/// reference parser accepts it, and stored as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_encoding_character_in_msh2_is_accepted() {
+    let brokers = broker();
+    let (inbound, _, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let msg = b"MSH|^~\\\\&|APP|FAC|GW|GW|20261123120000||ADT^A01^ADT_A01|MSH2-REPEAT|P|2.5.1\r\
+                EVN|A01|20261123120000\rPID|1||MRN9^^^FAC^MR||DOE^JANE\r";
+    let ack = c.call(msg).await.unwrap();
+    assert_eq!(ack_code(&ack), "AA", "{}", String::from_utf8_lossy(&ack));
+    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1);
+    assert_eq!(&records[0].envelope.raw[..], &msg[..]);
+}
