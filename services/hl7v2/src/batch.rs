@@ -64,59 +64,119 @@ pub fn is_batch(input: &[u8]) -> bool {
     b.starts_with(b"FHS") || b.starts_with(b"BHS")
 }
 
+/// One piece of a batch: a batch segment (FHS, BHS, BTS, FTS) or a message's bytes, with its offset.
+#[derive(Debug, Clone)]
+enum Part<'a> {
+    Segment(Segment<'a>),
+    Message(&'a [u8], usize),
+}
+
+/// Cuts `input` into batch segments and messages (MSH up to the next MSH or batch segment) without parsing
+/// the messages.
+fn parts(input: &[u8]) -> Result<(Delimiters, Vec<Span>, Vec<Part<'_>>), BatchError> {
+    let start = body_start(input);
+    let b = &input[start..];
+    if !(b.starts_with(b"FHS") || b.starts_with(b"BHS") || b.starts_with(b"MSH")) {
+        return Err(BatchError::NotABatch { offset: start });
+    }
+    let delims = read_delimiters(input, start).map_err(BatchError::Header)?;
+    let mut segments = Vec::with_capacity(input.len() / 48 + 4);
+    index_segments(input, start, input.len(), delims.field, &mut segments)
+        .map_err(BatchError::Header)?;
+    let name = |s: Span| &input[s.start as usize..(s.start as usize + 3).min(s.end as usize)];
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < segments.len() {
+        let s = segments[i];
+        match name(s) {
+            b"FTS" | b"BHS" | b"BTS" => {}
+            b"FHS" if i == 0 => {}
+            b"MSH" => {
+                let mut j = i + 1;
+                while j < segments.len()
+                    && !matches!(
+                        name(segments[j]),
+                        b"MSH" | b"BHS" | b"BTS" | b"FHS" | b"FTS"
+                    )
+                {
+                    j += 1;
+                }
+                let to = segments.get(j).map_or(input.len(), |s| s.start as usize);
+                out.push(Part::Message(
+                    &input[s.start as usize..to],
+                    s.start as usize,
+                ));
+                i = j;
+                continue;
+            }
+            _ => {
+                return Err(BatchError::StraySegment {
+                    offset: s.start as usize,
+                });
+            }
+        }
+        out.push(Part::Segment(Segment::new(
+            &input[s.start as usize..s.end as usize],
+            delims,
+            i == 0,
+        )));
+        i += 1;
+    }
+    Ok((delims, segments, out))
+}
+
+/// A batch cut into its messages without parsing them, so each can be answered on its own (the ingress
+/// accepts or rejects every message of a batch separately).
+#[derive(Debug, Clone)]
+pub struct Split<'a> {
+    pub delims: Delimiters,
+    /// The FHS segment, if any.
+    pub file_header: Option<Segment<'a>>,
+    /// The first BHS segment, if any.
+    pub batch_header: Option<Segment<'a>>,
+    /// Each message's bytes (MSH up to the next MSH or batch segment).
+    pub messages: Vec<&'a [u8]>,
+}
+
+/// Cuts a batch (FHS/BHS ... BTS/FTS) into its messages' bytes. Only the batch structure is checked: a message
+/// that does not parse is still returned, for the caller to reject alone.
+pub fn split(input: &[u8]) -> Result<Split<'_>, BatchError> {
+    let (delims, _, parts) = parts(input)?;
+    let mut out = Split {
+        delims,
+        file_header: None,
+        batch_header: None,
+        messages: Vec::new(),
+    };
+    for p in parts {
+        match p {
+            Part::Message(m, _) => out.messages.push(m),
+            Part::Segment(s) => match s.name() {
+                b"FHS" => out.file_header = Some(s),
+                b"BHS" if out.batch_header.is_none() => out.batch_header = Some(s),
+                _ => {}
+            },
+        }
+    }
+    Ok(out)
+}
+
 impl<'a> Batch<'a> {
     /// Splits a batch file into its messages; every message must parse.
     pub fn parse(input: &'a [u8]) -> Result<Self, BatchError> {
-        let start = body_start(input);
-        let b = &input[start..];
-        if !(b.starts_with(b"FHS") || b.starts_with(b"BHS") || b.starts_with(b"MSH")) {
-            return Err(BatchError::NotABatch { offset: start });
-        }
-        let delims = read_delimiters(input, start).map_err(BatchError::Header)?;
-        let mut segments = Vec::with_capacity(input.len() / 48 + 4);
-        index_segments(input, start, input.len(), delims.field, &mut segments)
-            .map_err(BatchError::Header)?;
-        let seg = |i: usize| {
-            let s: Span = segments[i];
-            Segment::new(&input[s.start as usize..s.end as usize], delims, i == 0)
-        };
+        let (delims, segments, parts) = parts(input)?;
         let mut file_header = None;
         let mut file_trailer = None;
         let mut batches: Vec<SubBatch<'a>> = Vec::new();
         let mut index = 0;
-        let mut i = 0;
-        while i < segments.len() {
-            let s = seg(i);
-            match s.name() {
-                b"FHS" if i == 0 => file_header = Some(s),
-                b"FTS" => file_trailer = Some(s),
-                b"BHS" => batches.push(SubBatch {
-                    header: Some(s),
-                    trailer: None,
-                    messages: Vec::new(),
-                }),
-                b"BTS" => match batches.last_mut() {
-                    Some(last) if last.trailer.is_none() => last.trailer = Some(s),
-                    _ => batches.push(SubBatch {
-                        header: None,
-                        trailer: Some(s),
-                        messages: Vec::new(),
-                    }),
-                },
-                b"MSH" => {
-                    let mut j = i + 1;
-                    while j < segments.len()
-                        && !matches!(seg(j).name(), b"MSH" | b"BHS" | b"BTS" | b"FHS" | b"FTS")
-                    {
-                        j += 1;
-                    }
-                    let from = segments[i].start as usize;
-                    let to = segments.get(j).map_or(input.len(), |s| s.start as usize);
-                    let msg =
-                        Message::parse(&input[from..to]).map_err(|source| BatchError::Message {
-                            index,
-                            source: shift(source, from),
-                        })?;
+        for p in parts {
+            let s = match p {
+                Part::Segment(s) => s,
+                Part::Message(bytes, from) => {
+                    let msg = Message::parse(bytes).map_err(|source| BatchError::Message {
+                        index,
+                        source: shift(source, from),
+                    })?;
                     index += 1;
                     match batches.last_mut() {
                         Some(last) if last.trailer.is_none() => last.messages.push(msg),
@@ -126,16 +186,26 @@ impl<'a> Batch<'a> {
                             messages: vec![msg],
                         }),
                     }
-                    i = j;
                     continue;
                 }
-                _ => {
-                    return Err(BatchError::StraySegment {
-                        offset: segments[i].start as usize,
-                    });
-                }
+            };
+            match s.name() {
+                b"FHS" => file_header = Some(s),
+                b"FTS" => file_trailer = Some(s),
+                b"BHS" => batches.push(SubBatch {
+                    header: Some(s),
+                    trailer: None,
+                    messages: Vec::new(),
+                }),
+                _ => match batches.last_mut() {
+                    Some(last) if last.trailer.is_none() => last.trailer = Some(s),
+                    _ => batches.push(SubBatch {
+                        header: None,
+                        trailer: Some(s),
+                        messages: Vec::new(),
+                    }),
+                },
             }
-            i += 1;
         }
         Ok(Self {
             delims,

@@ -19,7 +19,7 @@ pub use header::Header;
 pub use message::{Message, Segment, Value};
 pub use path::{Path, PathError};
 pub mod batch;
-pub use batch::{Batch, is_batch};
+pub use batch::{Batch, Split, is_batch};
 
 /// The flat view of a file: a batch (FHS/BHS first) or a single message.
 pub fn flat_file(input: &[u8]) -> Result<Vec<FlatEntry<'_>>, FileError> {

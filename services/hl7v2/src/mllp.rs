@@ -67,6 +67,8 @@ pub struct MllpCodec {
     max_frame: usize,
     state: State,
     skipped: u64,
+    /// The payload of the last frame refused for its framing (end block not followed by CR).
+    rejected: Option<BytesMut>,
 }
 
 impl Default for MllpCodec {
@@ -82,7 +84,14 @@ impl MllpCodec {
             max_frame,
             state: State::Idle,
             skipped: 0,
+            rejected: None,
         }
+    }
+
+    /// The payload of the frame the last [`MllpError::MissingCarriageReturn`] refused: whole, so the
+    /// receiver can record it (the ingress puts it in the DLQ) instead of losing it silently.
+    pub fn take_rejected(&mut self) -> Option<BytesMut> {
+        self.rejected.take()
     }
 
     /// Bytes skipped outside frames so far (before start blocks, and of discarded frames).
@@ -163,8 +172,8 @@ impl Decoder for MllpCodec {
                                 return Ok(None);
                             }
                             if buf[end + 1] != CR {
-                                self.skipped += (end + 1) as u64;
-                                buf.advance(end + 1);
+                                self.rejected = Some(buf.split_to(end));
+                                buf.advance(1);
                                 self.state = State::Idle;
                                 return Err(MllpError::MissingCarriageReturn);
                             }
@@ -308,6 +317,15 @@ mod tests {
         );
         let got = decode_all(&mut MllpCodec::default(), b"\x0bAB\x1cX\x0bCD\x1c\x0d");
         assert_eq!(got, [Err("missing_cr".into()), Ok(b"CD".to_vec())]);
+        // The refused frame's payload is kept whole for the caller to record.
+        let mut c = MllpCodec::default();
+        let mut buf = BytesMut::from(&b"\x0bMSH|AB\x1cX"[..]);
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(MllpError::MissingCarriageReturn)
+        ));
+        assert_eq!(c.take_rejected().unwrap(), &b"MSH|AB"[..]);
+        assert_eq!(c.take_rejected(), None);
         let mut c = MllpCodec::default();
         let mut buf = BytesMut::from(&b"\x0bpartial"[..]);
         assert!(c.decode(&mut buf).unwrap().is_none());

@@ -81,11 +81,14 @@ pub async fn serve<S>(
                         MllpError::Truncated { .. } | MllpError::Io(_) => break 'conn,
                         _ => break 'conn,
                     };
-                    if tx
-                        .send((Pending::Ready(pipe.framing_reply(text)), None))
-                        .await
-                        .is_err()
-                    {
+                    let reply = match codec.take_rejected() {
+                        Some(payload) => {
+                            sequence += 1;
+                            pipe.framing_reject(payload.freeze(), text, &origin, sequence)
+                        }
+                        None => Pending::Ready(pipe.framing_reply(text)),
+                    };
+                    if tx.send((reply, None)).await.is_err() {
                         break 'conn;
                     }
                 }
@@ -119,6 +122,7 @@ pub async fn serve<S>(
                 Ok(Err(_)) => break,
                 Err(_) => {
                     if between_frames {
+                        m.idle_closes.inc();
                         tracing::debug!(peer = %origin.peer, "idle connection closed");
                     } else {
                         m.framing_error("frame_timeout", &origin.peer);
@@ -156,11 +160,12 @@ async fn write_loop<W>(
         }
         let code = pipe.render(&reply, &mut ack);
         if mllp2 {
-            let b = if matches!(reply.action, Action::Accept | Action::Replay(_)) {
-                COMMIT_ACK
-            } else {
-                COMMIT_NAK
+            let accepted = match &reply.action {
+                Action::Accept | Action::Replay(_) => true,
+                Action::Batch(b) => b.all_accepted(),
+                _ => false,
             };
+            let b = if accepted { COMMIT_ACK } else { COMMIT_NAK };
             out.extend_from_slice(&[SB, b, EB, CR]);
         } else if code.is_some() {
             // Encoding into a BytesMut cannot fail.

@@ -27,10 +27,6 @@ pub async fn serve(
     let ids = AtomicU64::new(0);
     let listener_name: Arc<str> = Arc::from(cfg.listener_name.as_str());
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = stop.cancelled() => break,
-        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -41,6 +37,19 @@ pub async fn serve(
                 }
             },
             _ = stop.cancelled() => break,
+        };
+        // At the limit a connection is closed at once and counted, not left waiting unanswered in the
+        // kernel's backlog: the sender sees the close and retries.
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            pipe.metrics
+                .connections_refused
+                .get_or_create(&ReasonLabels {
+                    reason: "max_connections",
+                })
+                .inc();
+            tracing::debug!(%peer, "connection refused: max_connections reached");
+            drop(tcp);
+            continue;
         };
         let _ = tcp.set_nodelay(true);
         let id = ids.fetch_add(1, Ordering::Relaxed) + 1;

@@ -59,6 +59,8 @@ pub struct IngressMetrics {
     pub in_flight: Gauge,
     pub control_id_reused: Counter,
     pub write_timeouts: Counter,
+    pub batches: Counter,
+    pub idle_closes: Counter,
 }
 
 impl IngressMetrics {
@@ -82,6 +84,8 @@ impl IngressMetrics {
             in_flight: Gauge::default(),
             control_id_reused: Counter::default(),
             write_timeouts: Counter::default(),
+            batches: Counter::default(),
+            idle_closes: Counter::default(),
         };
         let r = r.sub_registry_with_prefix("ingress");
         r.register(
@@ -160,6 +164,16 @@ impl IngressMetrics {
             "write_timeouts",
             "Connections closed because the sender did not read its ACKs within write_timeout",
             m.write_timeouts.clone(),
+        );
+        r.register(
+            "batches",
+            "FHS/BHS batches received (each message in them is counted in messages_total)",
+            m.batches.clone(),
+        );
+        r.register(
+            "idle_closes",
+            "MLLP connections closed after idle_timeout without a frame",
+            m.idle_closes.clone(),
         );
         m
     }

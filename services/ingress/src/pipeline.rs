@@ -52,12 +52,14 @@ pub struct Rejected {
 }
 
 /// What to answer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Action {
     /// Accepted (stored, or parsed in fast mode).
     Accept,
     /// Refused with a reason.
     Reject(Rejected),
+    /// An FHS/BHS batch: each message answered on its own, the answers sent as one acknowledgment batch.
+    Batch(Box<BatchReply>),
     /// The first ACK of a duplicate, sent again.
     Replay(Bytes),
     /// Kafka did not confirm in time and the config says close: no answer, close the connection.
@@ -167,8 +169,53 @@ impl Reply {
     }
 }
 
+/// The answers to a batch's messages, and what the acknowledgment batch's header echoes.
+#[derive(Debug)]
+pub struct BatchReply {
+    replies: Vec<Reply>,
+    header: BatchHeader,
+}
+
+impl BatchReply {
+    /// True when every message of the batch was accepted (or was a resend of an accepted one).
+    pub fn all_accepted(&self) -> bool {
+        self.replies
+            .iter()
+            .all(|r| matches!(r.action, Action::Accept | Action::Replay(_)))
+    }
+}
+
+/// FHS/BHS fields the acknowledgment batch answers with: sender and receiver swapped, and the original
+/// control ids as reference (FHS-12, BHS-12).
+#[derive(Debug, Clone, Default)]
+pub struct BatchHeader {
+    delims: hl7v2::Delimiters,
+    file: Option<[Vec<u8>; 5]>,
+    batch: Option<[Vec<u8>; 5]>,
+}
+
+impl BatchHeader {
+    fn read(split: &hl7v2::Split<'_>) -> Self {
+        // Fields 3-6 (sending/receiving application/facility) and 11 (control id).
+        let ids = |s: &hl7v2::Segment<'_>| {
+            [3, 4, 5, 6, 11].map(|n| s.field(n).map(|v| v.raw().to_vec()).unwrap_or_default())
+        };
+        Self {
+            delims: split.delims,
+            file: split.file_header.as_ref().map(ids),
+            batch: split.batch_header.as_ref().map(ids),
+        }
+    }
+}
+
 /// A message whose answer may still depend on Kafka.
 pub enum Pending {
+    /// A batch's messages, each submitted on its own.
+    Batch {
+        frame: Bytes,
+        parts: Vec<Pending>,
+        header: BatchHeader,
+    },
     Ready(Reply),
     /// A resend of a message still in flight: answered with the first copy's ACK once it has one.
     Waiting {
@@ -244,8 +291,31 @@ impl Pipeline {
         &self.producer
     }
 
-    /// Everything up to the publish: returns the answer, or the delivery to wait for.
+    /// Everything up to the publish: returns the answer, or the delivery to wait for. An FHS/BHS batch is cut
+    /// into its messages, each submitted (and accepted or rejected) on its own.
     pub fn submit(&self, frame: Bytes, origin: &Origin, sequence: u64) -> Pending {
+        if hl7v2::is_batch(&frame)
+            && let Ok(split) = hl7v2::batch::split(&frame)
+            && !split.messages.is_empty()
+        {
+            self.metrics.batches.inc();
+            let header = BatchHeader::read(&split);
+            let parts = split
+                .messages
+                .iter()
+                .map(|m| self.submit_one(frame.slice_ref(m), origin, sequence))
+                .collect();
+            return Pending::Batch {
+                frame,
+                parts,
+                header,
+            };
+        }
+        self.submit_one(frame, origin, sequence)
+    }
+
+    /// [`Pipeline::submit`] for one message.
+    fn submit_one(&self, frame: Bytes, origin: &Origin, sequence: u64) -> Pending {
         let received = SystemTime::now();
         let span = tracing::info_span!(
             "hl7.ingest",
@@ -305,6 +375,9 @@ impl Pipeline {
                         ticket: None,
                     });
                 }
+                // Fast mode answered the first copy before Kafka did: a resend is the sender's second
+                // chance if that copy is lost, so it is published again (at least once) instead of waiting.
+                Claimed::InFlight(_) if self.cfg.ack_mode == AckMode::Fast => {}
                 Claimed::InFlight(first) => {
                     tracing::debug!(parent: &span, "duplicate of a message in flight: waiting for its ACK");
                     return Pending::Waiting {
@@ -415,6 +488,27 @@ impl Pipeline {
     pub async fn resolve(&self, p: Pending) -> Reply {
         let (frame, delivery, started, envelope_id, ticket, msg_type, span, in_flight) = match p {
             Pending::Ready(r) => return r,
+            Pending::Batch {
+                frame,
+                parts,
+                header,
+            } => {
+                let mut replies = Vec::with_capacity(parts.len());
+                for p in parts {
+                    let r = Box::pin(self.resolve(p)).await;
+                    if matches!(r.action, Action::Close) {
+                        // Unanswered as a whole: the sender resends the batch; what was stored is a resend then.
+                        return r;
+                    }
+                    replies.push(r);
+                }
+                return Reply {
+                    action: Action::Batch(Box::new(BatchReply { replies, header })),
+                    frame,
+                    envelope_id: String::new(),
+                    ticket: None,
+                };
+            }
             Pending::Waiting {
                 frame,
                 first,
@@ -538,6 +632,7 @@ impl Pipeline {
         let h = Header::salvage(&r.frame);
         let (outcome, err) = match &r.action {
             Action::Close => return None,
+            Action::Batch(b) => return Some(self.render_batch(b, buf)),
             Action::Replay(ack) => {
                 // The resend asks for an accept ACK the same way the first message did (MSH-15).
                 if !accept_ack_wanted(&h, Outcome::Accept) {
@@ -609,6 +704,80 @@ impl Pipeline {
         }
         self.metrics.ack(code.as_str());
         Some(code)
+    }
+
+    /// The acknowledgment batch (HL7 v2 batch protocol): FHS (when the batch had one) and BHS with sender and
+    /// receiver swapped and the original control ids in FHS-12/BHS-12, the ACK of each message that asks for
+    /// one, BTS with their count, FTS. Returns the first code that is not AA/CA (else the accept code).
+    fn render_batch(&self, b: &BatchReply, buf: &mut Vec<u8>) -> AckCode {
+        let mut acks = Vec::with_capacity(b.replies.len() * 160);
+        let mut one = Vec::with_capacity(256);
+        let mut count = 0usize;
+        let mut code = None;
+        for r in &b.replies {
+            if let Some(c) = self.render(r, &mut one) {
+                acks.extend_from_slice(&one);
+                count += 1;
+                let accept = |k: AckCode| matches!(k, AckCode::AA | AckCode::CA);
+                if code.is_none_or(|k| accept(k) && !accept(c)) {
+                    code = Some(c);
+                }
+            }
+        }
+        let d = b.header.delims;
+        let ts = hl7_timestamp(SystemTime::now());
+        let mut id = [0u8; 28];
+        let n = self.next_ack_id(&mut id);
+        let empty: [Vec<u8>; 5] = Default::default();
+        let mut segment = |name: &[u8], ids: &[Vec<u8>; 5]| {
+            buf.extend_from_slice(name);
+            d.write_msh12(buf);
+            for v in [&ids[2], &ids[3], &ids[0], &ids[1]] {
+                buf.push(d.field);
+                buf.extend_from_slice(v);
+            }
+            buf.push(d.field);
+            buf.extend_from_slice(&ts);
+            buf.extend_from_slice(&[d.field; 4]);
+            buf.extend_from_slice(&id[..n]);
+            buf.push(d.field);
+            buf.extend_from_slice(&ids[4]);
+            buf.push(b'\r');
+        };
+        if let Some(f) = &b.header.file {
+            segment(b"FHS", f);
+        }
+        segment(b"BHS", b.header.batch.as_ref().unwrap_or(&empty));
+        buf.extend_from_slice(&acks);
+        buf.extend_from_slice(b"BTS");
+        buf.push(d.field);
+        buf.extend_from_slice(count.to_string().as_bytes());
+        buf.push(b'\r');
+        if b.header.file.is_some() {
+            buf.extend_from_slice(b"FTS");
+            buf.push(d.field);
+            buf.extend_from_slice(b"1\r");
+        }
+        code.unwrap_or(AckCode::AA)
+    }
+
+    /// A whole payload whose MLLP framing was broken (end block not followed by CR): AE with ERR 207, and the
+    /// payload in the DLQ (reason `missing_cr`) like any other reject.
+    pub fn framing_reject(
+        &self,
+        frame: Bytes,
+        text: String,
+        origin: &Origin,
+        sequence: u64,
+    ) -> Pending {
+        let r = Rejected {
+            outcome: Outcome::Error,
+            code: ErrorCode::ApplicationInternalError,
+            reason: "missing_cr",
+            text,
+            location: None,
+        };
+        Pending::Ready(self.reject(frame, r, Some(origin), sequence, SystemTime::now()))
     }
 
     /// A NAK for a frame that never reached the parser (oversize, framing): AE with ERR 207 and the text.
@@ -978,6 +1147,7 @@ impl std::fmt::Debug for Pending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Ready(r) => f.debug_tuple("Ready").field(r).finish(),
+            Self::Batch { parts, .. } => f.debug_struct("Batch").field("parts", parts).finish(),
             Self::Waiting { .. } => f.debug_struct("Waiting").finish_non_exhaustive(),
             Self::Publishing { envelope_id, .. } => f
                 .debug_struct("Publishing")

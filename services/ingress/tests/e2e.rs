@@ -675,3 +675,77 @@ async fn a_repeated_encoding_character_in_msh2_is_accepted() {
     assert_eq!(records.len(), 1);
     assert_eq!(&records[0].envelope.raw[..], &msg[..]);
 }
+
+/// Issue 10: an FHS/BHS batch over MLLP is cut into its messages; each is published (or rejected alone, to
+/// the DLQ) and the answer is one acknowledgment batch: FHS/BHS with the original control ids as reference,
+/// an ACK per message, BTS with their count, FTS. Sent again, the batch is answered from the duplicate window
+/// and nothing is published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_split_each_message_answered_and_a_bad_one_rejected_alone() {
+    let brokers = broker();
+    let (inbound, dlq, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let mut batch = b"FHS|^~\\&|LAB|FAC|GW|GW|20261123120000||||FILE-7\rBHS|^~\\&|LAB|FAC|GW|GW|20261123120000||||BATCH-7\r"
+        .to_vec();
+    batch.extend_from_slice(&adt("B-1", "P1"));
+    // No MSH-9: rejected alone.
+    batch.extend_from_slice(b"MSH|^~\\&|LAB|FAC|GW|GW|20261123120000|||B-2|P|2.5\rPID|1||P2\r");
+    batch.extend_from_slice(&adt("B-3", "P3"));
+    batch.extend_from_slice(b"BTS|3\rFTS|1\r");
+    let answer = c.call(&batch).await.unwrap();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let segments: Vec<&str> = text.split('\r').filter(|s| !s.is_empty()).collect();
+    assert!(
+        segments[0].starts_with("FHS|^~\\&|GW|GW|LAB|FAC|"),
+        "{text}"
+    );
+    assert!(segments[0].ends_with("|FILE-7"), "{text}");
+    assert!(
+        segments[1].starts_with("BHS|^~\\&|GW|GW|LAB|FAC|"),
+        "{text}"
+    );
+    assert!(segments[1].ends_with("|BATCH-7"), "{text}");
+    let msa: Vec<&str> = segments
+        .iter()
+        .filter(|s| s.starts_with("MSA|"))
+        .copied()
+        .collect();
+    assert_eq!(msa.len(), 3, "{text}");
+    assert_eq!(msa[0], "MSA|AA|B-1");
+    assert!(
+        msa[1].starts_with("MSA|AE|B-2") || msa[1].starts_with("MSA|AR|B-2"),
+        "{text}"
+    );
+    assert_eq!(msa[2], "MSA|AA|B-3");
+    assert_eq!(segments[segments.len() - 2], "BTS|3");
+    assert_eq!(segments[segments.len() - 1], "FTS|1");
+
+    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let mut ids: Vec<String> = records
+        .iter()
+        .map(|r| r.envelope.header.clone().unwrap().control_id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["B-1", "B-3"]);
+    let rejected = read_topic(brokers, &dlq, 1, Duration::from_secs(30));
+    assert_eq!(rejected.len(), 1);
+    assert!(String::from_utf8_lossy(&rejected[0].envelope.raw).contains("|B-2|"));
+
+    // The same batch again: the accepted messages are resends now, answered with their first ACKs.
+    let again = c.call(&batch).await.unwrap();
+    let again = String::from_utf8_lossy(&again).into_owned();
+    let first_acks: Vec<&str> = segments
+        .iter()
+        .filter(|s| s.starts_with("MSA|AA"))
+        .copied()
+        .collect();
+    for a in first_acks {
+        assert!(again.contains(a), "{again}");
+    }
+    assert_eq!(
+        read_topic(brokers, &inbound, 2, Duration::from_secs(5)).len(),
+        2
+    );
+    assert_eq!(ingress.metric("hl7gw_ingress_batches_total"), 2.0);
+}

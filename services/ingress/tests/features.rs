@@ -1000,3 +1000,50 @@ async fn admin_endpoints_answer_and_metrics_carry_no_patient_data() {
         );
     }
 }
+
+/// Issue 10: at `max_connections` a new connection is closed at once and counted
+/// (`connections_refused_total{reason="max_connections"}`), not left hanging in the backlog; an idle
+/// connection is closed after `idle_timeout` and counted (`idle_closes_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_refusals_and_idle_closes_are_counted() {
+    let (_, _, mut env) = topics_env(broker());
+    env.push(("HL7GW_MAX_CONNECTIONS", "2".into()));
+    env.push(("HL7GW_IDLE_TIMEOUT", "2s".into()));
+    let ingress = Ingress::start(&env);
+    let mut a = Mllp::connect(ingress.mllp).await;
+    let _b = Mllp::connect(ingress.mllp).await;
+    assert_eq!(ack_code(&a.call(&adt("MAXC-1", "P1")).await.unwrap()), "AA");
+    let (_, closed) = raw_exchange(ingress.mllp, &frame(&adt("MAXC-2", "P1")), ACK_WAIT).await;
+    assert!(closed, "the third connection is closed, not kept waiting");
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_connections_refused_total{reason=\"max_connections\"}"),
+        1.0
+    );
+    // Both held connections go idle and are closed; then a new one is served again.
+    let idle = wait_metric(&ingress, "hl7gw_ingress_idle_closes_total", 2.0, ACK_WAIT).await;
+    assert_eq!(idle, 2.0);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    assert_eq!(ack_code(&c.call(&adt("MAXC-3", "P1")).await.unwrap()), "AA");
+}
+
+/// Issue 10: a frame whose end block is not followed by CR is refused with AE (ERR 207) for its control id, and
+/// its payload goes to the DLQ (reason `missing_cr`) like the other rejects, not only a framing counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_missing_its_final_cr_is_answered_and_dead_lettered() {
+    let brokers = broker();
+    let (_, dlq, env) = topics_env(brokers);
+    let ingress = Ingress::start(&env);
+    let mut bytes = vec![0x0b];
+    bytes.extend_from_slice(&adt("NOCR-1", "P1"));
+    bytes.extend_from_slice(&[0x1c, b'X']);
+    let (out, _) = raw_exchange(ingress.mllp, &bytes, Duration::from_secs(3)).await;
+    let frames = frames_in(&out);
+    assert_eq!(frames.len(), 1, "one answer");
+    let (code, control_id) = msa(&frames[0]);
+    assert_eq!((code.as_str(), control_id.as_str()), ("AE", "NOCR-1"));
+    let records = read_topic(brokers, &dlq, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1);
+    let rej = records[0].envelope.rejection.clone().unwrap();
+    assert_eq!(rej.reason, "missing_cr");
+    assert_eq!(&records[0].envelope.raw[..], &adt("NOCR-1", "P1")[..]);
+}
