@@ -9,6 +9,7 @@ stop_brokers() {
   for port in 29092 29192 29292; do
     KAFKA_PORT=$port KAFKA_DATA_DIR="$PWD/target/kafka-test/$port" scripts/kafka.sh down >/dev/null 2>&1 || true
   done
+  KAFKA_NODES=3 KAFKA_PORT=29500 KAFKA_DATA_DIR="$PWD/target/kafka-test/cluster-29500" scripts/kafka.sh down >/dev/null 2>&1 || true
   CLUSTER_API_PORT=7543 scripts/cluster.sh down >/dev/null 2>&1 || true
 }
 trap stop_brokers EXIT

@@ -456,3 +456,73 @@ pub fn check_all_acked_are_stored(
     let duplicates = count.values().filter(|&&n| n > 1).map(|n| n - 1).sum();
     (ids.len(), records.len(), duplicates)
 }
+
+/// A 3-node KRaft cluster (scripts/kafka.sh, `KAFKA_NODES=3`) on `port`, `port`+10, `port`+20, for failover
+/// tests: RF 3 and `min.insync.replicas=2` by default.
+pub struct Cluster {
+    pub port: u16,
+}
+
+impl Cluster {
+    /// Starts the cluster (once per port) and waits until its three brokers are registered.
+    pub fn up(port: u16) -> Self {
+        let c = Self { port };
+        assert!(
+            c.run(&["up"]).0,
+            "scripts/kafka.sh up failed for the cluster on {port}"
+        );
+        c
+    }
+
+    /// Runs `scripts/kafka.sh <args>` for this cluster: (success, stdout).
+    pub fn run(&self, args: &[&str]) -> (bool, String) {
+        let root = repo_root();
+        let out = Command::new("bash")
+            .arg(root.join("scripts/kafka.sh"))
+            .args(args)
+            .env("KAFKA_NODES", "3")
+            .env("KAFKA_PORT", self.port.to_string())
+            .env(
+                "KAFKA_DATA_DIR",
+                root.join(format!("target/kafka-test/cluster-{}", self.port)),
+            )
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running scripts/kafka.sh");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        )
+    }
+
+    pub fn brokers(&self) -> String {
+        self.run(&["brokers"]).1
+    }
+
+    /// SIGKILLs node `n` (1-3).
+    pub fn kill(&self, n: u32) {
+        assert!(self.run(&["kill", &n.to_string()]).0, "kill {n}");
+    }
+
+    /// Stops node `n` cleanly (SIGTERM, as in a rolling restart).
+    pub fn stop(&self, n: u32) {
+        assert!(self.run(&["stop", &n.to_string()]).0, "stop {n}");
+    }
+
+    /// Starts node `n` again and waits until it is back in the cluster.
+    pub fn start(&self, n: u32) {
+        assert!(self.run(&["start", &n.to_string()]).0, "start {n}");
+    }
+
+    /// The node id of the active KRaft controller.
+    pub fn controller(&self) -> u32 {
+        let (ok, out) = self.run(&["controller"]);
+        assert!(ok, "controller: {out}");
+        out.parse()
+            .unwrap_or_else(|_| panic!("controller id: {out:?}"))
+    }
+
+    pub fn down(&self) {
+        let _ = self.run(&["down"]);
+    }
+}

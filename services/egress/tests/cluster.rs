@@ -1,0 +1,271 @@
+//! A real 3-broker KRaft cluster (scripts/kafka.sh, RF 3, `min.insync.replicas=2`) under the whole pipeline:
+//! `hl7gw-load` → ingress → transformer → egress → `hl7gw receive`, while brokers are SIGKILLed, restarted one by
+//! one (a rolling restart) and the active controller is killed. In every scenario no service exits, every
+//! message answered AA reaches the receiver, and the destination topic (read_committed) holds no control id twice.
+//! The failure matrix it prints is the table in docs/BENCHMARKS.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../ingress/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use common::{Pipeline, received, wait_delivered};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use support::{Cluster, bin, read_topic, recorded};
+
+/// Client port of node 1 (nodes 2 and 3: +10, +20), below the ephemeral port range.
+const PORT: u16 = 29500;
+/// Messages per second per client: steady load that leaves the 2-core machine room for three brokers.
+const RATE: &str = "40";
+const CLIENTS: &str = "4";
+
+/// One row of the failure matrix.
+struct Row {
+    scenario: &'static str,
+    acked: usize,
+    naks: u64,
+    delivered: usize,
+    duplicates: usize,
+    longest_gap: Duration,
+    catch_up: Duration,
+}
+
+fn start_load(p: &Pipeline, secs: u32, record: &Path) -> Child {
+    Command::new(bin("hl7gw-load"))
+        .args(["--to", &format!("127.0.0.1:{}", p.mllp)])
+        .args(["--clients", CLIENTS, "--rate", RATE, "--warmup", "0"])
+        .args(["--duration", &secs.to_string(), "--timeout", "15", "--json"])
+        .arg("--record-acked")
+        .arg(record)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting hl7gw-load")
+}
+
+/// Watches the record file: the longest time without a new AA while `running`.
+fn watch_acks(record: &Path, running: Arc<AtomicBool>) -> std::thread::JoinHandle<Duration> {
+    let record = record.to_owned();
+    std::thread::spawn(move || {
+        let mut last = (0usize, Instant::now());
+        let mut longest = Duration::ZERO;
+        while running.load(Ordering::Acquire) {
+            let n = std::fs::metadata(&record).map_or(0, |m| m.len() as usize);
+            let now = Instant::now();
+            if n != last.0 {
+                if last.0 > 0 {
+                    longest = longest.max(now - last.1);
+                }
+                last = (n, now);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        longest
+    })
+}
+
+fn assert_all_running(p: &mut Pipeline, scenario: &str) {
+    for (name, child) in [
+        ("ingress", p.ingress.as_mut()),
+        ("transformer", p.transformer.as_mut()),
+        ("egress", p.egress.as_mut()),
+    ] {
+        let status = child.unwrap().0.try_wait().unwrap();
+        assert!(
+            status.is_none(),
+            "{scenario}: the {name} exited ({status:?})"
+        );
+    }
+}
+
+/// Runs the load for `secs` while `event` happens, then checks that every ACKed message arrived.
+fn scenario(
+    p: &mut Pipeline,
+    name: &'static str,
+    secs: u32,
+    event: impl FnOnce(),
+    all: &mut Vec<String>,
+) -> Row {
+    let record = p.dir.path().join(format!("acked-{}.txt", all.len()));
+    let running = Arc::new(AtomicBool::new(true));
+    let watcher = watch_acks(&record, running.clone());
+    let load = start_load(p, secs, &record);
+    std::thread::sleep(Duration::from_secs(6));
+    event();
+    let out = load.wait_with_output().unwrap();
+    running.store(false, Ordering::Release);
+    let longest_gap = watcher.join().unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let naks = ["AR", "CR", "AE", "CE"]
+        .iter()
+        .map(|c| summary["acks"][c].as_u64().unwrap_or(0))
+        .sum();
+    let ids = recorded(&record);
+    assert!(
+        ids.len() > 100,
+        "{name}: the load ran ({} ACKed): {summary}",
+        ids.len()
+    );
+    assert_all_running(p, name);
+    let ended = Instant::now();
+    let r = wait_delivered(&p.received_dir(), &ids, Duration::from_secs(240));
+    let catch_up = ended.elapsed();
+    let duplicates = ids
+        .iter()
+        .map(|id| r.copies.get(id).copied().unwrap_or(0).saturating_sub(1))
+        .sum();
+    assert_all_running(p, name);
+    all.extend(ids.iter().cloned());
+    let row = Row {
+        scenario: name,
+        acked: ids.len(),
+        naks,
+        delivered: ids.iter().filter(|id| r.first.contains_key(*id)).count(),
+        duplicates,
+        longest_gap,
+        catch_up,
+    };
+    eprintln!(
+        "cluster: {name}: {} ACKed, {} NAKs, {} delivered, {} duplicates at the receiver, longest ACK gap {:.1} s, \
+         all delivered {:.1} s after the load ended",
+        row.acked,
+        row.naks,
+        row.delivered,
+        row.duplicates,
+        row.longest_gap.as_secs_f64(),
+        row.catch_up.as_secs_f64()
+    );
+    row
+}
+
+#[test]
+fn broker_failures_and_rolling_restarts_lose_nothing_and_stop_no_service() {
+    let cluster = Cluster::up(PORT);
+    let brokers = cluster.brokers();
+    let mut p = Pipeline::new();
+    p.env.retain(|(k, _)| *k != "HL7GW_KAFKA_BROKERS");
+    p.env.push(("HL7GW_KAFKA_BROKERS", brokers.clone()));
+    p.env.push(("HL7GW_KAFKA__REPLICATION_FACTOR", "3".into()));
+    p.env.push(("HL7GW_KAFKA__MIN_INSYNC_REPLICAS", "2".into()));
+    p.start_all(None);
+    let mut all = Vec::new();
+    let mut rows = Vec::new();
+
+    rows.push(scenario(
+        &mut p,
+        "broker 2 SIGKILLed, restarted 10 s later",
+        30,
+        || {
+            cluster.kill(2);
+            std::thread::sleep(Duration::from_secs(10));
+            cluster.start(2);
+        },
+        &mut all,
+    ));
+    rows.push(scenario(
+        &mut p,
+        "rolling restart: each broker stopped (SIGTERM) and started, one after the other",
+        75,
+        || {
+            for n in 1..=3 {
+                cluster.stop(n);
+                cluster.start(n);
+            }
+        },
+        &mut all,
+    ));
+    rows.push(scenario(
+        &mut p,
+        "the active controller SIGKILLed, restarted 10 s later",
+        30,
+        || {
+            let n = cluster.controller();
+            cluster.kill(n);
+            std::thread::sleep(Duration::from_secs(10));
+            cluster.start(n);
+        },
+        &mut all,
+    ));
+
+    rows.push(scenario(
+        &mut p,
+        "two brokers SIGKILLed (below min.insync.replicas), restarted 10 s later",
+        30,
+        || {
+            cluster.kill(2);
+            cluster.kill(3);
+            std::thread::sleep(Duration::from_secs(10));
+            cluster.start(2);
+            cluster.start(3);
+        },
+        &mut all,
+    ));
+    let below_min_isr = rows.last().unwrap();
+    // With one broker of three no write reaches min.insync.replicas=2: the ingress answers 207 (AR) and no AA
+    // until the brokers are back; every AA it gave is delivered (checked above).
+    assert!(
+        below_min_isr.naks > 0,
+        "NAKs while below min.insync.replicas"
+    );
+    assert!(
+        below_min_isr.longest_gap >= Duration::from_secs(8),
+        "no AA while below min.insync.replicas (longest gap {:?})",
+        below_min_isr.longest_gap
+    );
+
+    // Exactly once into the destination topic: no control id twice for read_committed readers.
+    let out_topic = p
+        .transformer_env
+        .iter()
+        .find(|(k, _)| *k == "HL7GW_OUT_TOPIC_PREFIX")
+        .map(|(_, v)| format!("{v}lab"))
+        .unwrap();
+    let records = read_topic(&brokers, &out_topic, all.len(), Duration::from_secs(120));
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in &records {
+        *seen
+            .entry(r.envelope.header.clone().unwrap_or_default().control_id)
+            .or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "control ids twice in {out_topic}: {twice:?}"
+    );
+    assert!(
+        all.iter().all(|id| seen.contains_key(id)),
+        "every ACKed id is in {out_topic}"
+    );
+    let receiver = received(&p.received_dir());
+
+    eprintln!(
+        "\n| scenario | ACKed | delivered | lost | duplicates at the receiver | NAKs | longest ACK gap | all delivered after the load |"
+    );
+    eprintln!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in &rows {
+        eprintln!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |",
+            r.scenario,
+            r.acked,
+            r.delivered,
+            r.acked - r.delivered,
+            r.duplicates,
+            r.naks,
+            r.longest_gap.as_secs_f64(),
+            r.catch_up.as_secs_f64()
+        );
+    }
+    eprintln!(
+        "({} control ids in {out_topic}, none twice; {} distinct at the receiver)",
+        seen.len(),
+        receiver.first.len()
+    );
+    drop(p);
+    cluster.down();
+}
