@@ -207,6 +207,60 @@ impl Pipeline {
         self.receiver = Some(self.spawn("hl7gw", &args, &[]).0);
     }
 
+    /// Another ingress on its own MLLP port (same topics): (process, MLLP port).
+    pub fn extra_ingress(&self) -> (KillOnDrop, u16) {
+        let port = free_port();
+        let args = [
+            "--mllp-addr".into(),
+            format!("127.0.0.1:{port}"),
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        (
+            self.spawn("hl7gw-ingress", &args, &self.ingress_env).0,
+            port,
+        )
+    }
+
+    /// Another transformer in the same group, with its own `transactional_id` (instance `n`).
+    pub fn extra_transformer(&self, n: u32) -> KillOnDrop {
+        let args = [
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        let routes = self.dir.path().join("routes.yaml").display().to_string();
+        let mut env: Vec<(&str, String)> = self
+            .transformer_env
+            .iter()
+            .map(|(k, v)| {
+                if *k == "HL7GW_TRANSACTIONAL_ID" {
+                    (*k, format!("{v}-{n}"))
+                } else {
+                    (*k, v.clone())
+                }
+            })
+            .collect();
+        env.push(("HL7GW_ROUTES__FILE", routes));
+        self.spawn("hl7gw-transformer", &args, &env).0
+    }
+
+    /// Another egress in the same consumer groups.
+    pub fn extra_egress(&self) -> KillOnDrop {
+        let args = [
+            "--config".into(),
+            self.dir.path().join("egress.yaml").display().to_string(),
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        self.spawn("hl7gw-egress", &args, &self.egress_env).0
+    }
+
     pub fn start_all(&mut self, reject_every: Option<u32>) {
         self.start_receiver(reject_every);
         self.start_egress();
@@ -327,7 +381,12 @@ pub fn check_delivery(r: &Received, replayed: &[String]) -> usize {
         if replayed.contains(cid) {
             continue;
         }
-        let patient = String::from_utf8_lossy(m.get("PID-3-1").unwrap()).into_owned();
+        // Patient ids repeat across load runs (LOAD<client>-<n>); runs differ in the control id's prefix.
+        let run = cid.split('-').next().unwrap_or_default();
+        let patient = format!(
+            "{run}/{}",
+            String::from_utf8_lossy(m.get("PID-3-1").unwrap())
+        );
         let seq: u64 = cid.rsplit('-').next().unwrap().parse().unwrap();
         by_patient.entry(patient).or_default().push((*rseq, seq));
     }
