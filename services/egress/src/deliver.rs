@@ -12,7 +12,7 @@ use hl7v2::AckCode;
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureRecord, Producer as _};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,7 +92,7 @@ pub struct DestCtx {
     pub tls: Option<Tls>,
     pub cfg: Arc<Config>,
     pub consumer: Arc<DestConsumer>,
-    pub producer: FutureProducer,
+    pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     pub metrics: EgressMetrics,
     /// This destination's per-message handles.
     pub m: DestMetrics,
@@ -549,9 +549,16 @@ impl DestCtx {
             if !env.key.is_empty() {
                 rec = rec.key(env.key.as_str());
             }
-            match self.producer.send(rec, Duration::from_secs(5)).await {
-                Ok(_) => break,
+            let producer = self.producer.get();
+            match producer.send(rec, Duration::from_secs(5)).await {
+                Ok(_) => {
+                    hl7gw_runtime::failpoint::after_send(producer.client());
+                    break;
+                }
                 Err((e, _)) => {
+                    if hl7gw_runtime::producer::is_fatal(&e) {
+                        self.producer.recover_if_fatal();
+                    }
                     tracing::warn!(destination = %self.name, error = %e, "DLQ write failed; retrying");
                     tokio::select! {
                         _ = stop.cancelled() => return Done::Abandoned,

@@ -11,7 +11,6 @@ use hl7gw_runtime::proto::v1::{
     ReplayResponse, StatusRequest, StatusResponse,
 };
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::FutureProducer;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
@@ -22,7 +21,7 @@ use tonic::{Request, Response, Status};
 pub struct EgressService {
     pub cfg: Arc<Config>,
     pub dests: Vec<Arc<DestCtx>>,
-    pub producer: FutureProducer,
+    pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     pub metrics: EgressMetrics,
 }
 
@@ -149,9 +148,12 @@ impl Egress for EgressService {
             .await?;
         let truncated = found.truncated;
         let envs: Vec<_> = found.letters.into_iter().map(|(_, e)| e).collect();
-        let ids = deadletters::replay(&self.cfg, &self.producer, envs)
+        let ids = deadletters::replay(&self.cfg, &self.producer.get(), envs)
             .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+            .map_err(|e| {
+                self.producer.recover_if_fatal();
+                Status::unavailable(e.to_string())
+            })?;
         for (_, dest) in &ids {
             self.metrics
                 .replayed

@@ -59,13 +59,22 @@ pub async fn run(
     let cfg = Arc::new(cfg);
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::EgressMetrics::register(&mut registry);
-    let producer: FutureProducer = producer_config(
-        &cfg.kafka_brokers,
-        "hl7gw-egress",
-        &cfg.kafka,
-        Duration::from_secs(30),
-    )
-    .create()?;
+    let make = {
+        let cfg = cfg.clone();
+        move || -> rdkafka::error::KafkaResult<FutureProducer> {
+            producer_config(
+                &cfg.kafka_brokers,
+                "hl7gw-egress",
+                &cfg.kafka,
+                Duration::from_secs(30),
+            )
+            .create()
+        }
+    };
+    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::new(
+        Box::new(make),
+        metrics.producer_recoveries.clone(),
+    )?);
 
     let mut dests = Vec::new();
     for (name, d) in &cfg.destinations {
@@ -186,7 +195,8 @@ pub async fn run(
         .await;
     }
     drop(dests);
-    let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
+    let p = producer.get();
+    let _ = tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
     admin_stop.cancel();
     let _ = admin_task.await;
     tracing::info!("egress stopped");
@@ -199,13 +209,15 @@ pub async fn run(
 /// Every 2 s: readiness (Kafka answers) and consumer lag per destination.
 async fn housekeeping(
     dests: Vec<Arc<deliver::DestCtx>>,
-    producer: FutureProducer,
+    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     health: Arc<Health>,
     metrics: metrics::EgressMetrics,
     stop: CancellationToken,
 ) {
     loop {
-        let p = producer.clone();
+        producer.recover_if_fatal();
+        let broken = producer.is_broken();
+        let p = producer.get();
         let ok = tokio::task::spawn_blocking(move || {
             p.client()
                 .fetch_metadata(None, Duration::from_secs(2))
@@ -213,7 +225,7 @@ async fn housekeeping(
         })
         .await
         .unwrap_or(false);
-        health.set_dependency_ok(ok);
+        health.set_dependency_ok(ok && !broken);
         for d in &dests {
             let c = d.consumer.clone();
             let lag = tokio::task::spawn_blocking(move || {

@@ -38,6 +38,7 @@ pub struct EgressMetrics {
     pub consumer_lag: Family<DestLabels, Gauge>,
     pub delivery_duration: Family<DestLabels, Histogram>,
     pub end_to_end: Family<DestLabels, Histogram>,
+    pub producer_recoveries: Counter,
 }
 
 fn histogram() -> Histogram {
@@ -59,6 +60,7 @@ impl EgressMetrics {
             consumer_lag: Family::default(),
             delivery_duration: Family::new_with_constructor(histogram),
             end_to_end: Family::new_with_constructor(histogram),
+            producer_recoveries: Counter::default(),
         };
         let r = r.sub_registry_with_prefix("egress");
         r.register(
@@ -113,6 +115,11 @@ impl EgressMetrics {
             "Time from the ingress receiving a message to the receiver's ACK",
             Unit::Seconds,
             m.end_to_end.clone(),
+        );
+        r.register(
+            "producer_recoveries",
+            "Kafka producers (DLQ writes, replays) recreated in-process after a fatal error",
+            m.producer_recoveries.clone(),
         );
         m
     }

@@ -805,3 +805,34 @@ fn a_transformer_dead_letter_is_replayed_through_the_routes_once_they_are_fixed(
     );
     assert_eq!(r.copies.get("RESULT-1"), Some(&1));
 }
+
+/// Issue 10: a fatal error of the egress's producer (raised by the test failpoint after its 2nd DLQ write) is
+/// recovered in-process: the producer is recreated, the DLQ write is retried on the new one, every message
+/// settles (delivered or dead-lettered) and the egress stays up.
+#[test]
+fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    let cfg = p.dir.path().join("egress.yaml");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
+    p.egress_env
+        .push(("FAILPOINT_KAFKA_FATAL_AFTER", "2".into()));
+    p.start_all(Some(2));
+    let ids = p.load(1, 20);
+    runtime().block_on(async {
+        let mut egress = Egress::connect(p.egress_addr()).await.unwrap();
+        wait_settled(&mut egress, ids.len() as u64, String::new).await;
+        let dead = dead_letters(&mut egress).await;
+        assert_eq!(dead.len(), 10, "every second message refused: {dead:?}");
+    });
+    let admin = p.egress_admin.unwrap();
+    assert_eq!(
+        counter_sum(admin, "hl7gw_egress_producer_recoveries_total", ""),
+        1.0
+    );
+    assert!(
+        p.egress.as_mut().unwrap().0.try_wait().unwrap().is_none(),
+        "the egress is up"
+    );
+}

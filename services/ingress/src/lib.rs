@@ -55,13 +55,22 @@ pub async fn run(
     let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::IngressMetrics::register(&mut registry);
-    let producer: FutureProducer = producer_config(
-        &cfg.kafka_brokers,
-        "hl7gw-ingress",
-        &cfg.kafka,
-        cfg.ack_timeout,
-    )
-    .create()?;
+    let make = {
+        let cfg = cfg.clone();
+        move || -> rdkafka::error::KafkaResult<FutureProducer> {
+            producer_config(
+                &cfg.kafka_brokers,
+                "hl7gw-ingress",
+                &cfg.kafka,
+                cfg.ack_timeout,
+            )
+            .create()
+        }
+    };
+    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::new(
+        Box::new(make),
+        metrics.producer_recoveries.clone(),
+    )?);
 
     let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
     let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
@@ -129,7 +138,7 @@ pub async fn run(
     let left = deadline
         .saturating_duration_since(tokio::time::Instant::now())
         .max(Duration::from_millis(100));
-    let p = producer.clone();
+    let p = producer.get();
     let flushed = tokio::task::spawn_blocking(move || p.flush(left)).await;
     if !matches!(flushed, Ok(Ok(()))) {
         tracing::warn!("producer flush incomplete at shutdown");
@@ -142,7 +151,7 @@ pub async fn run(
 
 /// Creates the topics when missing and keeps readiness in step with Kafka's answers.
 async fn probe_kafka(
-    producer: FutureProducer,
+    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     cfg: Arc<Config>,
     health: Arc<Health>,
     stop: CancellationToken,
@@ -161,7 +170,10 @@ async fn probe_kafka(
                 Err(e) => tracing::warn!(error = %e, "cannot create topics yet"),
             }
         }
-        let p = producer.clone();
+        // A producer broken for good is replaced here too, should no message come to notice it.
+        producer.recover_if_fatal();
+        let broken = producer.is_broken();
+        let p = producer.get();
         let topic = cfg.inbound_topic.clone();
         let ok = tokio::task::spawn_blocking(move || {
             p.client()
@@ -174,7 +186,8 @@ async fn probe_kafka(
                 .unwrap_or(false)
         })
         .await
-        .unwrap_or(false);
+        .unwrap_or(false)
+            && !broken;
         if ok != health.is_ready() && !health.is_draining() {
             tracing::info!(kafka_reachable = ok, "readiness changed");
         }

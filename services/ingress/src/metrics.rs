@@ -61,6 +61,7 @@ pub struct IngressMetrics {
     pub write_timeouts: Counter,
     pub batches: Counter,
     pub idle_closes: Counter,
+    pub producer_recoveries: Counter,
 }
 
 impl IngressMetrics {
@@ -86,6 +87,7 @@ impl IngressMetrics {
             write_timeouts: Counter::default(),
             batches: Counter::default(),
             idle_closes: Counter::default(),
+            producer_recoveries: Counter::default(),
         };
         let r = r.sub_registry_with_prefix("ingress");
         r.register(
@@ -174,6 +176,11 @@ impl IngressMetrics {
             "idle_closes",
             "MLLP connections closed after idle_timeout without a frame",
             m.idle_closes.clone(),
+        );
+        r.register(
+            "producer_recoveries",
+            "Kafka producers recreated in-process after a fatal error (messages in flight got AR/CR 207)",
+            m.producer_recoveries.clone(),
         );
         m
     }

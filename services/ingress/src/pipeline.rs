@@ -10,6 +10,7 @@ use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
 use hl7gw_runtime::dedup::{Claim, Claimed, Dedup, FirstCopy, Key};
 use hl7gw_runtime::envelope::{self, headers};
+use hl7gw_runtime::producer::{ProducerSlot, is_fatal};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
     AckCode, AckError, AckIds, ErrorLocation, Outcome, Severity, accept_ack_wanted, ack_code,
@@ -18,7 +19,7 @@ use hl7v2::ack::{
 use hl7v2::{Charset, ErrorCode, Header, Message};
 use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
@@ -239,7 +240,7 @@ pub enum Pending {
 /// The shared per-process message pipeline.
 pub struct Pipeline {
     cfg: Arc<Config>,
-    producer: FutureProducer,
+    producer: Arc<ProducerSlot>,
     dedup: Arc<Dedup>,
     pub metrics: IngressMetrics,
     key_paths: Vec<hl7v2::Path>,
@@ -251,7 +252,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Builds the pipeline (the config was validated).
-    pub fn new(cfg: Arc<Config>, producer: FutureProducer, metrics: IngressMetrics) -> Self {
+    pub fn new(cfg: Arc<Config>, producer: Arc<ProducerSlot>, metrics: IngressMetrics) -> Self {
         let key_paths = cfg
             .key_paths
             .iter()
@@ -286,8 +287,8 @@ impl Pipeline {
         }
     }
 
-    /// The producer (flushed on shutdown).
-    pub fn producer(&self) -> &FutureProducer {
+    /// The producer slot (flushed on shutdown, probed for readiness).
+    pub fn producer(&self) -> &Arc<ProducerSlot> {
         &self.producer
     }
 
@@ -410,9 +411,16 @@ impl Pipeline {
             record = record.key(&key);
         }
         let started = Instant::now();
-        let delivery = match self.producer.send_result(record) {
-            Ok(d) => d,
+        let producer = self.producer.get();
+        let delivery = match producer.send_result(record) {
+            Ok(d) => {
+                hl7gw_runtime::failpoint::after_send(producer.client());
+                d
+            }
             Err((e, _)) => {
+                if is_fatal(&e) {
+                    self.producer.recover_if_fatal();
+                }
                 self.metrics.publish_failed(kafka_reason(&e));
                 if is_too_large(&e) {
                     let r = self.too_large(payload.len());
@@ -567,6 +575,9 @@ impl Pipeline {
                     != Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) =>
             {
                 self.metrics.publish_failed(kafka_reason(&e));
+                if is_fatal(&e) {
+                    self.producer.recover_if_fatal();
+                }
                 tracing::warn!(parent: &span, error = %e, "Kafka did not store the message");
                 self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 self.unavailable(frame, "kafka_unavailable")
@@ -1020,7 +1031,7 @@ impl Pipeline {
             .payload(&payload)
             .headers(hdrs);
         let reason = r.reason;
-        match self.producer.send_result(record) {
+        match self.producer.get().send_result(record) {
             Ok(delivery) => {
                 let metrics = self.metrics.clone();
                 tokio::spawn(async move {

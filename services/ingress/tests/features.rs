@@ -1047,3 +1047,35 @@ async fn a_frame_missing_its_final_cr_is_answered_and_dead_lettered() {
     assert_eq!(rej.reason, "missing_cr");
     assert_eq!(&records[0].envelope.raw[..], &adt("NOCR-1", "P1")[..]);
 }
+
+/// Issue 10: a fatal error of the idempotent producer (raised by the test failpoint on the 5th record, as a
+/// lost sequence would) is recovered in-process: the producer is recreated, the message in flight gets AR 207
+/// (never AA), later messages are accepted again, and the process stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_producer_error_is_recovered_in_process() {
+    let brokers = broker();
+    let (inbound, _, mut env) = topics_env(brokers);
+    env.push(("FAILPOINT_KAFKA_FATAL_AFTER", "5".into()));
+    let mut ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let mut codes = Vec::new();
+    for i in 1..=12 {
+        let ack = c.call(&adt(&format!("FATAL-{i}"), "P1")).await.unwrap();
+        codes.push(msa(&ack).0);
+    }
+    let refused: Vec<usize> = (0..codes.len()).filter(|&i| codes[i] != "AA").collect();
+    assert!(!refused.is_empty() && refused.len() <= 2, "{codes:?}");
+    assert!(refused.iter().all(|&i| codes[i] == "AR"), "{codes:?}");
+    assert_eq!(codes.last().map(String::as_str), Some("AA"), "{codes:?}");
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_producer_recoveries_total"),
+        1.0
+    );
+    assert!(ingress.is_running());
+    let accepted: Vec<String> = (0..codes.len())
+        .filter(|&i| codes[i] == "AA")
+        .map(|i| format!("FATAL-{}", i + 1))
+        .collect();
+    check_all_acked_are_stored(brokers, &inbound, &accepted);
+    ingress.wait_ready(Duration::from_secs(15));
+}

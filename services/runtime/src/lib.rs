@@ -18,9 +18,11 @@ pub mod admin;
 pub mod config;
 pub mod dedup;
 pub mod envelope;
+pub mod failpoint;
 pub mod kafka;
 pub mod memory;
 pub mod metrics;
+pub mod producer;
 pub mod shutdown;
 pub mod telemetry;
 

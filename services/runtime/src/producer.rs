@@ -1,0 +1,81 @@
+//! A Kafka producer that is recreated in-process after librdkafka's fatal error (issue: never exit on a
+//! recoverable error), shared by the ingress and the egress.
+
+use rdkafka::producer::{FutureProducer, Producer};
+use std::sync::atomic::Ordering;
+
+/// A producer replaced in-process when librdkafka reports a fatal error: an idempotent producer
+/// that lost its sequence (or was fenced) can never send again, and the service must neither fail forever nor
+/// exit. Records in flight on the broken producer fail (the caller's usual error path); the next ones go through
+/// the new one.
+pub struct ProducerSlot {
+    current: std::sync::RwLock<FutureProducer>,
+    make: Box<dyn Fn() -> rdkafka::error::KafkaResult<FutureProducer> + Send + Sync>,
+    recovering: std::sync::atomic::AtomicBool,
+    recoveries: prometheus_client::metrics::counter::Counter,
+}
+
+impl ProducerSlot {
+    /// A slot holding `make()`'s producer; `make` is called again for each recovery.
+    pub fn new(
+        make: Box<dyn Fn() -> rdkafka::error::KafkaResult<FutureProducer> + Send + Sync>,
+        recoveries: prometheus_client::metrics::counter::Counter,
+    ) -> rdkafka::error::KafkaResult<Self> {
+        Ok(Self {
+            current: std::sync::RwLock::new(make()?),
+            make,
+            recovering: std::sync::atomic::AtomicBool::new(false),
+            recoveries,
+        })
+    }
+
+    /// The producer to use now.
+    pub fn get(&self) -> FutureProducer {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// True while the current producer is broken (fatal error) or being replaced: not ready.
+    pub fn is_broken(&self) -> bool {
+        self.recovering.load(Ordering::Acquire) || self.get().client().fatal_error().is_some()
+    }
+
+    /// Replaces the current producer when librdkafka reports a fatal error on it; the broken one is dropped
+    /// on a blocking thread (its queue was already failed). One recovery at a time.
+    pub fn recover_if_fatal(&self) {
+        let current = self.get();
+        let Some((code, reason)) = current.client().fatal_error() else {
+            return;
+        };
+        if self.recovering.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(?code, %reason, "fatal producer error: recreating the producer");
+        match (self.make)() {
+            Ok(new) => {
+                let old = std::mem::replace(
+                    &mut *self.current.write().unwrap_or_else(|p| p.into_inner()),
+                    new,
+                );
+                self.recoveries.inc();
+                drop(current);
+                tokio::task::spawn_blocking(move || drop(old));
+            }
+            Err(e) => tracing::error!(error = %e, "cannot recreate the producer yet"),
+        }
+        self.recovering.store(false, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for ProducerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProducerSlot").finish_non_exhaustive()
+    }
+}
+
+/// True for errors that mean the producer itself is broken for good (librdkafka's `__FATAL`).
+pub fn is_fatal(e: &rdkafka::error::KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal)
+}
