@@ -58,6 +58,7 @@ pub struct TransformerMetrics {
     pub transactions: Family<ResultLabels, Counter>,
     pub batches_cut: Counter,
     pub producer_recoveries: Counter,
+    pub stuck_calls: Counter,
     pub route_reloads: Family<ResultLabels, Counter>,
     pub routes_active: Gauge,
     pub routes_refused: Gauge,
@@ -77,6 +78,7 @@ impl TransformerMetrics {
             transactions: Family::default(),
             batches_cut: Counter::default(),
             producer_recoveries: Counter::default(),
+            stuck_calls: Counter::default(),
             route_reloads: Family::default(),
             routes_active: Gauge::default(),
             routes_refused: Gauge::default(),
@@ -119,6 +121,12 @@ impl TransformerMetrics {
             "producer_recoveries",
             "Transactional producers closed and recreated after a fatal error or a transaction that could not be finished",
             m.producer_recoveries.clone(),
+        );
+        r.register(
+            "stuck_calls",
+            "Transactional librdkafka calls that did not return within twice transaction_timeout (a known \
+             librdkafka hang when a coordinator's broker is gone): the producer was recreated",
+            m.stuck_calls.clone(),
         );
         r.register(
             "route_reloads",

@@ -497,7 +497,21 @@ impl<P: PluginCaller + 'static> Worker<P> {
         loop {
             let (p, c, f) = (self.producer.clone(), self.consumer.clone(), call.clone());
             let timeout = self.cfg.transaction_timeout;
-            match blocking(move || f(&p, &c, timeout)).await {
+            // librdkafka can block past its own timeout here (send_offsets_to_transaction while the group
+            // coordinator's broker is gone: librdkafka issues #5456, #5511). A call that has not returned well
+            // after its timeout is abandoned on its blocking thread and the producer treated as broken: the
+            // caller recreates it (fencing the stuck one) instead of waiting forever.
+            let limit = timeout * 2 + STUCK_MARGIN;
+            let Some(result) = blocking_within(limit, move || f(&p, &c, timeout)).await else {
+                self.metrics.stuck_calls.inc();
+                tracing::warn!(
+                    call = what,
+                    timeout = ?timeout,
+                    "librdkafka did not return from a transactional call: recreating the producer"
+                );
+                return Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal));
+            };
+            match result {
                 Ok(()) => return Ok(()),
                 Err(e) if is_retriable(&e) => {
                     self.set_recovering(true);
@@ -708,6 +722,9 @@ impl<P: PluginCaller + 'static> Worker<P> {
     }
 }
 
+/// How much longer than twice `transaction_timeout` a transactional call may block before it counts as stuck.
+const STUCK_MARGIN: Duration = Duration::from_secs(5);
+
 /// A fatal producer error: the producer cannot be used again (fenced, or an unrecoverable idempotence error).
 fn is_fatal(e: &KafkaError) -> bool {
     match e {
@@ -797,6 +814,15 @@ impl Backoff {
     }
 }
 
+/// [`blocking`], given up after `limit`: `None` when the call has not returned by then (it keeps its blocking
+/// thread until it does).
+async fn blocking_within<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Option<Result<T, KafkaError>> {
+    tokio::time::timeout(limit, blocking(f)).await.ok()
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
 ) -> Result<T, KafkaError> {
@@ -811,6 +837,21 @@ mod tests {
     use crate::engine::Plugin;
     use crate::route::HL7RouteSpec;
     use hl7gw_runtime::proto::v1::TransformRequest;
+
+    /// A librdkafka call stuck past its own timeout (librdkafka#5456) is given up on, not waited for forever.
+    #[tokio::test]
+    async fn a_stuck_blocking_call_is_given_up_on() {
+        let started = Instant::now();
+        let r = blocking_within(Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(())
+        })
+        .await;
+        assert!(r.is_none());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let r = blocking_within(Duration::from_secs(5), || Ok(7)).await;
+        assert!(matches!(r, Some(Ok(7))));
+    }
 
     struct NoPlugins;
     impl PluginCaller for NoPlugins {
