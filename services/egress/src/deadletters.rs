@@ -38,6 +38,8 @@ pub struct Filter {
     pub destination: String,
     /// `egress`, `transformer`, or empty for both.
     pub stage: String,
+    /// Only dead letters `Replay` can send back (see [`replayable`]).
+    pub replay_only: bool,
     pub ids: Vec<String>,
     /// Milliseconds since the epoch (DLQ record timestamps), inclusive / exclusive.
     pub since_ms: Option<i64>,
@@ -139,7 +141,8 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         let known = match rej.stage.as_str() {
             // Replayable only to a destination this egress delivers to.
             STAGE_EGRESS => cfg.destinations.contains_key(&env.destination),
-            STAGE_TRANSFORMER => true,
+            // Listed whatever the reason; replayed only when `replayable` (see [`replayable`]).
+            STAGE_TRANSFORMER => !filter.replay_only || replayable(rej),
             _ => false,
         };
         if !known
@@ -184,6 +187,14 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         letters: out,
         truncated: false,
     })
+}
+
+/// Whether a transformer dead letter can go back to the inbound topic: only `unmatched` ones, whose envelope is
+/// the inbound one that no route took (the route was missing). The others are not: `too_large` holds an output
+/// without its message, `bad_envelope` and `parse` would fail the same way again, and a failed route's letter
+/// would be routed through every route again (duplicates for the routes that succeeded).
+pub fn replayable(rej: &hl7gw_runtime::proto::v1::Rejection) -> bool {
+    rej.stage == STAGE_TRANSFORMER && rej.reason == "unmatched"
 }
 
 /// The stage of the egress's own dead letters.

@@ -103,6 +103,7 @@ impl Egress for EgressService {
             .list(Filter {
                 destination: r.destination,
                 stage: r.stage,
+                replay_only: false,
                 ids: Vec::new(),
                 since_ms: millis(r.since.as_ref()),
                 until_ms: millis(r.until.as_ref()),
@@ -140,6 +141,7 @@ impl Egress for EgressService {
             .list(Filter {
                 destination: r.destination,
                 stage: r.stage,
+                replay_only: true,
                 ids: r.ids,
                 since_ms: millis(r.since.as_ref()),
                 until_ms: millis(r.until.as_ref()),

@@ -109,6 +109,27 @@ pub fn unescape_flat<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
 
 /// Appends `value` to `out` with every delimiter, CR and LF escaped, so the value reads back unchanged.
 pub fn escape_into(value: &[u8], d: &Delimiters, out: &mut Vec<u8>) {
+    // With MSH-2 repeating its escape character as a separator (`^~\\&`), an escape sequence would read back
+    // as separators: delimiters in the value become spaces instead.
+    let ambiguous = [d.field, d.component, d.repetition, d.subcomponent].contains(&d.escape)
+        || d.truncation == Some(d.escape);
+    if ambiguous {
+        out.extend(value.iter().map(|&b| {
+            if b == d.field
+                || b == d.component
+                || b == d.repetition
+                || b == d.subcomponent
+                || Some(b) == d.truncation
+                || b == b'\r'
+                || b == b'\n'
+            {
+                b' '
+            } else {
+                b
+            }
+        }));
+        return;
+    }
     for &b in value {
         let code: &[u8] = if b == d.escape {
             b"E"
@@ -164,6 +185,16 @@ fn nibble(c: u8) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    /// Review of issue 10: with MSH-2 `^~\\&` the escape character is also the subcomponent separator, so an
+    /// escape sequence would read back as subcomponents; delimiters become spaces instead.
+    #[test]
+    fn an_escape_character_that_is_also_a_separator_is_not_used() {
+        let d = Delimiters::from_msh(b'|', b"^~\\\\&").unwrap();
+        let mut out = Vec::new();
+        escape_into(b"a|b^c\\d~e&f", &d, &mut out);
+        assert_eq!(out, b"a b c d e f");
+    }
+
     use super::*;
 
     fn d() -> Delimiters {

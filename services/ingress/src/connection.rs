@@ -81,14 +81,27 @@ pub async fn serve<S>(
                         MllpError::Truncated { .. } | MllpError::Io(_) => break 'conn,
                         _ => break 'conn,
                     };
-                    let reply = match codec.take_rejected() {
+                    let (reply, bytes) = match codec.take_rejected() {
                         Some(payload) => {
+                            // Held until its answer is written, like any frame's bytes.
+                            let want = payload
+                                .len()
+                                .clamp(1, cfg.max_in_flight_bytes_per_connection)
+                                as u32;
+                            let bytes = tokio::select! {
+                                p = budget.clone().acquire_many_owned(want) => match p {
+                                    Ok(p) => p,
+                                    Err(_) => break 'conn,
+                                },
+                                _ = closing.cancelled() => break 'conn,
+                            };
                             sequence += 1;
-                            pipe.framing_reject(payload.freeze(), text, &origin, sequence)
+                            let r = pipe.framing_reject(payload.freeze(), text, &origin, sequence);
+                            (r, Some(bytes))
                         }
-                        None => Pending::Ready(pipe.framing_reply(text)),
+                        None => (Pending::Ready(pipe.framing_reply(text)), None),
                     };
-                    if tx.send((reply, None)).await.is_err() {
+                    if tx.send((reply, bytes)).await.is_err() {
                         break 'conn;
                     }
                 }

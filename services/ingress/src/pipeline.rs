@@ -170,19 +170,20 @@ impl Reply {
     }
 }
 
-/// The answers to a batch's messages, and what the acknowledgment batch's header echoes.
+/// The answers to a batch's messages, each rendered as soon as it was known (so its duplicate-window claim
+/// is released then, not when the whole batch is), and what the acknowledgment batch's header echoes.
 #[derive(Debug)]
 pub struct BatchReply {
-    replies: Vec<Reply>,
+    /// Each message's ACK (when it asks for one) and code.
+    acks: Vec<(Vec<u8>, AckCode)>,
+    all_accepted: bool,
     header: BatchHeader,
 }
 
 impl BatchReply {
     /// True when every message of the batch was accepted (or was a resend of an accepted one).
     pub fn all_accepted(&self) -> bool {
-        self.replies
-            .iter()
-            .all(|r| matches!(r.action, Action::Accept | Action::Replay(_)))
+        self.all_accepted
     }
 }
 
@@ -501,17 +502,26 @@ impl Pipeline {
                 parts,
                 header,
             } => {
-                let mut replies = Vec::with_capacity(parts.len());
+                let mut acks = Vec::with_capacity(parts.len());
+                let mut all_accepted = true;
                 for p in parts {
                     let r = Box::pin(self.resolve(p)).await;
                     if matches!(r.action, Action::Close) {
                         // Unanswered as a whole: the sender resends the batch; what was stored is a resend then.
                         return r;
                     }
-                    replies.push(r);
+                    all_accepted &= matches!(r.action, Action::Accept | Action::Replay(_));
+                    let mut one = Vec::with_capacity(256);
+                    if let Some(code) = self.render(&r, &mut one) {
+                        acks.push((one, code));
+                    }
                 }
                 return Reply {
-                    action: Action::Batch(Box::new(BatchReply { replies, header })),
+                    action: Action::Batch(Box::new(BatchReply {
+                        acks,
+                        all_accepted,
+                        header,
+                    })),
                     frame,
                     envelope_id: String::new(),
                     ticket: None,
@@ -721,20 +731,14 @@ impl Pipeline {
     /// receiver swapped and the original control ids in FHS-12/BHS-12, the ACK of each message that asks for
     /// one, BTS with their count, FTS. Returns the first code that is not AA/CA (else the accept code).
     fn render_batch(&self, b: &BatchReply, buf: &mut Vec<u8>) -> AckCode {
-        let mut acks = Vec::with_capacity(b.replies.len() * 160);
-        let mut one = Vec::with_capacity(256);
-        let mut count = 0usize;
         let mut code = None;
-        for r in &b.replies {
-            if let Some(c) = self.render(r, &mut one) {
-                acks.extend_from_slice(&one);
-                count += 1;
-                let accept = |k: AckCode| matches!(k, AckCode::AA | AckCode::CA);
-                if code.is_none_or(|k| accept(k) && !accept(c)) {
-                    code = Some(c);
-                }
+        for (_, c) in &b.acks {
+            let accept = |k: AckCode| matches!(k, AckCode::AA | AckCode::CA);
+            if code.is_none_or(|k| accept(k) && !accept(*c)) {
+                code = Some(*c);
             }
         }
+        let count = b.acks.len();
         let d = b.header.delims;
         let ts = hl7_timestamp(SystemTime::now());
         let mut id = [0u8; 28];
@@ -759,7 +763,9 @@ impl Pipeline {
             segment(b"FHS", f);
         }
         segment(b"BHS", b.header.batch.as_ref().unwrap_or(&empty));
-        buf.extend_from_slice(&acks);
+        for (ack, _) in &b.acks {
+            buf.extend_from_slice(ack);
+        }
         buf.extend_from_slice(b"BTS");
         buf.push(d.field);
         buf.extend_from_slice(count.to_string().as_bytes());

@@ -13,7 +13,14 @@ pub struct ProducerSlot {
     make: Box<dyn Fn() -> rdkafka::error::KafkaResult<FutureProducer> + Send + Sync>,
     recovering: std::sync::atomic::AtomicBool,
     recoveries: prometheus_client::metrics::counter::Counter,
+    /// Replaced producers, kept a while: callers may still hold copies across an await, and the last copy's
+    /// drop (purge, flush, thread joins) must not run on an async worker. Dropped on a blocking thread once
+    /// more than [`RETIRED_KEPT`] wait.
+    retired: std::sync::Mutex<std::collections::VecDeque<FutureProducer>>,
 }
+
+/// Replaced producers kept before the oldest is closed.
+const RETIRED_KEPT: usize = 2;
 
 impl ProducerSlot {
     /// A slot holding `make()`'s producer; `make` is called again for each recovery.
@@ -26,6 +33,7 @@ impl ProducerSlot {
             make,
             recovering: std::sync::atomic::AtomicBool::new(false),
             recoveries,
+            retired: std::sync::Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -45,25 +53,34 @@ impl ProducerSlot {
     /// Replaces the current producer when librdkafka reports a fatal error on it; the broken one is dropped
     /// on a blocking thread (its queue was already failed). One recovery at a time.
     pub fn recover_if_fatal(&self) {
-        let current = self.get();
-        let Some((code, reason)) = current.client().fatal_error() else {
+        if self.get().client().fatal_error().is_none() {
             return;
-        };
+        }
         if self.recovering.swap(true, Ordering::AcqRel) {
             return;
         }
-        tracing::warn!(?code, %reason, "fatal producer error: recreating the producer");
-        match (self.make)() {
-            Ok(new) => {
-                let old = std::mem::replace(
-                    &mut *self.current.write().unwrap_or_else(|p| p.into_inner()),
-                    new,
-                );
-                self.recoveries.inc();
-                drop(current);
-                tokio::task::spawn_blocking(move || drop(old));
+        // Checked again under the flag: another caller may have replaced the broken producer meanwhile.
+        let current = self.get();
+        if let Some((code, reason)) = current.client().fatal_error() {
+            tracing::warn!(?code, %reason, "fatal producer error: recreating the producer");
+            match (self.make)() {
+                Ok(new) => {
+                    let old = std::mem::replace(
+                        &mut *self.current.write().unwrap_or_else(|p| p.into_inner()),
+                        new,
+                    );
+                    self.recoveries.inc();
+                    drop(current);
+                    let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+                    retired.push_back(old);
+                    if retired.len() > RETIRED_KEPT
+                        && let Some(oldest) = retired.pop_front()
+                    {
+                        tokio::task::spawn_blocking(move || drop(oldest));
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot recreate the producer yet"),
             }
-            Err(e) => tracing::error!(error = %e, "cannot recreate the producer yet"),
         }
         self.recovering.store(false, Ordering::Release);
     }

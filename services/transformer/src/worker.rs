@@ -549,10 +549,17 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     tokio::task::spawn_blocking(move || drop(old));
                     let p = self.producer.clone();
                     let timeout = self.cfg.transaction_timeout;
-                    match blocking(move || p.init_transactions(timeout)).await {
-                        Ok(()) => break,
-                        Err(e) => {
+                    let limit = timeout * 2 + STUCK_MARGIN;
+                    match blocking_within(limit, move || p.init_transactions(timeout)).await {
+                        Some(Ok(())) => break,
+                        Some(Err(e)) => {
                             tracing::warn!(error = %e, "the new producer cannot initialise transactions yet")
+                        }
+                        None => {
+                            self.metrics.stuck_calls.inc();
+                            tracing::warn!(
+                                "init_transactions did not return: trying a new producer"
+                            );
                         }
                     }
                 }
