@@ -526,3 +526,10 @@ impl Cluster {
         let _ = self.run(&["down"]);
     }
 }
+
+/// Stopped when the test ends, passed or failed (its data stays in target/kafka-test for a look).
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
