@@ -12,9 +12,9 @@ pub mod metrics;
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::dedup::Dedup;
-use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics, producer_config};
+use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics};
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -59,20 +59,11 @@ pub async fn run(
     let cfg = Arc::new(cfg);
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::EgressMetrics::register(&mut registry);
-    let make = {
-        let cfg = cfg.clone();
-        move || -> rdkafka::error::KafkaResult<FutureProducer> {
-            producer_config(
-                &cfg.kafka_brokers,
-                "hl7gw-egress",
-                &cfg.kafka,
-                Duration::from_secs(30),
-            )
-            .create()
-        }
-    };
-    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::new(
-        Box::new(make),
+    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+        cfg.kafka_brokers.clone(),
+        "hl7gw-egress",
+        cfg.kafka.clone(),
+        Duration::from_secs(30),
         metrics.producer_recoveries.clone(),
     )?);
 

@@ -14,8 +14,8 @@ pub mod tls;
 
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
-use hl7gw_runtime::kafka::{ensure_topics, producer_config};
-use rdkafka::producer::{FutureProducer, Producer};
+use hl7gw_runtime::kafka::ensure_topics;
+use rdkafka::producer::Producer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,20 +55,11 @@ pub async fn run(
     let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::IngressMetrics::register(&mut registry);
-    let make = {
-        let cfg = cfg.clone();
-        move || -> rdkafka::error::KafkaResult<FutureProducer> {
-            producer_config(
-                &cfg.kafka_brokers,
-                "hl7gw-ingress",
-                &cfg.kafka,
-                cfg.ack_timeout,
-            )
-            .create()
-        }
-    };
-    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::new(
-        Box::new(make),
+    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+        cfg.kafka_brokers.clone(),
+        "hl7gw-ingress",
+        cfg.kafka.clone(),
+        cfg.ack_timeout,
         metrics.producer_recoveries.clone(),
     )?);
 

@@ -37,6 +37,23 @@ impl ProducerSlot {
         })
     }
 
+    /// A slot whose producers are [`crate::kafka::producer_config`]'s (acks=all, idempotent).
+    pub fn from_config(
+        brokers: String,
+        client_id: &'static str,
+        settings: crate::kafka::KafkaSettings,
+        delivery_timeout: std::time::Duration,
+        recoveries: prometheus_client::metrics::counter::Counter,
+    ) -> rdkafka::error::KafkaResult<Self> {
+        Self::new(
+            Box::new(move || {
+                crate::kafka::producer_config(&brokers, client_id, &settings, delivery_timeout)
+                    .create()
+            }),
+            recoveries,
+        )
+    }
+
     /// The producer to use now.
     pub fn get(&self) -> FutureProducer {
         self.current
