@@ -150,21 +150,21 @@ impl Pipeline {
         (KillOnDrop(child), admin)
     }
 
-    pub fn start_ingress(&mut self) {
+    /// An ingress on MLLP `port` (the test's topics): the process and its admin address.
+    fn spawn_ingress(&self, port: u16) -> (KillOnDrop, Option<SocketAddr>) {
         let args = [
             "--mllp-addr".into(),
-            format!("127.0.0.1:{}", self.mllp),
+            format!("127.0.0.1:{port}"),
             "--grpc-addr".into(),
             "127.0.0.1:0".into(),
             "--admin-addr".into(),
             "127.0.0.1:0".into(),
         ];
-        let (child, admin) = self.spawn("hl7gw-ingress", &args, &self.ingress_env);
-        self.ingress = Some(child);
-        self.ingress_admin = admin;
+        self.spawn("hl7gw-ingress", &args, &self.ingress_env)
     }
 
-    pub fn start_transformer(&mut self) {
+    /// A transformer of the test's group; instance `n` gets its own `transactional_id`, `None` the first one's.
+    fn spawn_transformer(&self, n: Option<u32>) -> (KillOnDrop, Option<SocketAddr>) {
         let args = [
             "--grpc-addr".into(),
             "127.0.0.1:0".into(),
@@ -172,23 +172,45 @@ impl Pipeline {
             "127.0.0.1:0".into(),
         ];
         let routes = self.dir.path().join("routes.yaml").display().to_string();
-        let mut env = self.transformer_env.clone();
+        let mut env: Vec<(&str, String)> = self
+            .transformer_env
+            .iter()
+            .map(|(k, v)| match n {
+                Some(n) if *k == "HL7GW_TRANSACTIONAL_ID" => (*k, format!("{v}-{n}")),
+                _ => (*k, v.clone()),
+            })
+            .collect();
         env.push(("HL7GW_ROUTES__FILE", routes));
-        let (child, admin) = self.spawn("hl7gw-transformer", &args, &env);
+        self.spawn("hl7gw-transformer", &args, &env)
+    }
+
+    /// An egress of the test's consumer groups, its gRPC on `grpc`.
+    fn spawn_egress(&self, grpc: String) -> (KillOnDrop, Option<SocketAddr>) {
+        let args = [
+            "--config".into(),
+            self.dir.path().join("egress.yaml").display().to_string(),
+            "--grpc-addr".into(),
+            grpc,
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        self.spawn("hl7gw-egress", &args, &self.egress_env)
+    }
+
+    pub fn start_ingress(&mut self) {
+        let (child, admin) = self.spawn_ingress(self.mllp);
+        self.ingress = Some(child);
+        self.ingress_admin = admin;
+    }
+
+    pub fn start_transformer(&mut self) {
+        let (child, admin) = self.spawn_transformer(None);
         self.transformer = Some(child);
         self.transformer_admin = admin;
     }
 
     pub fn start_egress(&mut self) {
-        let args = [
-            "--config".into(),
-            self.dir.path().join("egress.yaml").display().to_string(),
-            "--grpc-addr".into(),
-            format!("127.0.0.1:{}", self.egress_grpc),
-            "--admin-addr".into(),
-            "127.0.0.1:0".into(),
-        ];
-        let (child, admin) = self.spawn("hl7gw-egress", &args, &self.egress_env);
+        let (child, admin) = self.spawn_egress(format!("127.0.0.1:{}", self.egress_grpc));
         self.egress = Some(child);
         self.egress_admin = admin;
     }
@@ -210,55 +232,17 @@ impl Pipeline {
     /// Another ingress on its own MLLP port (same topics): (process, MLLP port).
     pub fn extra_ingress(&self) -> (KillOnDrop, u16) {
         let port = free_port();
-        let args = [
-            "--mllp-addr".into(),
-            format!("127.0.0.1:{port}"),
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            "--admin-addr".into(),
-            "127.0.0.1:0".into(),
-        ];
-        (
-            self.spawn("hl7gw-ingress", &args, &self.ingress_env).0,
-            port,
-        )
+        (self.spawn_ingress(port).0, port)
     }
 
     /// Another transformer in the same group, with its own `transactional_id` (instance `n`).
     pub fn extra_transformer(&self, n: u32) -> KillOnDrop {
-        let args = [
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            "--admin-addr".into(),
-            "127.0.0.1:0".into(),
-        ];
-        let routes = self.dir.path().join("routes.yaml").display().to_string();
-        let mut env: Vec<(&str, String)> = self
-            .transformer_env
-            .iter()
-            .map(|(k, v)| {
-                if *k == "HL7GW_TRANSACTIONAL_ID" {
-                    (*k, format!("{v}-{n}"))
-                } else {
-                    (*k, v.clone())
-                }
-            })
-            .collect();
-        env.push(("HL7GW_ROUTES__FILE", routes));
-        self.spawn("hl7gw-transformer", &args, &env).0
+        self.spawn_transformer(Some(n)).0
     }
 
     /// Another egress in the same consumer groups.
     pub fn extra_egress(&self) -> KillOnDrop {
-        let args = [
-            "--config".into(),
-            self.dir.path().join("egress.yaml").display().to_string(),
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            "--admin-addr".into(),
-            "127.0.0.1:0".into(),
-        ];
-        self.spawn("hl7gw-egress", &args, &self.egress_env).0
+        self.spawn_egress("127.0.0.1:0".into()).0
     }
 
     pub fn start_all(&mut self, reject_every: Option<u32>) {
