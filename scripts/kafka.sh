@@ -23,6 +23,14 @@
 #   KAFKA_DATA_DIR         data, config, log and PID file (.cache/kafka-data/$KAFKA_PORT, N>1: ...$KAFKA_PORT-cluster)
 #   KAFKA_HEAP             JVM heap of each node          (384m)
 #   KAFKA_PARTITIONS       default partitions of auto-created topics (3)
+#   KAFKA_SECURE           1: also listen with TLS and authentication (one node only; see below)    (0)
+#
+# KAFKA_SECURE=1 adds two listeners beside the plaintext one (which the tools keep using):
+#   SASL_SSL on KAFKA_PORT + 2: TLS, SCRAM-SHA-512 user `hl7gw`, password in $KAFKA_DATA_DIR/pki/password
+#   SSL on KAFKA_PORT + 3: TLS with a client certificate required (mTLS)
+# The test PKI (made once with openssl, in $KAFKA_DATA_DIR/pki): ca.crt (signs the broker and client
+# certificates), broker.crt/.key (127.0.0.1, localhost), client.crt/.key (CN=hl7gw-client), and other-ca.crt
+# with other-client.crt/.key, a CA the broker does not know (tests of refused certificates).
 #
 # N=1: node.id 1, everything in KAFKA_DATA_DIR, replication factor 1.
 # N>1: node i (1..N) listens for clients on KAFKA_PORT + 10*(i-1) and for KRaft on that + 1 (KAFKA_PORT=39500:
@@ -45,6 +53,8 @@ else
 fi
 KAFKA_HEAP=${KAFKA_HEAP:-384m}
 KAFKA_PARTITIONS=${KAFKA_PARTITIONS:-3}
+KAFKA_SECURE=${KAFKA_SECURE:-0}
+if [ "$KAFKA_SECURE" = 1 ] && [ "$KAFKA_NODES" -ne 1 ]; then echo "kafka: KAFKA_SECURE=1 needs KAFKA_NODES=1" >&2; exit 2; fi
 libs=$root/.cache/kafka-$KAFKA_VERSION/libs
 
 log() { printf 'kafka: %s\n' "$*" >&2; }
@@ -142,6 +152,11 @@ controller.quorum.election.backoff.max.ms=750
 replica.lag.time.max.ms=10000
 PROPS
   fi
+  if [ "$KAFKA_SECURE" = 1 ]; then
+    # Later keys win in a properties file: the listener lines below replace the plaintext-only ones.
+    pki
+    secure_config
+  fi
   cat >"$dir/log4j2.properties" <<'PROPS'
 status = warn
 appender.out.type = Console
@@ -155,10 +170,67 @@ logger.server.level = info
 PROPS
 }
 
+# The test PKI of KAFKA_SECURE=1 (EC P-256 keys, PKCS#8, 10 years), made once.
+pki() {
+  local d=$KAFKA_DATA_DIR/pki
+  [ -f "$d/.complete" ] && return
+  command -v openssl >/dev/null || { log "KAFKA_SECURE=1 needs the openssl command"; return 1; }
+  rm -rf "$d"; mkdir -p "$d"
+  (
+    cd "$d"
+    key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+    ca() { key "$1.key"; openssl req -x509 -new -key "$1.key" -out "$1.crt" -days 3650 -subj "/CN=$2" \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null; }
+    # leaf NAME CA CN EXT
+    leaf() {
+      key "$1.key"
+      openssl req -new -key "$1.key" -out "$1.csr" -subj "/CN=$3" 2>/dev/null
+      printf '%s\n' "$4" >"$1.ext"
+      openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -CAcreateserial -out "$1.crt" -days 3650 \
+        -extfile "$1.ext" 2>/dev/null
+      rm -f "$1.csr" "$1.ext"
+    }
+    ca ca "hl7gw test CA"
+    ca other-ca "hl7gw unknown CA"
+    leaf broker ca localhost $'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth'
+    leaf client ca hl7gw-client 'extendedKeyUsage=clientAuth'
+    leaf other-client other-ca hl7gw-client 'extendedKeyUsage=clientAuth'
+    cat broker.key broker.crt >broker.pem
+    # Not a secret worth the name: a test broker on 127.0.0.1.
+    printf 'hl7gw-test-password' >password
+  )
+  touch "$d/.complete"
+}
+
+# A PEM value inline in a Java properties file (Kafka reads inline PEM keys unencrypted; a PEM file needs a
+# key password).
+pem_prop() { awk 'BEGIN { ORS = "" } { if (NR > 1) print "\\n"; print }' "$1"; }
+
+secure_config() {
+  local d=$KAFKA_DATA_DIR/pki
+  cat >>"$dir/server.properties" <<PROPS
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_SSL://127.0.0.1:$((port + 2)),MTLS://127.0.0.1:$((port + 3))
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$((port + 2)),MTLS://127.0.0.1:$((port + 3))
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.mtls.ssl.client.auth=required
+ssl.keystore.type=PEM
+ssl.keystore.certificate.chain=$(pem_prop "$d/broker.crt")
+ssl.keystore.key=$(pem_prop "$d/broker.key")
+ssl.truststore.type=PEM
+ssl.truststore.certificates=$(pem_prop "$d/ca.crt")
+PROPS
+}
+
 formatted() { [ -f "$dir/logs/meta.properties" ]; }
 
 format() {
-  java_run kafka.tools.StorageTool format -t "$1" -c "$dir/server.properties" >/dev/null
+  local scram=()
+  if [ "$KAFKA_SECURE" = 1 ]; then
+    scram=(--add-scram "SCRAM-SHA-512=[name=hl7gw,password=$(cat "$KAFKA_DATA_DIR/pki/password")]")
+  fi
+  java_run kafka.tools.StorageTool format -t "$1" -c "$dir/server.properties" "${scram[@]}" >/dev/null
 }
 
 launch() {
