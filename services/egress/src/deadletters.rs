@@ -7,7 +7,8 @@ use hl7gw_runtime::envelope;
 use hl7gw_runtime::proto::v1::{DeadLetter, Envelope};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use hl7gw_runtime::kafka::Producer as FutureProducer;
+use rdkafka::producer::FutureRecord;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::time::Duration;
 
@@ -60,14 +61,15 @@ pub enum DeadLetterError {
 /// that pass `filter`, oldest first, with their envelopes. Blocking: run it on a blocking thread.
 pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     let budget = Duration::from_secs(30);
-    let consumer: BaseConsumer = {
-        let mut c = hl7gw_runtime::kafka::base_config(&cfg.kafka_brokers, &cfg.kafka);
-        c.set("group.id", format!("{}.dlq-reader", cfg.group_prefix))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            .set("isolation.level", "read_committed");
-        c.create()?
-    };
+    let consumer: BaseConsumer<hl7gw_runtime::kafka::KafkaContext> =
+        hl7gw_runtime::kafka::reader_config(
+            &cfg.kafka_brokers,
+            &format!("{}.dlq-reader", cfg.group_prefix),
+            "hl7gw-egress-dlq-reader",
+            &cfg.kafka,
+        )
+        .map_err(rdkafka::error::KafkaError::from)?
+        .create_with_context(hl7gw_runtime::kafka::KafkaContext)?;
     let md = consumer.fetch_metadata(Some(&cfg.dlq_topic), Duration::from_secs(5))?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();

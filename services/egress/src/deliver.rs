@@ -44,7 +44,14 @@ impl Assignment {
     }
 }
 
-impl ClientContext for Assignment {}
+impl ClientContext for Assignment {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        hl7gw_runtime::kafka::client_error(&error, reason);
+    }
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        hl7gw_runtime::kafka::client_log(level, fac, message);
+    }
+}
 
 impl ConsumerContext for Assignment {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {

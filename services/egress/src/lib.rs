@@ -12,7 +12,7 @@ pub mod metrics;
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::dedup::Dedup;
-use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics};
+use hl7gw_runtime::kafka::{Commit, consumer_config, consumer_lag, ensure_topics};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::Producer;
 use std::net::SocketAddr;
@@ -34,6 +34,8 @@ pub enum EgressError {
     },
     #[error("Kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    KafkaConfig(#[from] hl7gw_runtime::kafka::ClientConfigError),
     #[error(transparent)]
     Bind(#[from] hl7gw_runtime::admin::BindError),
     /// A delivery worker died; the process exits so its messages are read again from committed offsets.
@@ -73,20 +75,15 @@ pub async fn run(
             destination: name.clone(),
             source,
         })?;
-        let mut cc = consumer_config(
+        // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
+        let consumer: deliver::DestConsumer = consumer_config(
             &cfg.kafka_brokers,
             &cfg.group(name),
             "hl7gw-egress",
             &cfg.kafka,
-        );
-        // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
-        cc.set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "500");
-        for (k, v) in &cfg.kafka.properties {
-            cc.set(k, v);
-        }
-        let consumer: deliver::DestConsumer =
-            cc.create_with_context(deliver::Assignment::default())?;
+            Commit::StoredEvery(Duration::from_millis(500)),
+        )?
+        .create_with_context(deliver::Assignment::default())?;
         dests.push(Arc::new(deliver::DestCtx {
             name: name.clone(),
             topic: cfg.topic(name),
@@ -216,7 +213,13 @@ async fn housekeeping(
         })
         .await
         .unwrap_or(false);
-        health.set_dependency_ok(ok && !broken);
+        health.set_dependency(if broken {
+            Err("kafka producer failed for good and is being recreated".to_owned())
+        } else if !ok {
+            Err(hl7gw_runtime::kafka::unreachable_reason())
+        } else {
+            Ok(())
+        });
         for d in &dests {
             let c = d.consumer.clone();
             let lag = tokio::task::spawn_blocking(move || {

@@ -149,7 +149,27 @@ async fn probe_kafka(
 ) {
     let mut topics_ready = false;
     loop {
-        if !topics_ready {
+        // A producer broken for good is replaced here too, should no message come to notice it.
+        producer.recover_if_fatal();
+        let broken = producer.is_broken();
+        let p = producer.get();
+        let topic = cfg.inbound_topic.clone();
+        // (a broker answered, the inbound topic has partitions)
+        let (answered, ok) = tokio::task::spawn_blocking(move || {
+            match p.client().fetch_metadata(Some(&topic), Duration::from_secs(2)) {
+                Ok(m) => (
+                    true,
+                    m.topics()
+                        .iter()
+                        .any(|t| t.error().is_none() && !t.partitions().is_empty()),
+                ),
+                Err(_) => (false, false),
+            }
+        })
+        .await
+        .unwrap_or((false, false));
+        // Topics are created once a broker answers (an admin request to no broker only waits).
+        if answered && !topics_ready {
             match ensure_topics(
                 &cfg.kafka_brokers,
                 &cfg.kafka,
@@ -161,28 +181,25 @@ async fn probe_kafka(
                 Err(e) => tracing::warn!(error = %e, "cannot create topics yet"),
             }
         }
-        // A producer broken for good is replaced here too, should no message come to notice it.
-        producer.recover_if_fatal();
-        let broken = producer.is_broken();
-        let p = producer.get();
-        let topic = cfg.inbound_topic.clone();
-        let ok = tokio::task::spawn_blocking(move || {
-            p.client()
-                .fetch_metadata(Some(&topic), Duration::from_secs(2))
-                .map(|m| {
-                    m.topics()
-                        .iter()
-                        .any(|t| t.error().is_none() && !t.partitions().is_empty())
-                })
-                .unwrap_or(false)
-        })
-        .await
-        .unwrap_or(false)
-            && !broken;
-        if ok != health.is_ready() && !health.is_draining() {
-            tracing::info!(kafka_reachable = ok, "readiness changed");
+        let status = if broken {
+            Err("kafka producer failed for good and is being recreated".to_owned())
+        } else if !answered {
+            Err(hl7gw_runtime::kafka::unreachable_reason())
+        } else if !ok || !topics_ready {
+            Err(format!(
+                "topics {} / {} not created yet",
+                cfg.inbound_topic, cfg.dlq_topic
+            ))
+        } else {
+            Ok(())
+        };
+        if status.is_ok() != health.is_ready() && !health.is_draining() {
+            match &status {
+                Ok(()) => tracing::info!("ready"),
+                Err(reason) => tracing::warn!(reason = %reason, "not ready"),
+            }
         }
-        health.set_dependency_ok(ok && topics_ready);
+        health.set_dependency(status);
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(if ok { 2 } else { 1 })) => {}
             _ = stop.cancelled() => return,

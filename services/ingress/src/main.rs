@@ -36,12 +36,16 @@ fn parse_mode(s: &str) -> Result<AckMode, String> {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    hl7gw_runtime::exit(run())
+}
+
+fn run() -> anyhow::Result<()> {
     let flags = Flags::parse();
     let cfg: Config = hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        for w in cfg.kafka.durability_warnings() {
+        for w in hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)? {
             eprintln!("warning: {w}");
         }
         println!("configuration is valid");

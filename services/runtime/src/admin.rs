@@ -17,12 +17,27 @@ use tokio_util::sync::CancellationToken;
 pub struct Health {
     dependency_ok: AtomicBool,
     draining: AtomicBool,
+    /// Why the last probe failed, for `/readyz` (no secrets, no patient data: client error texts only).
+    reason: std::sync::Mutex<String>,
 }
 
 impl Health {
-    /// Records whether the dependency answered its last probe.
-    pub fn set_dependency_ok(&self, ok: bool) {
+    /// Records the last probe's outcome, with the reason when it failed.
+    pub fn set_dependency(&self, status: Result<(), String>) {
+        let ok = status.is_ok();
+        if let Err(reason) = status {
+            *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason;
+        }
         self.dependency_ok.store(ok, Ordering::Relaxed);
+    }
+
+    /// Why the service is not ready (meaningful while [`Health::is_ready`] is false).
+    pub fn reason(&self) -> String {
+        if self.is_draining() {
+            return "draining".into();
+        }
+        let r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_empty() { "starting".into() } else { r.clone() }
     }
 
     /// Marks the service as draining: never ready again.
@@ -91,11 +106,14 @@ pub async fn serve(
 
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     if s.health.is_ready() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_owned())
     } else if s.health.is_draining() {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n".to_owned())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", s.health.reason()),
+        )
     }
 }
 

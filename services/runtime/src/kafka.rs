@@ -1,9 +1,13 @@
-//! Kafka client setup shared by the services: producer settings that make an ACK a promise, topic creation,
-//! and a broker reachability check for readiness.
+//! Kafka client setup shared by the services: one settings builder per client role (producer, transactional
+//! producer, consumer, DLQ reader, admin) that applies `kafka.security` and `kafka.properties` the same way for
+//! all of them, topic creation, and what a client's errors say for readiness.
+
+pub mod security;
+pub use security::KafkaSecurity;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::ClientContext;
 use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::topic_partition_list::Offset;
 use rdkafka::types::RDKafkaErrorCode;
@@ -37,8 +41,11 @@ pub struct KafkaSettings {
     /// 32 MiB when there is no limit. librdkafka's own default (64 MiB queued plus 50 MiB fetches) is
     /// most of a 512 MiB pod once messages are large.
     pub consumer_prefetch_bytes: usize,
-    /// Extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...), applied last. The properties
-    /// the services' promises rest on ([`PROTECTED_PROPERTIES`]) are refused when the config is read.
+    /// TLS and SASL for every client.
+    pub security: KafkaSecurity,
+    /// Extra librdkafka properties, applied last. The properties the services' promises rest on
+    /// ([`PROTECTED_PROPERTIES`]) and those `security` sets ([`security::SECURITY_PROPERTIES`]) are refused
+    /// when the config is read.
     #[serde(deserialize_with = "deserialize_properties")]
     pub properties: BTreeMap<String, String>,
 }
@@ -129,6 +136,14 @@ where
                 "kafka.properties.{k} cannot be set: {why}"
             )));
         }
+        if let Some(k) = security::SECURITY_PROPERTIES
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(key.trim()))
+        {
+            return Err(serde::de::Error::custom(format!(
+                "kafka.properties.{k} cannot be set: use kafka.security (secrets from files, not the config)"
+            )));
+        }
     }
     Ok(props)
 }
@@ -143,6 +158,7 @@ impl Default for KafkaSettings {
             min_insync_replicas: 0,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             consumer_prefetch_bytes: 0,
+            security: KafkaSecurity::default(),
             properties: BTreeMap::new(),
         }
     }
@@ -179,7 +195,16 @@ impl KafkaSettings {
                 self.min_insync_replicas, self.replication_factor
             ));
         }
-        Ok(())
+        self.security
+            .validate()
+            .map_err(|e| crate::config::ConfigError::Rule(e.to_string()))
+    }
+
+    /// What `--check-config` warns about: durability of created topics, an unencrypted connection.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = self.durability_warnings();
+        w.extend(self.security.warnings());
+        w
     }
 
     /// Warnings for `--check-config`: topics this service would create whose durability does not match
@@ -206,6 +231,66 @@ impl KafkaSettings {
     }
 }
 
+/// Why a Kafka client's settings could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientConfigError {
+    #[error(transparent)]
+    Security(#[from] security::SecurityError),
+    /// librdkafka refused a setting: a wrong value, or one this build cannot honour. The value is shown only
+    /// when it is not a secret.
+    #[error("kafka setting {key}{shown}: {reason}")]
+    Setting {
+        key: String,
+        shown: String,
+        reason: String,
+    },
+}
+
+impl From<ClientConfigError> for rdkafka::error::KafkaError {
+    fn from(e: ClientConfigError) -> Self {
+        rdkafka::error::KafkaError::ClientCreation(e.to_string())
+    }
+}
+
+/// What every client starts from: the brokers, `kafka.security`, and connection habits.
+fn client_base(
+    brokers: &str,
+    client_id: &str,
+    s: &KafkaSettings,
+) -> Result<ClientConfig, ClientConfigError> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("client.id", client_id)
+        .set("socket.nagle.disable", "true")
+        .set("reconnect.backoff.max.ms", "1000");
+    s.security.apply(&mut c)?;
+    Ok(c)
+}
+
+/// Applies `kafka.properties` (last, once) and has librdkafka check every setting now, without connecting,
+/// so a setting this build cannot honour fails with its name here rather than inside a running service.
+fn finish(mut c: ClientConfig, s: &KafkaSettings) -> Result<ClientConfig, ClientConfigError> {
+    for (k, v) in &s.properties {
+        c.set(k, v);
+    }
+    match c.create_native_config() {
+        Ok(_) => Ok(c),
+        Err(rdkafka::error::KafkaError::ClientConfig(_, reason, key, value)) => {
+            let shown = if security::is_secret_property(&key) {
+                String::new()
+            } else {
+                format!("={value}")
+            };
+            Err(ClientConfigError::Setting { key, shown, reason })
+        }
+        Err(e) => Err(ClientConfigError::Setting {
+            key: "(client)".into(),
+            shown: String::new(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// Producer settings: acks=all and the idempotent producer (no duplicates or reordering from retries), and
 /// `delivery_timeout` as librdkafka's own bound on a record's delivery.
 pub fn producer_config(
@@ -213,11 +298,14 @@ pub fn producer_config(
     client_id: &str,
     s: &KafkaSettings,
     delivery_timeout: Duration,
-) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers)
-        .set("client.id", client_id)
-        .set("acks", "all")
+) -> Result<ClientConfig, ClientConfigError> {
+    let mut c = client_base(brokers, client_id, s)?;
+    producer_settings(&mut c, s, delivery_timeout);
+    finish(c, s)
+}
+
+fn producer_settings(c: &mut ClientConfig, s: &KafkaSettings, delivery_timeout: Duration) {
+    c.set("acks", "all")
         .set("enable.idempotence", "true")
         .set("max.in.flight.requests.per.connection", "5")
         .set("linger.ms", s.linger_ms.to_string())
@@ -227,23 +315,73 @@ pub fn producer_config(
             "message.timeout.ms",
             delivery_timeout.as_millis().max(1).to_string(),
         )
-        .set("socket.nagle.disable", "true")
-        .set("queue.buffering.max.messages", "200000")
-        .set("reconnect.backoff.max.ms", "1000");
-    for (k, v) in &s.properties {
-        c.set(k, v);
-    }
-    c
+        .set("queue.buffering.max.messages", "200000");
 }
 
-/// Settings for an admin client or a metadata probe.
-pub fn base_config(brokers: &str, s: &KafkaSettings) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers);
-    for (k, v) in &s.properties {
-        c.set(k, v);
-    }
-    c
+/// The transformer's producer: [`producer_config`] plus a transactional id; a transaction not committed
+/// within `timeout` is aborted by the broker.
+pub fn transactional_producer_config(
+    brokers: &str,
+    client_id: &str,
+    s: &KafkaSettings,
+    transactional_id: &str,
+    timeout: Duration,
+) -> Result<ClientConfig, ClientConfigError> {
+    let mut c = client_base(brokers, client_id, s)?;
+    producer_settings(&mut c, s, timeout);
+    c.set("transactional.id", transactional_id)
+        .set("transaction.timeout.ms", timeout.as_millis().to_string());
+    finish(c, s)
+}
+
+/// When a consumer's offsets reach Kafka.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Only by the service's own commit calls (the transformer commits inside its transaction).
+    Manual,
+    /// Offsets the service stored (after its work) are committed in the background this often and on close.
+    StoredEvery(Duration),
+}
+
+/// Admin client settings (topic creation, metadata probes).
+pub fn admin_config(brokers: &str, s: &KafkaSettings) -> Result<ClientConfig, ClientConfigError> {
+    let c = client_base(brokers, "hl7gw-admin", s)?;
+    finish(c, s)
+}
+
+/// A reader of a topic from a given offset to its end (the DLQ listing): its own group, never committing,
+/// committed records only.
+pub fn reader_config(
+    brokers: &str,
+    group_id: &str,
+    client_id: &str,
+    s: &KafkaSettings,
+) -> Result<ClientConfig, ClientConfigError> {
+    let mut c = client_base(brokers, client_id, s)?;
+    c.set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed");
+    finish(c, s)
+}
+
+/// `--check-config`'s Kafka part: every client role's settings built natively (a setting this build cannot
+/// honour fails here), the secret files read; returns the warnings to print.
+pub fn check_config(brokers: &str, s: &KafkaSettings) -> Result<Vec<String>, ClientConfigError> {
+    check_clients(brokers, s)?;
+    Ok(s.warnings())
+}
+
+/// Builds every role's settings natively without connecting, and reads the secret files.
+pub fn check_clients(brokers: &str, s: &KafkaSettings) -> Result<(), ClientConfigError> {
+    s.security.check_files()?;
+    let t = Duration::from_secs(30);
+    producer_config(brokers, "check", s, t)?;
+    transactional_producer_config(brokers, "check", s, "check", t)?;
+    consumer_config(brokers, "check", "check", s, Commit::Manual)?;
+    reader_config(brokers, "check", "check", s)?;
+    admin_config(brokers, s)?;
+    Ok(())
 }
 
 /// Why topics could not be created.
@@ -251,6 +389,8 @@ pub fn base_config(brokers: &str, s: &KafkaSettings) -> ClientConfig {
 pub enum TopicError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Config(#[from] ClientConfigError),
     #[error("creating topic {topic}: {code}")]
     Create {
         topic: String,
@@ -268,7 +408,7 @@ pub async fn ensure_topics(
     if s.create_topics_partitions == 0 || topics.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = base_config(brokers, s).create()?;
+    let admin: AdminClient<KafkaContext> = admin_config(brokers, s)?.create_with_context(KafkaContext)?;
     let max_bytes = s.max_message_bytes.to_string();
     let min_isr = s.min_insync_replicas.to_string();
     let new: Vec<NewTopic<'_>> = topics
@@ -287,7 +427,9 @@ pub async fn ensure_topics(
             }
         })
         .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(10)))
+        .request_timeout(Some(Duration::from_secs(10)));
     for r in admin.create_topics(new.iter(), &opts).await? {
         match r {
             Ok(_) => {}
@@ -313,37 +455,137 @@ impl KafkaSettings {
     }
 }
 
-/// Consumer settings for the workers: a group, offsets committed only by the service (after its work is
-/// done), read_committed so records of aborted transactions are never seen, and a short session timeout so a
-/// killed pod's partitions move on within seconds.
+/// Consumer settings for the workers: a group, offsets committed only after the service's work is done
+/// (`commit`), read_committed so records of aborted transactions are never seen, and a short session timeout so
+/// a killed pod's partitions move on within seconds.
 pub fn consumer_config(
     brokers: &str,
     group_id: &str,
     client_id: &str,
     s: &KafkaSettings,
-) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers)
-        .set("group.id", group_id)
-        .set("client.id", client_id)
-        .set("enable.auto.commit", "false")
+    commit: Commit,
+) -> Result<ClientConfig, ClientConfigError> {
+    let mut c = client_base(brokers, client_id, s)?;
+    c.set("group.id", group_id)
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
-        .set("socket.nagle.disable", "true")
-        .set("fetch.wait.max.ms", "10")
-        .set("reconnect.backoff.max.ms", "1000");
+        .set("fetch.wait.max.ms", "10");
+    match commit {
+        Commit::Manual => c.set("enable.auto.commit", "false"),
+        Commit::StoredEvery(every) => c
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", every.as_millis().max(1).to_string()),
+    };
     // Prefetch bounded in bytes. librdkafka bounds each fetch by this too (fetch.max.bytes left unset is
     // lowered to it); a record larger than a fetch still comes, alone, so large messages never stall.
     let prefetch = s.prefetch_bytes(crate::memory::limit());
     c.set("queued.max.messages.kbytes", (prefetch / 1024).to_string());
-    for (k, v) in &s.properties {
-        c.set(k, v);
-    }
-    c
+    finish(c, s)
 }
+
+/// The last errors the Kafka clients of this process reported (librdkafka's error callback), for readiness:
+/// the last authentication/TLS failure is kept apart, so the "all brokers down" that follows it does not hide it.
+#[derive(Default)]
+struct ClientErrors {
+    credentials: Option<(std::time::Instant, String)>,
+    other: Option<(std::time::Instant, String)>,
+    logged_credentials: Option<std::time::Instant>,
+    logged_other: Option<std::time::Instant>,
+}
+
+static CLIENT_ERRORS: std::sync::Mutex<Option<ClientErrors>> = std::sync::Mutex::new(None);
+
+/// One log line per kind of client error per this long (librdkafka reports each failed connection attempt).
+const CLIENT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Records a client error (called from every client context's `error` callback) and logs it, at most once
+/// per 10 s per kind: at ERROR for authentication and TLS failures (a configuration or a Secret to fix), at
+/// WARN for broker transport errors, which every failover and rolling restart produces and the services ride
+/// out.
+pub fn client_error(error: &rdkafka::error::KafkaError, reason: &str) {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let credentials = matches!(
+        error.rdkafka_error_code(),
+        Some(C::Authentication | C::SaslAuthenticationFailed | C::SSL)
+    );
+    let now = std::time::Instant::now();
+    let mut guard = CLIENT_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+    let e = guard.get_or_insert_with(ClientErrors::default);
+    let logged = if credentials {
+        e.credentials = Some((now, format!("kafka authentication/TLS failed: {reason}")));
+        &mut e.logged_credentials
+    } else {
+        e.other = Some((now, format!("kafka: {reason}")));
+        &mut e.logged_other
+    };
+    if logged.is_some_and(|at| now.duration_since(at) < CLIENT_ERROR_LOG_EVERY) {
+        return;
+    }
+    *logged = Some(now);
+    drop(guard);
+    if credentials {
+        tracing::error!(error = %error, reason, "kafka: authentication or TLS failed; check kafka.security (repeats are logged every 10 s)");
+    } else {
+        tracing::warn!(error = %error, reason, "kafka client error (repeats are logged every 10 s)");
+    }
+}
+
+/// librdkafka's log lines through `tracing`. Connection failures (`FAIL`) go at WARN: the error callback
+/// ([`client_error`]) already says, at the right level, what they mean.
+pub fn client_log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+    use rdkafka::config::RDKafkaLogLevel as L;
+    match level {
+        L::Emerg | L::Alert | L::Critical | L::Error if fac != "FAIL" => {
+            tracing::error!(target: "librdkafka", "{fac} {message}")
+        }
+        L::Emerg | L::Alert | L::Critical | L::Error | L::Warning => {
+            tracing::warn!(target: "librdkafka", "{fac} {message}")
+        }
+        L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac} {message}"),
+        L::Debug => tracing::debug!(target: "librdkafka", "{fac} {message}"),
+    }
+}
+
+/// The last client error reported within `within`, if any: an authentication/TLS failure first.
+pub fn recent_client_error(within: Duration) -> Option<String> {
+    let guard = CLIENT_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
+    let e = guard.as_ref()?;
+    let recent = |x: &Option<(std::time::Instant, String)>| {
+        x.as_ref()
+            .filter(|(at, _)| at.elapsed() <= within)
+            .map(|(_, what)| what.clone())
+    };
+    recent(&e.credentials).or_else(|| recent(&e.other))
+}
+
+/// Why Kafka did not answer a readiness probe: the clients' last error when recent (a refused password or
+/// certificate says so), else that no broker answered.
+pub fn unreachable_reason() -> String {
+    recent_client_error(Duration::from_secs(60))
+        .unwrap_or_else(|| "kafka: no broker answered the metadata request".to_owned())
+}
+
+/// The context of the services' producers and admin clients: errors go to [`client_error`], librdkafka's
+/// log lines through `tracing`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KafkaContext;
+
+impl ClientContext for KafkaContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        client_error(&error, reason);
+    }
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        client_log(level, fac, message);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for KafkaContext {}
+
+/// The services' producer type.
+pub type Producer = rdkafka::producer::FutureProducer<KafkaContext>;
 
 /// Messages not yet consumed on the consumer's assigned partitions (high watermark minus position, or minus
 /// the committed offset before the first message). Blocking: call from a blocking task.
@@ -413,9 +655,11 @@ mod tests {
                 "{key}: {e}"
             );
         }
-        let s =
-            settings("properties: {security.protocol: SASL_SSL, sasl.mechanism: SCRAM-SHA-512}")
-                .unwrap();
+        for key in ["security.protocol", "sasl.password", "SSL.KEY.PASSWORD"] {
+            let e = settings(&format!("properties: {{{key}: x}}")).unwrap_err();
+            assert!(e.contains("use kafka.security"), "{key}: {e}");
+        }
+        let s = settings("properties: {ssl.cipher.suites: x, socket.keepalive.enable: 'true'}").unwrap();
         assert_eq!(s.properties.len(), 2);
     }
 

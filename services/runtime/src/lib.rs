@@ -32,3 +32,16 @@ pub fn pod_name() -> String {
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "local".to_owned())
 }
+
+/// A binary's end: `Ok` exits 0; an error prints one line, `error: ` and its causes joined by `: ` (no
+/// backtrace, whatever `RUST_BACKTRACE` says), and exits 1.
+pub fn exit<E: std::fmt::Display>(result: Result<(), E>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let line = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {line}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

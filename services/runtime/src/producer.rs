@@ -1,7 +1,8 @@
 //! A Kafka producer that is recreated in-process after librdkafka's fatal error (issue: never exit on a
 //! recoverable error), shared by the ingress and the egress.
 
-use rdkafka::producer::{FutureProducer, Producer};
+use crate::kafka::Producer as FutureProducer;
+use rdkafka::producer::Producer;
 use std::sync::atomic::Ordering;
 
 /// A producer replaced in-process when librdkafka reports a fatal error: an idempotent producer
@@ -47,8 +48,8 @@ impl ProducerSlot {
     ) -> rdkafka::error::KafkaResult<Self> {
         Self::new(
             Box::new(move || {
-                crate::kafka::producer_config(&brokers, client_id, &settings, delivery_timeout)
-                    .create()
+                crate::kafka::producer_config(&brokers, client_id, &settings, delivery_timeout)?
+                    .create_with_context(crate::kafka::KafkaContext)
             }),
             recoveries,
         )

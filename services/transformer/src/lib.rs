@@ -15,9 +15,10 @@ pub mod worker;
 
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
-use hl7gw_runtime::kafka::{consumer_config, consumer_lag, ensure_topics, producer_config};
+use hl7gw_runtime::kafka::{
+    Commit, KafkaContext, consumer_config, consumer_lag, ensure_topics, transactional_producer_config,
+};
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::FutureProducer;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +34,8 @@ pub enum TransformerError {
     Routes(#[from] source::SourceError),
     #[error("Kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    KafkaConfig(#[from] hl7gw_runtime::kafka::ClientConfigError),
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
     /// The worker task panicked: the process exits with an error so the pod restarts (its batch was not
@@ -99,20 +102,15 @@ pub async fn run(
     }
 
     let txn_id = transactional_id(&cfg);
-    let mut pc = producer_config(
+    let pc = transactional_producer_config(
         &cfg.kafka_brokers,
         "hl7gw-transformer",
         &cfg.kafka,
+        &txn_id,
         cfg.transaction_timeout,
-    );
-    pc.set("transactional.id", &txn_id).set(
-        "transaction.timeout.ms",
-        cfg.transaction_timeout.as_millis().to_string(),
-    );
-    for (k, v) in &cfg.kafka.properties {
-        pc.set(k, v);
-    }
-    let make_producer: worker::ProducerFactory = Arc::new(move || pc.create::<FutureProducer>());
+    )?;
+    let make_producer: worker::ProducerFactory =
+        Arc::new(move || pc.create_with_context(KafkaContext));
     let producer = make_producer()?;
     let consumer: Arc<worker::Consumer_> = Arc::new(
         consumer_config(
@@ -120,7 +118,8 @@ pub async fn run(
             &cfg.group_id,
             "hl7gw-transformer",
             &cfg.kafka,
-        )
+            Commit::Manual,
+        )?
         .create_with_context(worker::RebalanceCounter::default())?,
     );
 
@@ -305,8 +304,17 @@ async fn housekeeping(
         if let Some(lag) = lag {
             metrics.consumer_lag.set(lag);
         }
-        health
-            .set_dependency_ok(kafka_ok && topics_ok && live.is_loaded() && worker_health.is_ok());
+        health.set_dependency(if !kafka_ok {
+            Err(hl7gw_runtime::kafka::unreachable_reason())
+        } else if !live.is_loaded() {
+            Err("routes not loaded".to_owned())
+        } else if !worker_health.is_ok() {
+            Err("recovering: cannot commit to Kafka yet".to_owned())
+        } else if !topics_ok {
+            Err("destination topics not created yet".to_owned())
+        } else {
+            Ok(())
+        });
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             _ = stop.cancelled() => return,

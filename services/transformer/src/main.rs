@@ -32,7 +32,11 @@ enum Command {
     Crd,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    hl7gw_runtime::exit(run())
+}
+
+fn run() -> anyhow::Result<()> {
     let flags = Flags::parse();
     if let Some(Command::Crd) = flags.command {
         print!("{}", hl7gw_transformer::route::crd_yaml()?);
@@ -42,7 +46,7 @@ fn main() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        for w in cfg.kafka.durability_warnings() {
+        for w in hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)? {
             eprintln!("warning: {w}");
         }
         if let Some(path) = &cfg.routes.file {

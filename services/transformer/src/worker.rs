@@ -14,7 +14,8 @@ use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use hl7gw_runtime::kafka::Producer as FutureProducer;
+use rdkafka::producer::{FutureRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 use std::collections::BTreeMap;
@@ -36,7 +37,14 @@ impl RebalanceCounter {
     }
 }
 
-impl ClientContext for RebalanceCounter {}
+impl ClientContext for RebalanceCounter {
+    fn error(&self, error: KafkaError, reason: &str) {
+        hl7gw_runtime::kafka::client_error(&error, reason);
+    }
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        hl7gw_runtime::kafka::client_log(level, fac, message);
+    }
+}
 
 impl ConsumerContext for RebalanceCounter {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
@@ -480,7 +488,8 @@ impl<P: PluginCaller + 'static> Worker<P> {
         // The flag first: the readiness probe loop reads it before it sets readiness.
         self.health.ok.store(!recovering, Ordering::Release);
         if recovering {
-            self.readiness.set_dependency_ok(false);
+            self.readiness
+                .set_dependency(Err("recovering: cannot commit to Kafka yet".to_owned()));
         }
     }
 
