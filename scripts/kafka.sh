@@ -14,6 +14,7 @@
 #   start N     start node N again on its data; wait until it is an unfenced broker again
 #   brokers     print the bootstrap list: 127.0.0.1:p1,127.0.0.1:p2,...
 #   controller  print the node id of the active KRaft controller (after a kill: once a live one is elected)
+#   scram-user NAME PASSWORD   create or change a SCRAM-SHA-512 user (KAFKA_SECURE=1)
 #
 # Jars come from Maven Central through scripts/kafka/pom.xml and are cached in .cache/kafka-$KAFKA_VERSION.
 # Settings (environment):
@@ -425,6 +426,14 @@ controller() {
   done
 }
 
+# scram_user NAME PASSWORD: create the user or set its password (through the plaintext listener).
+scram_user() {
+  [ -n "${1:-}" ] && [ -n "${2:-}" ] || { log "usage: scram-user NAME PASSWORD"; exit 2; }
+  tool kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+    --command-config "$KAFKA_DATA_DIR/tools.properties" --alter --entity-type users --entity-name "$1" \
+    --add-config "SCRAM-SHA-512=[password=$2]" >/dev/null
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
@@ -436,5 +445,6 @@ case "${1:-}" in
   start) start_node "${2:-}" ;;
   brokers) brokers ;;
   controller) controller ;;
-  *) echo "usage: $0 up|down|status|wait|fetch|kill N|stop N|start N|brokers|controller" >&2; exit 2 ;;
+  scram-user) scram_user "${2:-}" "${3:-}" ;;
+  *) echo "usage: $0 up|down|status|wait|fetch|kill N|stop N|start N|brokers|controller|scram-user NAME PASSWORD" >&2; exit 2 ;;
 esac

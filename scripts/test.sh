@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # `make test` after lint: every test of the workspace. Tests that need Kafka start their own brokers through
-# scripts/kafka.sh (ports 29092, 29192 and 29292 — below the ephemeral port range, so no client socket takes them — data under target/kafka-test); this script stops them at the end.
+# scripts/kafka.sh (ports 29092, 29192, 29292 and 29392 (TLS/SASL listeners on 29394/29395) — below the ephemeral port range, so no client socket takes them — data under target/kafka-test); this script stops them at the end.
 # The HL7Route test starts its own Kubernetes API server (scripts/cluster.sh, port 7543); the Python consumer
 # test builds its venv through scripts/python-env.sh. Everything they need is fetched first, once, into .cache/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stop_brokers() {
-  for port in 29092 29192 29292; do
+  for port in 29092 29192 29292 29392; do
     KAFKA_PORT=$port KAFKA_DATA_DIR="$PWD/target/kafka-test/$port" scripts/kafka.sh down >/dev/null 2>&1 || true
   done
   KAFKA_NODES=3 KAFKA_PORT=29500 KAFKA_DATA_DIR="$PWD/target/kafka-test/cluster-29500" scripts/kafka.sh down >/dev/null 2>&1 || true

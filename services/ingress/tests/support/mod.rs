@@ -533,3 +533,85 @@ impl Drop for Cluster {
         self.down();
     }
 }
+
+/// The broker with TLS and SASL listeners (scripts/kafka.sh `KAFKA_SECURE=1`, port 29392): SASL_SSL with
+/// SCRAM-SHA-512 on 29394, mTLS on 29395, plaintext on 29392 for the test's own readers; the test PKI in `pki`.
+#[derive(Debug, Clone)]
+pub struct SecureBroker {
+    pub plaintext: String,
+    pub sasl_ssl: String,
+    pub mtls: String,
+    pub pki: PathBuf,
+}
+
+pub const SECURE_PORT: u16 = 29392;
+
+impl SecureBroker {
+    /// Starts it once (stopped by scripts/test.sh at the end).
+    pub fn get() -> &'static SecureBroker {
+        static B: OnceLock<SecureBroker> = OnceLock::new();
+        B.get_or_init(|| {
+            let out = Self::script(&["up"]);
+            assert!(out.status.success(), "scripts/kafka.sh up (KAFKA_SECURE=1) failed");
+            SecureBroker {
+                plaintext: format!("127.0.0.1:{SECURE_PORT}"),
+                sasl_ssl: format!("127.0.0.1:{}", SECURE_PORT + 2),
+                mtls: format!("127.0.0.1:{}", SECURE_PORT + 3),
+                pki: Self::data_dir().join("pki"),
+            }
+        })
+    }
+
+    fn data_dir() -> PathBuf {
+        repo_root().join(format!("target/kafka-test/{SECURE_PORT}"))
+    }
+
+    fn script(args: &[&str]) -> std::process::Output {
+        Command::new("bash")
+            .arg(repo_root().join("scripts/kafka.sh"))
+            .args(args)
+            .env("KAFKA_PORT", SECURE_PORT.to_string())
+            .env("KAFKA_DATA_DIR", Self::data_dir())
+            .env("KAFKA_PARTITIONS", "3")
+            .env("KAFKA_NODES", "1")
+            .env("KAFKA_SECURE", "1")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running scripts/kafka.sh")
+    }
+
+    /// Creates a SCRAM-SHA-512 user, or sets its password.
+    pub fn scram_user(&self, name: &str, password: &str) {
+        let out = Self::script(&["scram-user", name, password]);
+        assert!(out.status.success(), "scram-user {name} failed");
+    }
+
+    /// A file of the test PKI.
+    pub fn file(&self, name: &str) -> String {
+        self.pki.join(name).display().to_string()
+    }
+
+    /// `HL7GW_` variables for SASL_SSL as user `hl7gw` (the password file given).
+    pub fn sasl_env(&self, password_file: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("HL7GW_KAFKA_BROKERS", self.sasl_ssl.clone()),
+            ("HL7GW_KAFKA__SECURITY__PROTOCOL", "SASL_SSL".into()),
+            ("HL7GW_KAFKA__SECURITY__CA_FILE", self.file("ca.crt")),
+            ("HL7GW_KAFKA__SECURITY__SASL_MECHANISM", "SCRAM-SHA-512".into()),
+            ("HL7GW_KAFKA__SECURITY__USERNAME", "hl7gw".into()),
+            ("HL7GW_KAFKA__SECURITY__PASSWORD_FILE", password_file.into()),
+        ]
+    }
+
+    /// `HL7GW_` variables for the mTLS listener with the client certificate `client` (`client` or
+    /// `other-client`, signed by a CA the broker does not know) and the CA file `ca`.
+    pub fn mtls_env(&self, client: &str, ca: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("HL7GW_KAFKA_BROKERS", self.mtls.clone()),
+            ("HL7GW_KAFKA__SECURITY__PROTOCOL", "SSL".into()),
+            ("HL7GW_KAFKA__SECURITY__CA_FILE", self.file(ca)),
+            ("HL7GW_KAFKA__SECURITY__CERT_FILE", self.file(&format!("{client}.crt"))),
+            ("HL7GW_KAFKA__SECURITY__KEY_FILE", self.file(&format!("{client}.key"))),
+        ]
+    }
+}
