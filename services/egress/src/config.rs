@@ -167,6 +167,8 @@ pub struct Config {
     pub drain_timeout: Duration,
     pub log_json: bool,
     pub kafka: KafkaSettings,
+    /// The gRPC listener's TLS and who may call which method (admin methods: nobody unless allowed).
+    pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
 
 impl Default for Config {
@@ -187,17 +189,24 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(20),
             log_json: false,
             kafka: KafkaSettings::default(),
+            grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }
     }
 }
 
 impl Config {
     /// Checks the rules serde cannot.
+    /// The gRPC methods of this service, as named in `grpc.allow`.
+    pub const GRPC_METHODS: &'static [&'static str] = &["Status", "ListDeadLetters", "Replay"];
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
         if self.kafka_brokers.trim().is_empty() {
             return rule("kafka_brokers is empty".into());
         }
+        self.grpc
+            .validate(Self::GRPC_METHODS)
+            .map_err(|e| ConfigError::Rule(e.to_string()))?;
         self.kafka.validate()?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());

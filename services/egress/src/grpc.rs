@@ -20,6 +20,8 @@ use tonic::{Request, Response, Status};
 /// The Egress service.
 pub struct EgressService {
     pub cfg: Arc<Config>,
+    /// Who may call what: every method here is an admin method (nobody unless `grpc.allow` says).
+    pub auth: hl7gw_runtime::grpc::Auth,
     pub dests: Vec<Arc<DestCtx>>,
     pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     pub metrics: EgressMetrics,
@@ -29,6 +31,27 @@ impl std::fmt::Debug for EgressService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EgressService").finish_non_exhaustive()
     }
+}
+
+/// What an admin call asks for, for its audit line: destination, stage, ids and time range (no content).
+fn describe(
+    destination: &str,
+    stage: &str,
+    ids: &[String],
+    since: Option<&prost_types::Timestamp>,
+    until: Option<&prost_types::Timestamp>,
+) -> String {
+    let mut w = format!("destination={destination:?} stage={stage:?}");
+    if !ids.is_empty() {
+        w.push_str(&format!(" ids={}", ids.join(",")));
+    }
+    if let Some(t) = millis(since) {
+        w.push_str(&format!(" since_ms={t}"));
+    }
+    if let Some(t) = millis(until) {
+        w.push_str(&format!(" until_ms={t}"));
+    }
+    w
 }
 
 fn millis(t: Option<&prost_types::Timestamp>) -> Option<i64> {
@@ -51,125 +74,149 @@ impl Egress for EgressService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let want = req.into_inner().destination;
-        let mut out = StatusResponse::default();
-        for d in &self.dests {
-            if !want.is_empty() && d.name != want {
-                continue;
+        let what = format!("destination={:?}", req.get_ref().destination);
+        let caller = self.auth.admin(&req, "Status", &what).await?;
+        let peer = hl7gw_runtime::grpc::peer(&req);
+        let result: Result<Response<StatusResponse>, Status> = async move {
+            let want = req.into_inner().destination;
+            let mut out = StatusResponse::default();
+            for d in &self.dests {
+                if !want.is_empty() && d.name != want {
+                    continue;
+                }
+                let s = &d.state;
+                let connected = self
+                    .metrics
+                    .connections_active
+                    .get_or_create(&DestLabels {
+                        destination: d.name.clone(),
+                    })
+                    .get();
+                out.destinations.push(DestinationStatus {
+                    name: d.name.clone(),
+                    address: d.dest.address.clone(),
+                    connected: connected > 0,
+                    lag: s.lag.load(Ordering::Relaxed),
+                    last_ack_code: s
+                        .last_ack_code
+                        .lock()
+                        .map(|g| g.clone())
+                        .unwrap_or_default(),
+                    last_ack_at: s
+                        .last_ack_at
+                        .lock()
+                        .ok()
+                        .and_then(|g| *g)
+                        .map(prost_types::Timestamp::from),
+                    retrying: s.retrying.load(Ordering::Relaxed) > 0,
+                    last_error: s.last_error.lock().map(|g| g.clone()).unwrap_or_default(),
+                    delivered: s.delivered.load(Ordering::Relaxed),
+                    dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
+                    partitions: d.consumer.context().partitions(),
+                });
             }
-            let s = &d.state;
-            let connected = self
-                .metrics
-                .connections_active
-                .get_or_create(&DestLabels {
-                    destination: d.name.clone(),
-                })
-                .get();
-            out.destinations.push(DestinationStatus {
-                name: d.name.clone(),
-                address: d.dest.address.clone(),
-                connected: connected > 0,
-                lag: s.lag.load(Ordering::Relaxed),
-                last_ack_code: s
-                    .last_ack_code
-                    .lock()
-                    .map(|g| g.clone())
-                    .unwrap_or_default(),
-                last_ack_at: s
-                    .last_ack_at
-                    .lock()
-                    .ok()
-                    .and_then(|g| *g)
-                    .map(prost_types::Timestamp::from),
-                retrying: s.retrying.load(Ordering::Relaxed) > 0,
-                last_error: s.last_error.lock().map(|g| g.clone()).unwrap_or_default(),
-                delivered: s.delivered.load(Ordering::Relaxed),
-                dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
-                partitions: d.consumer.context().partitions(),
-            });
+            if !want.is_empty() && out.destinations.is_empty() {
+                return Err(Status::not_found(format!("no destination {want:?}")));
+            }
+            Ok(Response::new(out))
         }
-        if !want.is_empty() && out.destinations.is_empty() {
-            return Err(Status::not_found(format!("no destination {want:?}")));
-        }
-        Ok(Response::new(out))
+        .await;
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Status", &what, &result, |r| format!("{} destinations", r.destinations.len()));
+        result
     }
 
     async fn list_dead_letters(
         &self,
         req: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
-        let r = req.into_inner();
-        let found = self
-            .list(Filter {
-                destination: r.destination,
-                stage: r.stage,
-                replay_only: false,
-                ids: Vec::new(),
-                since_ms: millis(r.since.as_ref()),
-                until_ms: millis(r.until.as_ref()),
-                limit: r.limit as usize,
-            })
-            .await?;
-        let truncated = found.truncated;
-        let dead_letters = found
-            .letters
-            .into_iter()
-            .map(|(mut dl, env)| {
-                if r.include_envelope {
-                    dl.envelope = Some(env);
-                }
-                dl
-            })
-            .collect();
-        Ok(Response::new(ListDeadLettersResponse {
-            dead_letters,
-            truncated,
-        }))
+        let what = describe(&req.get_ref().destination, &req.get_ref().stage, &[], req.get_ref().since.as_ref(), req.get_ref().until.as_ref());
+        let caller = self.auth.admin(&req, "ListDeadLetters", &what).await?;
+        let peer = hl7gw_runtime::grpc::peer(&req);
+        let result: Result<Response<ListDeadLettersResponse>, Status> = async move {
+            let r = req.into_inner();
+            let found = self
+                .list(Filter {
+                    destination: r.destination,
+                    stage: r.stage,
+                    replay_only: false,
+                    ids: Vec::new(),
+                    since_ms: millis(r.since.as_ref()),
+                    until_ms: millis(r.until.as_ref()),
+                    limit: r.limit as usize,
+                })
+                .await?;
+            let truncated = found.truncated;
+            let dead_letters = found
+                .letters
+                .into_iter()
+                .map(|(mut dl, env)| {
+                    if r.include_envelope {
+                        dl.envelope = Some(env);
+                    }
+                    dl
+                })
+                .collect();
+            Ok(Response::new(ListDeadLettersResponse {
+                dead_letters,
+                truncated,
+            }))
+        }
+        .await;
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "ListDeadLetters", &what, &result, |r| format!("{} dead letters", r.dead_letters.len()));
+        result
     }
 
     async fn replay(
         &self,
         req: Request<ReplayRequest>,
     ) -> Result<Response<ReplayResponse>, Status> {
-        let r = req.into_inner();
-        if r.ids.is_empty() && r.destination.is_empty() && r.stage.is_empty() {
-            return Err(Status::invalid_argument(
-                "name ids, or a destination or stage (with an optional time range)",
-            ));
-        }
-        let found = self
-            .list(Filter {
-                destination: r.destination,
-                stage: r.stage,
-                replay_only: true,
-                ids: r.ids,
-                since_ms: millis(r.since.as_ref()),
-                until_ms: millis(r.until.as_ref()),
-                limit: deadletters::MAX_PAGE,
-            })
-            .await?;
-        let truncated = found.truncated;
-        let envs: Vec<_> = found.letters.into_iter().map(|(_, e)| e).collect();
-        let ids = deadletters::replay(&self.cfg, &self.producer.get(), envs)
-            .await
-            .map_err(|e| {
-                self.producer.recover_if_fatal();
-                Status::unavailable(e.to_string())
-            })?;
-        for (_, dest) in &ids {
-            self.metrics
-                .replayed
-                .get_or_create(&DestLabels {
-                    destination: dest.clone(),
+        let what = describe(&req.get_ref().destination, &req.get_ref().stage, &req.get_ref().ids, req.get_ref().since.as_ref(), req.get_ref().until.as_ref());
+        let caller = self.auth.admin(&req, "Replay", &what).await?;
+        let peer = hl7gw_runtime::grpc::peer(&req);
+        let result: Result<Response<ReplayResponse>, Status> = async move {
+            let r = req.into_inner();
+            if r.ids.is_empty() && r.destination.is_empty() && r.stage.is_empty() {
+                return Err(Status::invalid_argument(
+                    "name ids, or a destination or stage (with an optional time range)",
+                ));
+            }
+            let found = self
+                .list(Filter {
+                    destination: r.destination,
+                    stage: r.stage,
+                    replay_only: true,
+                    ids: r.ids,
+                    since_ms: millis(r.since.as_ref()),
+                    until_ms: millis(r.until.as_ref()),
+                    limit: deadletters::MAX_PAGE,
                 })
-                .inc();
+                .await?;
+            let truncated = found.truncated;
+            let envs: Vec<_> = found.letters.into_iter().map(|(_, e)| e).collect();
+            let ids = deadletters::replay(&self.cfg, &self.producer.get(), envs)
+                .await
+                .map_err(|e| {
+                    self.producer.recover_if_fatal();
+                    Status::unavailable(e.to_string())
+                })?;
+            for (_, dest) in &ids {
+                self.metrics
+                    .replayed
+                    .get_or_create(&DestLabels {
+                        destination: dest.clone(),
+                    })
+                    .inc();
+            }
+            tracing::info!(replayed = ids.len(), "dead letters replayed");
+            Ok(Response::new(ReplayResponse {
+                replayed: ids.len() as u32,
+                ids: ids.into_iter().map(|(id, _)| id).collect(),
+                truncated,
+            }))
         }
-        tracing::info!(replayed = ids.len(), "dead letters replayed");
-        Ok(Response::new(ReplayResponse {
-            replayed: ids.len() as u32,
-            ids: ids.into_iter().map(|(id, _)| id).collect(),
-            truncated,
-        }))
+        .await;
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Replay", &what, &result, |r| format!("{} replayed: {}", r.replayed, r.ids.join(",")));
+        result
     }
 }
 
@@ -179,18 +226,29 @@ pub async fn serve(
     svc: EgressService,
     health: Arc<Health>,
     stop: CancellationToken,
-) -> Result<(), tonic::transport::Error> {
-    let health_service = hl7gw_runtime::admin::grpc_health(
+) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
+    use tonic::codec::CompressionEncoding::{Gzip, Zstd};
+    let health_service = hl7gw_runtime::grpc::health(
         health,
         <EgressServer<EgressService> as tonic::server::NamedService>::NAME,
         stop.clone(),
     );
-    tonic::transport::Server::builder()
+    let cfg = svc.cfg.clone();
+    let router = hl7gw_runtime::grpc::builder(None)
         .add_service(health_service)
-        .add_service(EgressServer::new(svc))
-        .serve_with_incoming_shutdown(
-            hl7gw_runtime::admin::grpc_incoming(listener),
-            stop.cancelled(),
-        )
-        .await
+        .add_service(
+            EgressServer::new(svc)
+                .accept_compressed(Gzip)
+                .accept_compressed(Zstd)
+                .send_compressed(Gzip)
+                .send_compressed(Zstd),
+        );
+    hl7gw_runtime::grpc::serve(
+        router,
+        listener,
+        &cfg.grpc,
+        hl7gw_runtime::grpc::MAX_CONNECTIONS,
+        stop,
+    )
+    .await
 }

@@ -25,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
     #[error(transparent)]
+    Grpc(#[from] hl7gw_runtime::grpc::GrpcError),
+    #[error(transparent)]
     Config(#[from] hl7gw_runtime::config::ConfigError),
     #[error("destination {destination}: {source}")]
     Tls {
@@ -58,6 +60,7 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), EgressError> {
     cfg.validate()?;
+    cfg.grpc.check_files()?;
     let cfg = Arc::new(cfg);
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::EgressMetrics::register(&mut registry);
@@ -144,6 +147,7 @@ pub async fn run(
     let grpc_task = tokio::spawn(grpc::serve(
         grpc,
         grpc::EgressService {
+            auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
             cfg: cfg.clone(),
             dests: dests.clone(),
             producer: producer.clone(),

@@ -10,7 +10,6 @@ mod support;
 mod common;
 
 use common::{Pipeline, check_delivery, received, wait_delivered};
-use hl7gw_runtime::proto::v1::egress_client::EgressClient;
 use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest, StatusRequest};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -121,7 +120,7 @@ async fn outage_rejections_replay() {
     assert_eq!(ids.len(), 600);
 
     // Every message ends at the receiver or in the DLQ as rejected.
-    let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
+    let mut egress = p.egress_client().await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let (dead, r) = loop {
         let dead = egress
@@ -256,7 +255,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-type Egress = EgressClient<tonic::transport::Channel>;
+use common::Egress;
 
 /// Waits until the `lab` destination delivered or dead-lettered `n` messages; `context` explains a timeout.
 async fn wait_settled(egress: &mut Egress, n: u64, context: impl Fn() -> String) {
@@ -419,7 +418,7 @@ fn answers_are_matched_by_msa2_not_by_arrival() {
             let ack = c.call(&adt_from("ADMIT", id, "MRN7")).await.unwrap();
             assert_eq!(support::ack_code(&ack), "AA");
         }
-        let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
+        let mut egress = p.egress_client().await;
         wait_settled(&mut egress, 6, String::new).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let dead: Vec<String> = dead_letters(&mut egress)
@@ -522,7 +521,7 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
                 assert_eq!(support::ack_code(&ack), "AA");
             }
         }
-        let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
+        let mut egress = p.egress_client().await;
         wait_settled(&mut egress, 4, || {
             format!("the receiver saw {:?}", seen.lock().unwrap())
         })

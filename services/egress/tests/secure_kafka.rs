@@ -10,7 +10,6 @@ mod common;
 
 use common::{Pipeline, check_delivery, received};
 use hl7gw_runtime::proto::v1::ListDeadLettersRequest;
-use hl7gw_runtime::proto::v1::egress_client::EgressClient;
 use std::time::{Duration, Instant};
 use support::SecureBroker;
 
@@ -41,7 +40,7 @@ fn run(mode: &str) {
         .build()
         .unwrap();
     let dead = rt.block_on(async {
-        let mut egress = EgressClient::connect(p.egress_addr()).await.unwrap();
+        let mut egress = p.egress_client().await;
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let dead = egress

@@ -126,6 +126,8 @@ pub struct Config {
     pub log_json: bool,
     /// Kafka tuning.
     pub kafka: KafkaSettings,
+    /// The gRPC listener's TLS and who may call which method (admin methods: nobody unless allowed).
+    pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
 
 impl Default for Config {
@@ -168,17 +170,24 @@ impl Default for Config {
             listener_name: "mllp".into(),
             log_json: false,
             kafka: KafkaSettings::default(),
+            grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }
     }
 }
 
 impl Config {
     /// Checks the rules serde cannot.
+    /// The gRPC methods of this service, as named in `grpc.allow`.
+    pub const GRPC_METHODS: &'static [&'static str] = &["Ingest"];
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
         if self.kafka_brokers.trim().is_empty() {
             return rule("kafka_brokers is empty");
         }
+        self.grpc
+            .validate(Self::GRPC_METHODS)
+            .map_err(|e| ConfigError::Rule(e.to_string()))?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() {
             return rule("inbound_topic and dlq_topic must be set");
         }

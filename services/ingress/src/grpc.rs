@@ -1,7 +1,7 @@
 //! gRPC `hl7gw.v1.Ingest` (same rules as MLLP) and `grpc.health.v1.Health`.
 
 use crate::config::Config;
-use crate::metrics::ProtocolLabels;
+use crate::metrics::{ProtocolLabels, ReasonLabels};
 use crate::pipeline::{Action, Origin, Pending, Pipeline, Reply};
 use hl7gw_runtime::proto::v1::ingest_server::{Ingest, IngestServer};
 use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
@@ -19,18 +19,34 @@ pub struct IngestService {
     pipe: Arc<Pipeline>,
     cfg: Arc<Config>,
     streams: AtomicU64,
+    auth: hl7gw_runtime::grpc::Auth,
 }
 
 impl IngestService {
-    fn origin(&self, peer: Option<std::net::SocketAddr>) -> Origin {
+    /// Where a call comes from, once its caller may send (`grpc.allow.Ingest`).
+    async fn origin<T>(&self, req: &Request<T>) -> Result<Origin, Status> {
+        self.auth.authorize(req, "Ingest").await.inspect_err(|s| {
+            let reason = if s.code() == tonic::Code::Unauthenticated {
+                "grpc_unauthenticated"
+            } else {
+                "grpc_permission_denied"
+            };
+            self.pipe
+                .metrics
+                .connections_refused
+                .get_or_create(&ReasonLabels { reason })
+                .inc();
+        })?;
         let id = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
-        Origin {
+        Ok(Origin {
             listener: Arc::from("grpc"),
             protocol: "grpc",
-            peer: peer.map(|p| p.to_string()).unwrap_or_default(),
+            peer: hl7gw_runtime::grpc::peer(req)
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
             connection_id: format!("grpc-{id}"),
-            tls_client: String::new(),
-        }
+            tls_client: hl7gw_runtime::grpc::client_subject(req).unwrap_or_default(),
+        })
     }
 
     fn submit(&self, message: bytes::Bytes, origin: &Origin, seq: u64) -> Pending {
@@ -64,7 +80,7 @@ impl IngestService {
 #[tonic::async_trait]
 impl Ingest for IngestService {
     async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
-        let origin = self.origin(req.remote_addr());
+        let origin = self.origin(&req).await?;
         let p = self.submit(req.into_inner().message, &origin, 1);
         let reply = self.pipe.resolve(p).await;
         Self::respond(&self.pipe, reply).map(Response::new)
@@ -76,7 +92,7 @@ impl Ingest for IngestService {
         &self,
         req: Request<Streaming<SendRequest>>,
     ) -> Result<Response<Self::SendStreamStream>, Status> {
-        let origin = self.origin(req.remote_addr());
+        let origin = self.origin(&req).await?;
         self.pipe
             .metrics
             .connections
@@ -136,6 +152,16 @@ fn submit(
     pipe.submit(message, origin, seq)
 }
 
+/// Who may call Ingest when `grpc.allow.Ingest` does not say: anyone, or only authenticated callers when the
+/// MLLP listener requires client certificates (no open side door beside it).
+pub fn default_ingest_policy(cfg: &Config) -> &'static [&'static str] {
+    if cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+        &["authenticated"]
+    } else {
+        &["anonymous"]
+    }
+}
+
 /// Serves Ingest and Health on `listener` until `stop`; health reports SERVING while `ready()` holds.
 pub async fn serve(
     listener: TcpListener,
@@ -143,27 +169,28 @@ pub async fn serve(
     cfg: Arc<Config>,
     health: Arc<hl7gw_runtime::admin::Health>,
     stop: CancellationToken,
-) -> Result<(), tonic::transport::Error> {
-    let health_service = hl7gw_runtime::admin::grpc_health(
+) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
+    use tonic::codec::CompressionEncoding::{Gzip, Zstd};
+    let health_service = hl7gw_runtime::grpc::health(
         health,
         <IngestServer<IngestService> as tonic::server::NamedService>::NAME,
         stop.clone(),
     );
     let max = cfg.max_frame_bytes + 4096;
-    let (streams, connections) = (cfg.grpc_max_concurrent_streams, cfg.grpc_max_connections);
+    let auth = hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[("Ingest", default_ingest_policy(&cfg))]);
     let svc = IngestServer::new(IngestService {
         pipe,
-        cfg,
+        cfg: cfg.clone(),
         streams: AtomicU64::new(0),
+        auth,
     })
-    .max_decoding_message_size(max);
-    tonic::transport::Server::builder()
-        .max_concurrent_streams(streams)
+    .max_decoding_message_size(max)
+    .accept_compressed(Gzip)
+    .accept_compressed(Zstd)
+    .send_compressed(Gzip)
+    .send_compressed(Zstd);
+    let router = hl7gw_runtime::grpc::builder(Some(cfg.grpc_max_concurrent_streams))
         .add_service(health_service)
-        .add_service(svc)
-        .serve_with_incoming_shutdown(
-            hl7gw_runtime::admin::grpc_incoming_limited(listener, connections),
-            stop.cancelled(),
-        )
-        .await
+        .add_service(svc);
+    hl7gw_runtime::grpc::serve(router, listener, &cfg.grpc, cfg.grpc_max_connections, stop).await
 }

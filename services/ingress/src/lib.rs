@@ -26,6 +26,8 @@ use tokio_util::task::TaskTracker;
 #[derive(Debug, thiserror::Error)]
 pub enum IngressError {
     #[error(transparent)]
+    Grpc(#[from] hl7gw_runtime::grpc::GrpcError),
+    #[error(transparent)]
     Config(#[from] hl7gw_runtime::config::ConfigError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
@@ -51,6 +53,7 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), IngressError> {
     cfg.validate()?;
+    cfg.grpc.check_files()?;
     let cfg = Arc::new(cfg);
     let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
     let mut registry = hl7gw_runtime::metrics::registry();

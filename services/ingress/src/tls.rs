@@ -1,7 +1,6 @@
 //! TLS and mutual TLS for the MLLP listener (rustls, PEM files).
 
 use crate::config::TlsConfig;
-use rustls_pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 
 pub use hl7gw_tls::TlsError;
@@ -13,10 +12,4 @@ pub fn acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
 }
 
 /// The subject of a client certificate (e.g. `CN=lab-sender, O=Hospital`), for the envelope's `tls_client`.
-/// A certificate that does not parse gives `unparsed-certificate`; the TLS layer already verified it.
-pub fn subject(cert: &CertificateDer<'_>) -> String {
-    match x509_parser::parse_x509_certificate(cert.as_ref()) {
-        Ok((_, c)) => c.subject().to_string(),
-        Err(_) => "unparsed-certificate".to_owned(),
-    }
-}
+pub use hl7gw_tls::subject;

@@ -19,6 +19,7 @@ pub mod config;
 pub mod dedup;
 pub mod envelope;
 pub mod failpoint;
+pub mod grpc;
 pub mod kafka;
 pub mod memory;
 pub mod metrics;

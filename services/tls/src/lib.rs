@@ -100,6 +100,25 @@ pub fn server_config(
     ))
 }
 
+/// The subject of a certificate (e.g. `CN=lab-sender, O=Hospital`); `unparsed-certificate` when it does not
+/// parse (the TLS layer already verified it).
+pub fn subject(cert: &CertificateDer<'_>) -> String {
+    match x509_parser::parse_x509_certificate(cert.as_ref()) {
+        Ok((_, c)) => c.subject().to_string(),
+        Err(_) => "unparsed-certificate".to_owned(),
+    }
+}
+
+/// The first common name (CN) of a certificate's subject, the identity callers are allow-listed by.
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, c) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    c.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned)
+}
+
 /// The name a server certificate is checked against (a DNS name or an IP address).
 pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(name.to_owned()).map_err(|_| TlsError::ServerName(name.to_owned()))

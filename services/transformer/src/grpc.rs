@@ -19,6 +19,8 @@ use tonic::{Request, Response, Status};
 /// The dry-run service.
 #[derive(Debug)]
 pub struct DryRun<P> {
+    /// The dry run runs the salted `hash` step: an admin method (nobody unless `grpc.allow.Transform` says).
+    pub auth: hl7gw_runtime::grpc::Auth,
     pub cfg: Arc<Config>,
     pub live: Arc<LiveRoutes>,
     pub plugins: Arc<P>,
@@ -30,7 +32,19 @@ impl<P: PluginCaller + 'static> Transform for DryRun<P> {
         &self,
         req: Request<TransformRequest>,
     ) -> Result<Response<TransformResponse>, Status> {
-        let req = req.into_inner();
+        let what = format!("route={:?} bytes={}", req.get_ref().route, req.get_ref().message.len());
+        let caller = self.auth.admin(&req, "Transform", &what).await?;
+        let peer = hl7gw_runtime::grpc::peer(&req);
+        let result = self.dry_run(req.into_inner()).await;
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Transform", &what, &result, |r| {
+            format!("{} outputs, {} misses", r.outputs.len(), r.misses.len())
+        });
+        result
+    }
+}
+
+impl<P: PluginCaller + 'static> DryRun<P> {
+    async fn dry_run(&self, req: TransformRequest) -> Result<Response<TransformResponse>, Status> {
         let msg = Message::parse(&req.message)
             .map_err(|e| Status::invalid_argument(format!("not an HL7 v2 message: {e}")))?;
         let h = msg.header();
@@ -85,18 +99,29 @@ pub async fn serve<P: PluginCaller + 'static>(
     svc: DryRun<P>,
     health: Arc<Health>,
     stop: CancellationToken,
-) -> Result<(), tonic::transport::Error> {
-    let health_service = hl7gw_runtime::admin::grpc_health(
+) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
+    use tonic::codec::CompressionEncoding::{Gzip, Zstd};
+    let health_service = hl7gw_runtime::grpc::health(
         health,
         <TransformServer<DryRun<P>> as tonic::server::NamedService>::NAME,
         stop.clone(),
     );
-    tonic::transport::Server::builder()
+    let cfg = svc.cfg.clone();
+    let router = hl7gw_runtime::grpc::builder(None)
         .add_service(health_service)
-        .add_service(TransformServer::new(svc))
-        .serve_with_incoming_shutdown(
-            hl7gw_runtime::admin::grpc_incoming(listener),
-            stop.cancelled(),
-        )
-        .await
+        .add_service(
+            TransformServer::new(svc)
+                .accept_compressed(Gzip)
+                .accept_compressed(Zstd)
+                .send_compressed(Gzip)
+                .send_compressed(Zstd),
+        );
+    hl7gw_runtime::grpc::serve(
+        router,
+        listener,
+        &cfg.grpc,
+        hl7gw_runtime::grpc::MAX_CONNECTIONS,
+        stop,
+    )
+    .await
 }

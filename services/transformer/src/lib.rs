@@ -29,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum TransformerError {
     #[error(transparent)]
+    Grpc(#[from] hl7gw_runtime::grpc::GrpcError),
+    #[error(transparent)]
     Config(#[from] hl7gw_runtime::config::ConfigError),
     #[error(transparent)]
     Routes(#[from] source::SourceError),
@@ -62,6 +64,7 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), TransformerError> {
     cfg.validate()?;
+    cfg.grpc.check_files()?;
     let cfg = Arc::new(cfg);
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::TransformerMetrics::register(&mut registry);
@@ -157,6 +160,7 @@ pub async fn run(
     let grpc_task = tokio::spawn(grpc::serve(
         grpc,
         grpc::DryRun {
+            auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
             cfg: cfg.clone(),
             live: live.clone(),
             plugins: plugins.clone(),

@@ -1,7 +1,8 @@
 //! Routes from a REAL Kubernetes API server (scripts/cluster.sh: etcd + kube-apiserver + controller-manager on
 //! 127.0.0.1): the CRD generated from the Rust type is applied with kubectl, the running transformer picks up
 //! an HL7Route and writes an accepted status; a bad version is refused in status while the old one keeps
-//! routing; deleting it stops routing.
+//! routing; deleting it stops routing. The dry run is authorised by the same API server: a ServiceAccount token
+//! checked with a TokenReview, the call with a SubjectAccessReview on `dryruns.hl7gw.io` (issue 11).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../../ingress/tests/support/mod.rs"]
@@ -114,17 +115,31 @@ fn route(name: &str, destination: &str) -> String {
 
 const ADT: &[u8] = b"MSH|^~\\&|APP|FAC|X|Y|20260101||ADT^A01|K8S-1|P|2.5\rPID|1||P1\r";
 
+/// The ServiceAccount token the dry runs are made with (`ops`, bound to a Role allowing dryruns).
+static OPS_TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// A dry run of ADT with `token` (none: anonymous).
+async fn dry_run(
+    grpc: &str,
+    token: Option<&str>,
+) -> Result<hl7gw_runtime::proto::v1::TransformResponse, tonic::Status> {
+    let mut c = TransformClient::connect(grpc.to_owned()).await.unwrap();
+    let mut req = tonic::Request::new(TransformRequest {
+        message: ADT.to_vec().into(),
+        ..TransformRequest::default()
+    });
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    c.transform(req).await.map(tonic::Response::into_inner)
+}
+
 /// The destinations the live routes send ADT to (a dry run over gRPC).
 async fn destinations(grpc: &str) -> Vec<String> {
-    let mut c = TransformClient::connect(grpc.to_owned()).await.unwrap();
-    let r = c
-        .transform(TransformRequest {
-            message: ADT.to_vec().into(),
-            ..TransformRequest::default()
-        })
+    let r = dry_run(grpc, OPS_TOKEN.get().map(String::as_str))
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     r.outputs.into_iter().map(|o| o.destination).collect()
 }
 
@@ -169,6 +184,24 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     let ns = "hl7gw-test";
     let (ok, out) = cluster.kubectl(&["create", "namespace", ns], None);
     assert!(ok, "namespace: {out}");
+    // Callers of the dry run: `ops` may (a Role on dryruns.hl7gw.io), `nobody` may not.
+    cluster.apply(
+        ns,
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: ops}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: nobody}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: dry-run}\n\
+         rules: [{apiGroups: [hl7gw.io], resources: [dryruns], verbs: [create]}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: ops-dry-run}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: dry-run}\n\
+         subjects: [{kind: ServiceAccount, name: ops, namespace: hl7gw-test}]\n",
+    );
+    let token = |sa: &str| {
+        let (ok, out) = cluster.kubectl(&["create", "token", sa, "-n", ns], None);
+        assert!(ok, "token for {sa}: {out}");
+        out.trim().to_owned()
+    };
+    let nobody = token("nobody");
+    OPS_TOKEN.set(token("ops")).unwrap();
 
     // The transformer, watching the namespace, with its own topics.
     let id = uuid::Uuid::now_v7().simple().to_string();
@@ -185,6 +218,8 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
         .env("HL7GW_TRANSACTIONAL_ID", format!("k{id}-0"))
         .env("HL7GW_ROUTES__KUBERNETES", "true")
         .env("HL7GW_ROUTES__NAMESPACE", ns)
+        .env("HL7GW_GRPC__KUBERNETES_AUTH", "true")
+        .env("POD_NAMESPACE", ns)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
@@ -206,6 +241,18 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     cluster.wait_field(ns, "adt", "{.status.accepted}", "true");
     cluster.wait_field(ns, "adt", "{.status.observedGeneration}", "1");
     wait_destinations(&grpc, &["lab"]).await;
+
+    // The dry run runs the salted hash step: only callers RBAC allows.
+    let code = |r: Result<_, tonic::Status>| r.map(|_| ()).map_err(|s| s.code());
+    assert_eq!(code(dry_run(&grpc, None).await), Err(tonic::Code::Unauthenticated));
+    assert_eq!(
+        code(dry_run(&grpc, Some("not-a-real-token-0123456789")).await),
+        Err(tonic::Code::Unauthenticated)
+    );
+    assert_eq!(
+        code(dry_run(&grpc, Some(&nobody)).await),
+        Err(tonic::Code::PermissionDenied)
+    );
 
     // And through Kafka: an inbound envelope comes out on the route's topic, transformed.
     let producer: FutureProducer = rdkafka::ClientConfig::new()

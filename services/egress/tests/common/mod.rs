@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use crate::support::{KillOnDrop, bin, broker, free_port, recorded};
+use hl7gw_runtime::proto::v1::egress_client::EgressClient;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -74,10 +75,15 @@ impl Pipeline {
         ];
         std::fs::write(dir.path().join("routes.yaml"), ROUTES).unwrap();
         let receiver_port = free_port();
+        // The egress's admin methods are refused to anonymous callers: the tests call them as `token:ops`.
+        let tokens = dir.path().join("grpc-tokens");
+        std::fs::write(&tokens, format!("ops {OPS_TOKEN}\n")).unwrap();
         std::fs::write(
             dir.path().join("egress.yaml"),
             format!(
-                "destinations:\n  lab:\n    address: 127.0.0.1:{receiver_port}\n    response_timeout: 5s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n"
+                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], Replay: [token:ops]}}\n\
+                 destinations:\n  lab:\n    address: 127.0.0.1:{receiver_port}\n    response_timeout: 5s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
+                tokens.display()
             ),
         )
         .unwrap();
@@ -282,7 +288,39 @@ impl Pipeline {
     pub fn egress_addr(&self) -> String {
         format!("http://127.0.0.1:{}", self.egress_grpc)
     }
+
+    /// A client of the egress's admin API, calling as `token:ops`.
+    pub async fn egress_client(&self) -> Egress {
+        let channel = tonic::transport::Endpoint::from_shared(self.egress_addr())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        EgressClient::with_interceptor(channel, Bearer(OPS_TOKEN))
+    }
 }
+
+/// The bearer token of `token:ops`, allowed every egress admin method in the tests' egress.yaml.
+pub const OPS_TOKEN: &str = "ops-token-0123456789abcdef";
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone, Copy)]
+pub struct Bearer(pub &'static str);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", self.0).parse().expect("ascii token"),
+        );
+        Ok(req)
+    }
+}
+
+/// The egress admin client the tests use.
+pub type Egress = EgressClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
+>;
 
 /// What the receiver stored: control id to (sequence, file content), and how many times each id arrived.
 pub struct Received {

@@ -1,0 +1,793 @@
+//! The services' gRPC listener, built one way for all three: TLS or mutual TLS (PEM files), TCP_NODELAY, a
+//! connection limit, gzip/zstd, health; and who may call which method. Admin methods are refused to anyone not
+//! allow-listed (deny by default); every call to them is audited (who, method, what, result; never content).
+
+use crate::admin::Health;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+/// TLS for a gRPC listener (PEM files, as for the MLLP listener).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    /// Server certificate chain.
+    pub cert: PathBuf,
+    /// Server private key.
+    pub key: PathBuf,
+    /// When set, callers must present a certificate signed by one of these CAs (mutual TLS); its common name
+    /// (CN) is the caller's identity, `cert:<CN>` in `allow`.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `grpc:` — the gRPC listener's TLS and authorisation, the same keys in every service.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcSettings {
+    /// TLS (absent: plaintext, for a listener reached only inside the pod network; tokens then cross it in
+    /// clear, which `--check-config` warns about).
+    pub tls: Option<ServerTls>,
+    /// Static bearer tokens (a mounted Secret): one `<name> <token>` per line, `#` comments. Re-read when the
+    /// file changes. A caller sending `authorization: Bearer <token>` is `token:<name>` in `allow`.
+    pub tokens_file: Option<PathBuf>,
+    /// Bearer tokens that are not static tokens are Kubernetes ServiceAccount (or user) tokens: checked with a
+    /// TokenReview, and each call authorised with a SubjectAccessReview on API group `hl7gw.io` in the pod's
+    /// namespace (see [`kubernetes_resource`]), so RBAC Roles decide. Decisions are cached for 10 s. The
+    /// service's own ServiceAccount needs `system:auth-delegator`.
+    pub kubernetes_auth: bool,
+    /// Who may call each method (`Status`, `ListDeadLetters`, `Replay`, `Transform`, `Ingest`): a list of
+    /// `token:<name>`, `cert:<CN>`, `authenticated` (any caller with a valid token or client certificate) or
+    /// `anonymous` (anyone). A method not listed keeps its default: admin methods nobody, `Ingest` anyone,
+    /// or only authenticated callers when the MLLP listener requires client certificates.
+    pub allow: BTreeMap<String, Vec<String>>,
+}
+
+/// Why the gRPC settings are refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("grpc.{0}")]
+    Rule(String),
+    #[error("grpc.tls: {0}")]
+    Tls(#[from] hl7gw_tls::TlsError),
+    #[error("grpc.tokens_file {path}: {reason}")]
+    Tokens { path: String, reason: String },
+}
+
+impl GrpcSettings {
+    /// The rules serde cannot check, given the methods this service has.
+    pub fn validate(&self, methods: &[&str]) -> Result<(), GrpcError> {
+        for (method, who) in &self.allow {
+            if !methods.contains(&method.as_str()) {
+                return Err(GrpcError::Rule(format!(
+                    "allow.{method}: no such method here (this service has {})",
+                    methods.join(", ")
+                )));
+            }
+            for w in who {
+                let ok = matches!(w.as_str(), "anonymous" | "authenticated")
+                    || w.strip_prefix("token:").is_some_and(|n| !n.is_empty())
+                    || w.strip_prefix("cert:").is_some_and(|n| !n.is_empty());
+                if !ok {
+                    return Err(GrpcError::Rule(format!(
+                        "allow.{method}: {w:?} is not token:<name>, cert:<CN>, authenticated or anonymous"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the TLS files and the tokens once (`--check-config` and start).
+    pub fn check_files(&self) -> Result<(), GrpcError> {
+        self.acceptor()?;
+        if let Some(path) = &self.tokens_file {
+            Tokens::read(path)?;
+        }
+        Ok(())
+    }
+
+    /// Warnings for `--check-config`.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.tls.is_none() {
+            w.push("grpc.tls is not set: the gRPC listener is plaintext (patient data and tokens in clear)".into());
+        }
+        for (method, who) in &self.allow {
+            if who.iter().any(|x| x == "anonymous") && method != "Ingest" {
+                w.push(format!("grpc.allow.{method} lets anonymous callers in"));
+            }
+        }
+        w
+    }
+
+    fn acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, GrpcError> {
+        let Some(t) = &self.tls else { return Ok(None) };
+        let config = hl7gw_tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())?;
+        let mut config = Arc::unwrap_or_clone(config);
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    }
+}
+
+/// Who made a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Anonymous,
+    /// A static token's name.
+    Token(String),
+    /// A client certificate's CN.
+    Cert(String),
+    /// A Kubernetes user (a ServiceAccount: `system:serviceaccount:<ns>:<name>`), authorised by RBAC.
+    Kubernetes(String),
+}
+
+/// The `hl7gw.io` resource and verb a SubjectAccessReview asks about for each method.
+pub fn kubernetes_resource(method: &str) -> Option<(&'static str, &'static str)> {
+    Some(match method {
+        "Status" => ("destinations", "get"),
+        "ListDeadLetters" => ("deadletters", "list"),
+        "Replay" => ("replays", "create"),
+        "Transform" => ("dryruns", "create"),
+        "Ingest" => ("messages", "create"),
+        _ => return None,
+    })
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Anonymous => f.write_str("anonymous"),
+            Self::Token(n) => write!(f, "token:{n}"),
+            Self::Cert(n) => write!(f, "cert:{n}"),
+            Self::Kubernetes(u) => write!(f, "k8s:{u}"),
+        }
+    }
+}
+
+/// The static tokens, re-read when the file's modification time or size changes.
+#[derive(Debug)]
+struct Tokens {
+    path: PathBuf,
+    state: std::sync::Mutex<(Option<(std::time::SystemTime, u64)>, Vec<(String, String)>)>,
+}
+
+impl Tokens {
+    fn read(path: &std::path::Path) -> Result<Vec<(String, String)>, GrpcError> {
+        let err = |reason: String| GrpcError::Tokens {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let mut out = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            match line.split_once(char::is_whitespace) {
+                Some((name, token)) if token.trim().len() >= 16 => {
+                    out.push((name.to_owned(), token.trim().to_owned()))
+                }
+                // The line itself may hold a token: never in the error.
+                _ => {
+                    return Err(err(format!(
+                        "line {}: expected `<name> <token>` with a token of at least 16 characters",
+                        i + 1
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The name of `token`, reloading the file first when it changed. A file that became unreadable keeps
+    /// the last good tokens (logged).
+    fn name_of(&self, token: &str) -> Option<String> {
+        let stamp = std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if stamp.is_some() && stamp != state.0 {
+            match Self::read(&self.path) {
+                Ok(tokens) => {
+                    tracing::info!(path = %self.path.display(), tokens = tokens.len(), "gRPC tokens loaded");
+                    *state = (stamp, tokens);
+                }
+                Err(e) => tracing::error!(error = %e, "gRPC tokens not reloaded; keeping the last ones"),
+            }
+        }
+        state
+            .1
+            .iter()
+            .find(|(_, t)| constant_time_eq(t.as_bytes(), token.as_bytes()))
+            .map(|(n, _)| n.clone())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The authorisation of one service's gRPC methods.
+#[derive(Debug)]
+pub struct Auth {
+    tokens: Option<Tokens>,
+    allow: BTreeMap<String, Vec<String>>,
+    kubernetes: Option<KubeAuth>,
+}
+
+impl Auth {
+    /// `defaults`: who may call each method when `grpc.allow` does not say (methods absent: nobody).
+    pub fn new(settings: &GrpcSettings, defaults: &[(&str, &[&str])]) -> Self {
+        let mut allow: BTreeMap<String, Vec<String>> = defaults
+            .iter()
+            .map(|(m, who)| ((*m).to_owned(), who.iter().map(|w| (*w).to_owned()).collect()))
+            .collect();
+        allow.extend(settings.allow.clone());
+        Self {
+            tokens: settings.tokens_file.as_ref().map(|p| Tokens {
+                path: p.clone(),
+                state: std::sync::Mutex::new((None, Vec::new())),
+            }),
+            allow,
+            kubernetes: settings.kubernetes_auth.then(KubeAuth::default),
+        }
+    }
+
+    /// The bearer token of a call, if it sent one.
+    fn bearer<T>(req: &tonic::Request<T>) -> Result<Option<&str>, Status> {
+        let Some(v) = req.metadata().get("authorization") else {
+            return Ok(None);
+        };
+        v.to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(|t| Some(t.trim()))
+            .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))
+    }
+
+    /// Who is calling, without Kubernetes: a static bearer token (which must be known), else the client
+    /// certificate, else anonymous.
+    pub fn authenticate<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Status> {
+        if let Some(token) = Self::bearer(req)? {
+            return self
+                .tokens
+                .as_ref()
+                .and_then(|t| t.name_of(token))
+                .map(Caller::Token)
+                .ok_or_else(|| Status::unauthenticated("unknown token"));
+        }
+        if let Some(cn) = req
+            .extensions()
+            .get::<ConnInfo>()
+            .and_then(|c| c.client_cn.clone())
+        {
+            return Ok(Caller::Cert(cn));
+        }
+        Ok(Caller::Anonymous)
+    }
+
+    /// Authenticates the caller and checks `method`'s allow list (or, for a Kubernetes token, RBAC):
+    /// UNAUTHENTICATED for an anonymous caller where one is needed or an unknown token, PERMISSION_DENIED for
+    /// a known caller not allowed.
+    pub async fn authorize<T>(&self, req: &tonic::Request<T>, method: &str) -> Result<Caller, Status> {
+        if let (Some(kube), Some(token)) = (&self.kubernetes, Self::bearer(req)?) {
+            let is_static = self.tokens.as_ref().is_some_and(|t| t.name_of(token).is_some());
+            if !is_static {
+                return kube.authorize(token, method).await;
+            }
+        }
+        let caller = self.authenticate(req)?;
+        let allowed = self.allow.get(method).map(Vec::as_slice).unwrap_or_default();
+        let ok = allowed.iter().any(|a| match a.as_str() {
+            "anonymous" => true,
+            "authenticated" => caller != Caller::Anonymous,
+            who => who == caller.to_string(),
+        });
+        match (ok, &caller) {
+            (true, _) => Ok(caller),
+            (false, Caller::Anonymous) => Err(Status::unauthenticated(format!(
+                "{method} needs a token or a client certificate"
+            ))),
+            (false, c) => Err(Status::permission_denied(format!(
+                "{c} may not call {method}"
+            ))),
+        }
+    }
+
+    /// [`Auth::authorize`] for an admin method, with the audit line of a refusal.
+    pub async fn admin<T>(&self, req: &tonic::Request<T>, method: &str, what: &str) -> Result<Caller, Status> {
+        self.authorize(req, method).await.inspect_err(|s| {
+            audit("refused caller", peer(req), method, what, &format!("refused: {:?}: {}", s.code(), s.message()));
+        })
+    }
+}
+
+/// How long a TokenReview/SubjectAccessReview decision is reused.
+const KUBE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Decisions kept at most (the cache is cleared when full).
+const KUBE_CACHE_MAX: usize = 4096;
+
+type KubeDecision = Result<Caller, (tonic::Code, String)>;
+
+/// Kubernetes authentication (TokenReview) and authorisation (SubjectAccessReview), with a short cache.
+#[derive(Default)]
+struct KubeAuth {
+    client: tokio::sync::OnceCell<(kube::Client, String)>,
+    cache: std::sync::Mutex<std::collections::HashMap<(String, String), (std::time::Instant, KubeDecision)>>,
+}
+
+impl std::fmt::Debug for KubeAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeAuth").finish_non_exhaustive()
+    }
+}
+
+impl KubeAuth {
+    async fn client(&self) -> Result<&(kube::Client, String), Status> {
+        self.client
+            .get_or_try_init(|| async {
+                let client = kube::Client::try_default().await.map_err(|e| {
+                    tracing::error!(error = %e, "no Kubernetes client for grpc.kubernetes_auth");
+                    Status::unavailable("Kubernetes authentication is unavailable")
+                })?;
+                let ns = std::env::var("POD_NAMESPACE")
+                    .unwrap_or_else(|_| client.default_namespace().to_owned());
+                Ok((client, ns))
+            })
+            .await
+    }
+
+    async fn authorize(&self, token: &str, method: &str) -> Result<Caller, Status> {
+        let key = (token.to_owned(), method.to_owned());
+        if let Some((at, d)) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+            && at.elapsed() < KUBE_CACHE_TTL
+        {
+            return d.clone().map_err(|(c, m)| Status::new(c, m));
+        }
+        let decision = self.review(token, method).await?;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= KUBE_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, (std::time::Instant::now(), decision.clone()));
+        decision.map_err(|(c, m)| Status::new(c, m))
+    }
+
+    /// The decision, or UNAVAILABLE (not cached) when the API server could not be asked.
+    async fn review(&self, token: &str, method: &str) -> Result<KubeDecision, Status> {
+        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let (client, ns) = self.client().await?;
+        let unavailable = |e: kube::Error| {
+            tracing::warn!(error = %e, "Kubernetes review failed");
+            Status::unavailable("Kubernetes authentication is unavailable; retry")
+        };
+        let tr = kube::Api::<TokenReview>::all(client.clone())
+            .create(
+                &kube::api::PostParams::default(),
+                &TokenReview {
+                    spec: TokenReviewSpec {
+                        token: token.to_owned(),
+                        ..TokenReviewSpec::default()
+                    },
+                    ..TokenReview::default()
+                },
+            )
+            .await
+            .map_err(unavailable)?;
+        let status = tr.status.unwrap_or_default();
+        let Some(user) = status
+            .user
+            .filter(|_| status.authenticated == Some(true))
+        else {
+            return Ok(Err((tonic::Code::Unauthenticated, "unknown token".into())));
+        };
+        let name = user.username.clone().unwrap_or_default();
+        let Some((resource, verb)) = kubernetes_resource(method) else {
+            return Ok(Err((tonic::Code::PermissionDenied, format!("no RBAC resource for {method}"))));
+        };
+        let sar = kube::Api::<SubjectAccessReview>::all(client.clone())
+            .create(
+                &kube::api::PostParams::default(),
+                &SubjectAccessReview {
+                    spec: SubjectAccessReviewSpec {
+                        user: user.username,
+                        groups: user.groups,
+                        uid: user.uid,
+                        extra: user.extra,
+                        resource_attributes: Some(ResourceAttributes {
+                            group: Some("hl7gw.io".into()),
+                            resource: Some(resource.into()),
+                            verb: Some(verb.into()),
+                            namespace: Some(ns.clone()),
+                            ..ResourceAttributes::default()
+                        }),
+                        ..SubjectAccessReviewSpec::default()
+                    },
+                    ..SubjectAccessReview::default()
+                },
+            )
+            .await
+            .map_err(unavailable)?;
+        if sar.status.is_some_and(|s| s.allowed) {
+            Ok(Ok(Caller::Kubernetes(name)))
+        } else {
+            Ok(Err((
+                tonic::Code::PermissionDenied,
+                format!("k8s:{name} may not {verb} {resource}.hl7gw.io in namespace {ns}"),
+            )))
+        }
+    }
+}
+
+/// The audit line of an admin call: who, from where, which method, on what (ids, destinations, a time range;
+/// never message content), and the result. Target `hl7gw::audit`, so it can be routed apart.
+pub fn audit(who: &str, peer: Option<SocketAddr>, method: &str, what: &str, result: &str) {
+    tracing::info!(
+        target: "hl7gw::audit",
+        caller = who,
+        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+        method,
+        what,
+        result,
+        "admin call"
+    );
+}
+
+/// [`audit`] once an admin call finished: `ok` says what an answer held (counts, ids), an error its code.
+pub fn audit_result<T>(
+    caller: &Caller,
+    peer: Option<SocketAddr>,
+    method: &str,
+    what: &str,
+    result: &Result<tonic::Response<T>, Status>,
+    ok: impl FnOnce(&T) -> String,
+) {
+    let outcome = match result {
+        Ok(r) => format!("ok: {}", ok(r.get_ref())),
+        Err(s) => format!("error: {:?}", s.code()),
+    };
+    audit(&caller.to_string(), peer, method, what, &outcome);
+}
+
+/// The peer address of a call on a listener built here.
+pub fn peer<T>(req: &tonic::Request<T>) -> Option<SocketAddr> {
+    req.extensions().get::<ConnInfo>().and_then(|c| c.remote)
+}
+
+/// The client certificate subject of a call made over mutual TLS.
+pub fn client_subject<T>(req: &tonic::Request<T>) -> Option<String> {
+    req.extensions()
+        .get::<ConnInfo>()
+        .and_then(|c| c.client_subject.clone())
+}
+
+/// What a service's server starts from: HTTP/2 limits (concurrent streams per connection).
+pub fn builder(max_concurrent_streams: Option<u32>) -> tonic::transport::Server {
+    tonic::transport::Server::builder().max_concurrent_streams(max_concurrent_streams)
+}
+
+/// Serves `router` on `listener` with the listener's TLS until `stop`, at most `max_connections` at once.
+pub async fn serve(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    settings: &GrpcSettings,
+    max_connections: usize,
+    stop: CancellationToken,
+) -> Result<(), GrpcServeError> {
+    let acceptor = settings.acceptor()?;
+    let incoming = incoming(listener, acceptor, max_connections, stop.clone());
+    router
+        .serve_with_incoming_shutdown(incoming, stop.cancelled())
+        .await?;
+    Ok(())
+}
+
+/// Why a gRPC listener stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcServeError {
+    #[error(transparent)]
+    Settings(#[from] GrpcError),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// `grpc.health.v1.Health` for a service: SERVING (for `service_name` and for "") while `health` is ready,
+/// NOT_SERVING otherwise and once `stop` fires. Polls readiness every 500 ms.
+pub fn health(
+    health: Arc<Health>,
+    service_name: &'static str,
+    stop: CancellationToken,
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    use tonic_health::ServingStatus;
+    let (reporter, service) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let ready = health.is_ready();
+            if last != Some(ready) {
+                let status = if ready {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                reporter.set_service_status(service_name, status).await;
+                reporter.set_service_status("", status).await;
+                last = Some(ready);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = stop.cancelled() => {
+                    reporter.set_service_status(service_name, ServingStatus::NotServing).await;
+                    reporter.set_service_status("", ServingStatus::NotServing).await;
+                    break;
+                }
+            }
+        }
+    });
+    service
+}
+
+/// Most connections one gRPC listener serves at once by default; more wait in the accept backlog (hyper
+/// itself sets no limit, so a flood of idle connections could take a pod's memory and file descriptors).
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// A TLS handshake not finished within this is dropped (a stalled client must not hold a connection slot).
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The accepted connections (at most `max` at once), Nagle off (tonic leaves it on for incoming streams, and a
+/// unary call then waits ~40 ms for the delayed ACK), TLS handshakes done off the accept loop.
+fn incoming(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    max: usize,
+    stop: CancellationToken,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Conn>>(16);
+    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                _ = stop.cancelled() => return,
+            };
+            let (stream, remote) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "gRPC accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = stop.cancelled() => return,
+            };
+            let _ = stream.set_nodelay(true);
+            let tx = tx.clone();
+            match &tls {
+                None => {
+                    let conn = Conn {
+                        io: Io::Plain(stream),
+                        info: ConnInfo {
+                            remote: Some(remote),
+                            client_cn: None,
+                            client_subject: None,
+                        },
+                        _permit: permit,
+                    };
+                    if tx.send(Ok(conn)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(acceptor) => {
+                    let acceptor = acceptor.clone();
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(s)) => {
+                                let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
+                                let info = ConnInfo {
+                                    remote: Some(remote),
+                                    client_cn: cert.and_then(hl7gw_tls::common_name),
+                                    client_subject: cert.map(hl7gw_tls::subject),
+                                };
+                                let conn = Conn {
+                                    io: Io::Tls(Box::new(s)),
+                                    info,
+                                    _permit: permit,
+                                };
+                                let _ = tx.send(Ok(conn)).await;
+                            }
+                            Ok(Err(e)) => tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed"),
+                            Err(_) => tracing::debug!(%remote, "gRPC TLS handshake timed out"),
+                        }
+                    });
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// What a handler learns about the connection of a call (request extensions).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    /// The client certificate's CN (mutual TLS).
+    pub client_cn: Option<String>,
+    /// The client certificate's subject (mutual TLS).
+    pub client_subject: Option<String>,
+}
+
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// One accepted gRPC connection; it holds its place in the listener's connection limit until dropped.
+pub struct Conn {
+    io: Io,
+    info: ConnInfo,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.info.clone()
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match &mut $self.io {
+            Io::Plain($s) => {
+                let $s = std::pin::Pin::new($s);
+                $e
+            }
+            Io::Tls($s) => {
+                let $s = std::pin::Pin::new(&mut **$s);
+                $e
+            }
+        }
+    };
+}
+
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        delegate!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        delegate!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(auth: Option<&str>, cn: Option<&str>) -> tonic::Request<()> {
+        let mut r = tonic::Request::new(());
+        if let Some(a) = auth {
+            r.metadata_mut()
+                .insert("authorization", a.parse().expect("ascii"));
+        }
+        r.extensions_mut().insert(ConnInfo {
+            remote: None,
+            client_cn: cn.map(str::to_owned),
+            client_subject: None,
+        });
+        r
+    }
+
+    #[tokio::test]
+    async fn admin_methods_are_denied_by_default_and_allow_lists_decide() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "# ops\nops 0123456789abcdef0123\nviewer fedcba9876543210fedc\n").expect("write");
+        let settings = GrpcSettings {
+            tokens_file: Some(file.clone()),
+            allow: [("Replay".to_owned(), vec!["token:ops".to_owned(), "cert:ops-cli".to_owned()])].into(),
+            ..GrpcSettings::default()
+        };
+        settings.validate(&["Replay", "Status", "Ingest"]).expect("valid");
+        let auth = Auth::new(&settings, &[("Ingest", &["anonymous"]), ("Status", &["authenticated"])]);
+        let code = |r: Result<Caller, Status>| r.map_err(|s| s.code());
+        use tonic::Code::*;
+        assert_eq!(code(auth.authorize(&req(None, None), "Replay").await), Err(Unauthenticated));
+        assert_eq!(
+            code(auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay").await),
+            Ok(Caller::Token("ops".into()))
+        );
+        assert_eq!(
+            code(auth.authorize(&req(Some("Bearer fedcba9876543210fedc"), None), "Replay").await),
+            Err(PermissionDenied)
+        );
+        assert_eq!(code(auth.authorize(&req(Some("Bearer nope"), None), "Status").await), Err(Unauthenticated));
+        assert_eq!(code(auth.authorize(&req(None, Some("ops-cli")), "Replay").await), Ok(Caller::Cert("ops-cli".into())));
+        assert_eq!(code(auth.authorize(&req(None, Some("other")), "Replay").await), Err(PermissionDenied));
+        assert_eq!(code(auth.authorize(&req(None, Some("other")), "Status").await), Ok(Caller::Cert("other".into())));
+        assert_eq!(code(auth.authorize(&req(None, None), "Ingest").await), Ok(Caller::Anonymous));
+        assert_eq!(code(auth.authorize(&req(None, None), "ListDeadLetters").await), Err(Unauthenticated));
+        // Rotated: the old token stops working, the new one works.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&file, "ops 11112222333344445555\n").expect("write");
+        assert_eq!(
+            code(auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay").await),
+            Err(Unauthenticated)
+        );
+        assert!(auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay").await.is_ok());
+    }
+
+    #[test]
+    fn bad_settings_are_refused_without_showing_tokens() {
+        let s = GrpcSettings {
+            allow: [("Replay".to_owned(), vec!["ops".to_owned()])].into(),
+            ..GrpcSettings::default()
+        };
+        assert!(s.validate(&["Replay"]).is_err());
+        assert!(s.validate(&["Status"]).is_err(), "unknown method");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "short-secret-token\n").expect("write");
+        let e = Tokens::read(&file).expect_err("no name").to_string();
+        assert!(!e.contains("short-secret-token"), "{e}");
+    }
+}
