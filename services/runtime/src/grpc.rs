@@ -21,8 +21,9 @@ pub struct ServerTls {
     pub cert: PathBuf,
     /// Server private key.
     pub key: PathBuf,
-    /// When set, callers must present a certificate signed by one of these CAs (mutual TLS); its common name
-    /// (CN) is the caller's identity, `cert:<CN>` in `allow`.
+    /// When set, a caller may present a certificate signed by one of these CAs (mutual TLS; one from another CA
+    /// is refused at the handshake); its common name (CN) is the caller's identity, `cert:<CN>` in `allow`.
+    /// Callers without one authenticate with a token, or stay anonymous.
     #[serde(default)]
     pub client_ca: Option<PathBuf>,
 }
@@ -109,7 +110,9 @@ impl GrpcSettings {
 
     fn acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, GrpcError> {
         let Some(t) = &self.tls else { return Ok(None) };
-        let config = hl7gw_tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())?;
+        // Client certificates are optional here: a caller may authenticate with a token instead, and each
+        // method's allow list decides (Ingest's default asks for one when the MLLP listener does).
+        let config = hl7gw_tls::server_config_with(&t.cert, &t.key, t.client_ca.as_deref(), false)?;
         let mut config = Arc::unwrap_or_clone(config);
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
@@ -750,7 +753,7 @@ mod tests {
         settings.validate(&["Replay", "Status", "Ingest"]).expect("valid");
         let auth = Auth::new(&settings, &[("Ingest", &["anonymous"]), ("Status", &["authenticated"])]);
         let code = |r: Result<Caller, Status>| r.map_err(|s| s.code());
-        use tonic::Code::*;
+        use tonic::Code::{PermissionDenied, Unauthenticated};
         assert_eq!(code(auth.authorize(&req(None, None), "Replay").await), Err(Unauthenticated));
         assert_eq!(
             code(auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay").await),

@@ -83,14 +83,25 @@ pub fn server_config(
     key: &Path,
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_with(cert, key, client_ca, true)
+}
+
+/// [`server_config`], where with `client_ca` and `required` false a client may also come without a
+/// certificate (one it presents must still be issued by `client_ca`): the gRPC listeners, where callers
+/// without a certificate authenticate with a token and each method decides.
+pub fn server_config_with(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+    required: bool,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let builder =
         ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match client_ca {
         Some(ca) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                    .build()
-                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            let b = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+            let b = if required { b } else { b.allow_unauthenticated() };
+            let verifier = b.build().map_err(|e| TlsError::Verifier(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

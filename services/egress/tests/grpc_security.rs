@@ -1,0 +1,212 @@
+//! Issue 11: the egress's admin API (dead letters with patient data, replay) over TLS and mutual TLS, refused to
+//! anonymous callers by default, allowed per method to named tokens and client certificates, every call audited
+//! without message content.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../ingress/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use common::Pipeline;
+use hl7gw_runtime::proto::v1::egress_client::EgressClient;
+use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest, StatusRequest};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::{KillOnDrop, bin, pki};
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+const OPS: &str = "ops-token-0123456789abcdef";
+const VIEWER: &str = "viewer-token-0123456789abcdef";
+
+/// Starts an egress whose gRPC listener uses `grpc_yaml`; returns it, its gRPC address and its log file.
+fn egress(p: &Pipeline, grpc_yaml: &str) -> (KillOnDrop, String, std::path::PathBuf) {
+    let cfg = p.dir.path().join("secure-egress.yaml");
+    let base = std::fs::read_to_string(p.dir.path().join("egress.yaml")).unwrap();
+    // The pipeline's egress.yaml starts with its own grpc: section; this test brings another.
+    let destinations = &base[base.find("destinations:").unwrap()..];
+    std::fs::write(&cfg, format!("{grpc_yaml}{destinations}")).unwrap();
+    let log = p.dir.path().join("egress.log");
+    let mut cmd = Command::new(bin("hl7gw-egress"));
+    cmd.args(["--config", cfg.to_str().unwrap()])
+        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap());
+    for (k, v) in p.env.iter().chain(&p.egress_env) {
+        cmd.env(k, v);
+    }
+    cmd.env("RUST_LOG", "warn,hl7gw::audit=info");
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let grpc = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .unwrap_or_else(|| panic!("no grpc= in {line:?}"))
+        .to_owned();
+    (KillOnDrop(child), grpc, log)
+}
+
+async fn channel(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut e = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30));
+    if let Some(t) = tls {
+        e = e.tls_config(t).unwrap();
+    }
+    e.connect().await
+}
+
+fn with_token<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+fn code<T>(r: Result<T, tonic::Status>) -> Code {
+    r.map(|_| Code::Ok).unwrap_or_else(|s| {
+        eprintln!("call refused: {s:?}");
+        s.code()
+    })
+}
+
+/// The code of each admin call made with `token` on `ch`.
+async fn codes(ch: Channel, token: Option<&str>) -> [Code; 3] {
+    let mut c = EgressClient::new(ch);
+    [
+        code(c.status(with_token(StatusRequest::default(), token)).await),
+        code(
+            c.list_dead_letters(with_token(
+                ListDeadLettersRequest {
+                    destination: "lab".into(),
+                    ..ListDeadLettersRequest::default()
+                },
+                token,
+            ))
+            .await,
+        ),
+        code(
+            c.replay(with_token(
+                ReplayRequest {
+                    ids: vec!["no-such-id".into()],
+                    ..ReplayRequest::default()
+                },
+                token,
+            ))
+            .await,
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_need_tls_and_an_allowed_caller_and_are_audited() {
+    let p = Pipeline::new();
+    let pki = pki();
+    std::fs::write(
+        p.dir.path().join("tokens"),
+        format!("# operators\nops {OPS}\nviewer {VIEWER}\n"),
+    )
+    .unwrap();
+    let grpc = format!(
+        "grpc:\n  tls: {{cert: {}, key: {}, client_ca: {}}}\n  tokens_file: {}\n  allow:\n    \
+         Status: [authenticated]\n    ListDeadLetters: [token:ops, cert:hl7-client]\n    Replay: [token:ops]\n",
+        pki.file("server.pem"),
+        pki.file("server.key"),
+        pki.file("ca.pem"),
+        p.dir.path().join("tokens").display()
+    );
+    let (_egress, addr, log) = egress(&p, &grpc);
+    let ca = Certificate::from_pem(std::fs::read(pki.path("ca.pem")).unwrap());
+    let tls = || ClientTlsConfig::new().ca_certificate(ca.clone()).domain_name("localhost");
+    let identity = |name: &str| {
+        Identity::from_pem(
+            std::fs::read(pki.path(&format!("{name}.pem"))).unwrap(),
+            std::fs::read(pki.path(&format!("{name}.key"))).unwrap(),
+        )
+    };
+
+    // Plaintext to a TLS listener: no answer at all.
+    let plain = channel(&addr, None).await;
+    if let Ok(ch) = plain {
+        let got = codes(ch, Some(OPS)).await;
+        assert!(got.iter().all(|c| *c != Code::Ok), "plaintext got {got:?}");
+    }
+    // TLS without credentials: refused everywhere (deny by default for admin methods).
+    let anonymous = codes(channel(&addr, Some(tls())).await.unwrap(), None).await;
+    assert_eq!(anonymous, [Code::Unauthenticated; 3]);
+    // A token nobody issued.
+    let bogus = codes(
+        channel(&addr, Some(tls())).await.unwrap(),
+        Some("made-up-token-0123456789"),
+    )
+    .await;
+    assert_eq!(bogus, [Code::Unauthenticated; 3]);
+    // viewer: Status only.
+    let viewer = codes(channel(&addr, Some(tls())).await.unwrap(), Some(VIEWER)).await;
+    assert_eq!(
+        viewer,
+        [Code::Ok, Code::PermissionDenied, Code::PermissionDenied]
+    );
+    // ops: everything (the replay finds nothing to replay: OK with 0).
+    let ops = codes(channel(&addr, Some(tls())).await.unwrap(), Some(OPS)).await;
+    assert_eq!(ops, [Code::Ok, Code::Ok, Code::Ok]);
+    // A client certificate (CN=hl7-client): Status and ListDeadLetters, not Replay.
+    let cert = codes(
+        channel(&addr, Some(tls().identity(identity("client"))))
+            .await
+            .unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(cert, [Code::Ok, Code::Ok, Code::PermissionDenied]);
+    // A certificate from another CA never gets a connection.
+    if let Ok(ch) = channel(&addr, Some(tls().identity(identity("intruder")))).await {
+        let got = codes(ch, None).await;
+        assert!(got.iter().all(|c| *c != Code::Ok), "intruder got {got:?}");
+    }
+
+    // Every admin call is audited: who, what, result; no token in the log.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let audit: Vec<&str> = text.lines().filter(|l| l.contains("admin call")).collect();
+    assert!(
+        audit.iter().any(|l| l.contains("token:ops")
+            && l.contains("ListDeadLetters")
+            && l.contains("ok: 0 dead letters")),
+        "{text}"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("cert:hl7-client") && l.contains("Replay") && l.contains("refused")),
+        "{text}"
+    );
+    assert!(
+        audit.iter().filter(|l| l.contains("refused")).count() >= 9,
+        "refusals audited: {text}"
+    );
+    assert!(!text.contains(OPS) && !text.contains(VIEWER), "a token leaked into the log");
+}
+
+#[test]
+fn a_plaintext_egress_refuses_anonymous_admin_calls_by_default() {
+    let p = Pipeline::new();
+    let (_egress, addr, _log) = egress(&p, "");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let got = codes(channel(&addr, None).await.unwrap(), None).await;
+        assert_eq!(got, [Code::Unauthenticated; 3]);
+    });
+}
