@@ -107,27 +107,113 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and $k.tls.enabled $k.sasl.enabled -}}SASL_SSL
 {{- else if $k.tls.enabled -}}SSL
 {{- else if $k.sasl.enabled -}}SASL_PLAINTEXT
+{{- else -}}PLAINTEXT
 {{- end -}}
 {{- end -}}
 
-{{/* The `kafka` block of every service's config: topic creation and librdkafka properties (no secrets). */}}
-{{- define "hl7gw.kafkaConfig" -}}
-{{- $k := .Values.kafka -}}
-{{- $props := deepCopy $k.properties -}}
-{{- $proto := include "hl7gw.kafkaSecurityProtocol" . -}}
-{{- if $proto }}{{ $_ := set $props "security.protocol" $proto }}{{ end -}}
-{{- if $k.tls.enabled -}}
-{{- if $k.tls.caSecret }}{{ $_ := set $props "ssl.ca.location" (printf "/etc/hl7gw/kafka/ca/%s" $k.tls.caKey) }}{{ end -}}
-{{- if $k.tls.clientSecret -}}
-{{- $_ := set $props "ssl.certificate.location" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.certKey) -}}
-{{- $_ := set $props "ssl.key.location" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.keyKey) -}}
+{{/* One service's Kafka identity, as YAML: username, passwordSecret, clientSecret, oauthClientId,
+     oauthSecret (each possibly empty). Per service: <map>.<component>, else <kafka.userPrefix><component> (Strimzi:
+     a KafkaUser per service, its Secret named as the user), else the shared value. The user's Secret gives the
+     password with SASL, else (TLS only) the client certificate. Fails on an incomplete combination.
+     dict "root" $ "component" "ingress" */}}
+{{- define "hl7gw.kafkaCredentials" -}}
+{{- $k := .root.Values.kafka -}}
+{{- $c := .component -}}
+{{- $user := "" -}}
+{{- if $k.userPrefix }}{{ $user = printf "%s%s" $k.userPrefix $c }}{{ end -}}
+{{- $out := dict "username" "" "passwordSecret" "" "clientSecret" "" "oauthClientId" "" "oauthSecret" "" -}}
+{{- if and $user (not $k.tls.enabled) (not $k.sasl.enabled) -}}
+{{- fail "kafka.userPrefix names the services' Kafka users, which authenticate with SASL (kafka.sasl.enabled) or a TLS client certificate (kafka.tls.enabled): enable one" -}}
 {{- end -}}
+{{- if $k.tls.enabled -}}
+{{- $client := "" -}}
+{{- if get $k.tls.clientSecrets $c }}{{ $client = get $k.tls.clientSecrets $c }}{{ else if and $user (not $k.sasl.enabled) }}{{ $client = $user }}{{ else }}{{ $client = $k.tls.clientSecret }}{{ end -}}
+{{- $_ := set $out "clientSecret" $client -}}
+{{- else if or $k.tls.caSecret $k.tls.clientSecret $k.tls.clientSecrets -}}
+{{- fail "kafka.tls.caSecret/clientSecret/clientSecrets are set but kafka.tls.enabled is false: the services would connect without TLS" -}}
 {{- end -}}
 {{- if $k.sasl.enabled -}}
-{{- $_ := set $props "sasl.mechanism" $k.sasl.mechanism -}}
-{{- $_ := set $props "sasl.username" $k.sasl.username -}}
+{{- $s := $k.sasl -}}
+{{- if eq $s.mechanism "OAUTHBEARER" -}}
+{{- $id := default $s.oauth.clientId (get $s.oauth.clientIds $c) -}}
+{{- $sec := default $s.oauth.clientSecretSecret (get $s.oauth.clientSecretSecrets $c) -}}
+{{- if not (and $s.oauth.tokenEndpoint $id $sec) -}}
+{{- fail (printf "kafka.sasl.mechanism OAUTHBEARER needs kafka.sasl.oauth.tokenEndpoint, a client id (oauth.clientId or oauth.clientIds.%s) and a client secret Secret (oauth.clientSecretSecret or oauth.clientSecretSecrets.%s) for the %s" $c $c $c) -}}
 {{- end -}}
-{{- toYaml (dict "create_topics_partitions" (int $k.createTopicsPartitions) "replication_factor" (int $k.replicationFactor) "min_insync_replicas" (int $k.minInsyncReplicas) "max_message_bytes" (int $k.maxMessageBytes) "properties" $props) -}}
+{{- $_ := set $out "oauthClientId" $id -}}
+{{- $_ := set $out "oauthSecret" $sec -}}
+{{- else -}}
+{{- if and (eq $s.mechanism "PLAIN") (not $k.tls.enabled) -}}
+{{- fail "kafka.sasl.mechanism PLAIN without kafka.tls.enabled would send the password in clear: enable TLS (SASL_SSL) or use SCRAM" -}}
+{{- end -}}
+{{- $name := "" -}}
+{{- if get $s.usernames $c }}{{ $name = get $s.usernames $c }}{{ else if $user }}{{ $name = $user }}{{ else }}{{ $name = $s.username }}{{ end -}}
+{{- $secret := "" -}}
+{{- if get $s.passwordSecrets $c }}{{ $secret = get $s.passwordSecrets $c }}{{ else if $user }}{{ $secret = $user }}{{ else }}{{ $secret = $s.passwordSecret }}{{ end -}}
+{{- if not $name -}}
+{{- fail (printf "kafka.sasl is enabled but the %s has no user name: set kafka.sasl.username, kafka.sasl.usernames.%s or kafka.userPrefix" $c $c) -}}
+{{- end -}}
+{{- if not $secret -}}
+{{- fail (printf "kafka.sasl is enabled but the %s has no password Secret: set kafka.sasl.passwordSecret, kafka.sasl.passwordSecrets.%s or kafka.userPrefix (Strimzi: the KafkaUser's Secret)" $c $c) -}}
+{{- end -}}
+{{- $_ := set $out "username" $name -}}
+{{- $_ := set $out "passwordSecret" $secret -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The `kafka` block of a service's config: topic creation, non-secret librdkafka properties and
+     kafka.security (secrets as paths of mounted Secret files). dict "root" $ "component" "ingress" */}}
+{{- define "hl7gw.kafkaConfig" -}}
+{{- $k := .root.Values.kafka -}}
+{{- $cred := include "hl7gw.kafkaCredentials" . | fromYaml -}}
+{{- $sec := dict "protocol" (include "hl7gw.kafkaSecurityProtocol" .root) -}}
+{{- if $k.tls.enabled -}}
+{{- if $k.tls.caSecret }}{{ $_ := set $sec "ca_file" (printf "/etc/hl7gw/kafka/ca/%s" $k.tls.caKey) }}{{ end -}}
+{{- if $cred.clientSecret -}}
+{{- $_ := set $sec "cert_file" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.certKey) -}}
+{{- $_ := set $sec "key_file" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.keyKey) -}}
+{{- if $k.tls.keyPasswordKey }}{{ $_ := set $sec "key_password_file" (printf "/etc/hl7gw/kafka/client/%s" $k.tls.keyPasswordKey) }}{{ end -}}
+{{- end -}}
+{{- $_ := set $sec "verify_hostname" $k.tls.verifyHostname -}}
+{{- end -}}
+{{- if $k.sasl.enabled -}}
+{{- $_ := set $sec "sasl_mechanism" $k.sasl.mechanism -}}
+{{- if eq $k.sasl.mechanism "OAUTHBEARER" -}}
+{{- $_ := set $sec "oauth_token_endpoint" $k.sasl.oauth.tokenEndpoint -}}
+{{- $_ := set $sec "oauth_client_id" $cred.oauthClientId -}}
+{{- $_ := set $sec "oauth_client_secret_file" "/etc/hl7gw/kafka/oauth/client-secret" -}}
+{{- if $k.sasl.oauth.scope }}{{ $_ := set $sec "oauth_scope" $k.sasl.oauth.scope }}{{ end -}}
+{{- else -}}
+{{- $_ := set $sec "username" $cred.username -}}
+{{- $_ := set $sec "password_file" "/etc/hl7gw/kafka/sasl/password" -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "create_topics_partitions" (int $k.createTopicsPartitions) "replication_factor" (int $k.replicationFactor) "min_insync_replicas" (int $k.minInsyncReplicas) "max_message_bytes" (int $k.maxMessageBytes) "properties" $k.properties "security" $sec) -}}
+{{- end -}}
+
+{{/* The `grpc` block of a service's config (TLS, static tokens, Kubernetes auth, who may call what); empty when
+     nothing is set. kubernetes_auth is written only when on. dict "root" $ "component" "ingress" */}}
+{{- define "hl7gw.grpcConfig" -}}
+{{- $g := .root.Values.grpc -}}
+{{- $out := dict -}}
+{{- if $g.tls.secretName -}}
+{{- $tls := dict "cert" "/etc/hl7gw/grpc-tls/tls.crt" "key" "/etc/hl7gw/grpc-tls/tls.key" -}}
+{{- if $g.tls.clientCAKey }}{{ $_ := set $tls "client_ca" (printf "/etc/hl7gw/grpc-client-ca/%s" $g.tls.clientCAKey) }}{{ end -}}
+{{- $_ := set $out "tls" $tls -}}
+{{- else if $g.tls.clientCAKey -}}
+{{- fail "grpc.tls.clientCAKey (client certificates) needs grpc.tls.secretName (the server certificate)" -}}
+{{- end -}}
+{{- if $g.tokens.existingSecret }}{{ $_ := set $out "tokens_file" "/etc/hl7gw/grpc-tokens/tokens" }}{{ end -}}
+{{- if $g.kubernetesAuth }}{{ $_ := set $out "kubernetes_auth" true }}{{ end -}}
+{{- with (index .root.Values .component).grpcAllow }}{{ $_ := set $out "allow" . }}{{ end -}}
+{{- if $out }}{{ toYaml $out }}{{ end -}}
+{{- end -}}
+
+{{/* Readiness over gRPC: Kubernetes grpc probes cannot speak TLS, so with grpc.tls the HTTP probe is used. */}}
+{{- define "hl7gw.grpcReadiness" -}}
+{{- if and (eq .Values.probes.readiness "grpc") (not .Values.grpc.tls.secretName) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Service configs: what the chart sets, then <component>.config over it. -------------------------------------- */}}
@@ -143,7 +229,7 @@ app.kubernetes.io/component: {{ .component }}
   "dlq_topic" $v.kafka.topics.dlq
   "drain_timeout" (printf "%vs" $v.ingress.drainTimeoutSeconds)
   "log_json" $v.logging.json
-  "kafka" (include "hl7gw.kafkaConfig" . | fromYaml)
+  "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "ingress") | fromYaml)
 -}}
 {{- with $v.ingress.tls -}}
 {{- if .enabled -}}
@@ -152,6 +238,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $c "tls" $tls -}}
 {{- end -}}
 {{- end -}}
+{{- with include "hl7gw.grpcConfig" (dict "root" . "component" "ingress") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.ingress.config)) -}}
 {{- end -}}
 
@@ -169,9 +256,10 @@ app.kubernetes.io/component: {{ .component }}
   "routes" $routes
   "drain_timeout" (printf "%vs" $v.transformer.drainTimeoutSeconds)
   "log_json" $v.logging.json
-  "kafka" (include "hl7gw.kafkaConfig" . | fromYaml)
+  "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "transformer") | fromYaml)
 -}}
 {{- if $v.transformer.defaultDestination }}{{ $_ := set $c "default_destination" $v.transformer.defaultDestination }}{{ end -}}
+{{- with include "hl7gw.grpcConfig" (dict "root" . "component" "transformer") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.transformer.config)) -}}
 {{- end -}}
 
@@ -201,8 +289,9 @@ app.kubernetes.io/component: {{ .component }}
   "destinations" $dests
   "drain_timeout" (printf "%vs" $v.egress.drainTimeoutSeconds)
   "log_json" $v.logging.json
-  "kafka" (include "hl7gw.kafkaConfig" . | fromYaml)
+  "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "egress") | fromYaml)
 -}}
+{{- with include "hl7gw.grpcConfig" (dict "root" . "component" "egress") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.egress.config)) -}}
 {{- end -}}
 
