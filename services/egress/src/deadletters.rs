@@ -4,10 +4,10 @@
 
 use crate::config::Config;
 use hl7gw_runtime::envelope;
+use hl7gw_runtime::kafka::Producer as FutureProducer;
 use hl7gw_runtime::proto::v1::{DeadLetter, Envelope};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
-use hl7gw_runtime::kafka::Producer as FutureProducer;
 use rdkafka::producer::FutureRecord;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::time::Duration;

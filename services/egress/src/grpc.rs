@@ -121,7 +121,9 @@ impl Egress for EgressService {
             Ok(Response::new(out))
         }
         .await;
-        hl7gw_runtime::grpc::audit_result(&caller, peer, "Status", &what, &result, |r| format!("{} destinations", r.destinations.len()));
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Status", &what, &result, |r| {
+            format!("{} destinations", r.destinations.len())
+        });
         result
     }
 
@@ -129,7 +131,13 @@ impl Egress for EgressService {
         &self,
         req: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
-        let what = describe(&req.get_ref().destination, &req.get_ref().stage, &[], req.get_ref().since.as_ref(), req.get_ref().until.as_ref());
+        let what = describe(
+            &req.get_ref().destination,
+            &req.get_ref().stage,
+            &[],
+            req.get_ref().since.as_ref(),
+            req.get_ref().until.as_ref(),
+        );
         let caller = self.auth.admin(&req, "ListDeadLetters", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);
         let result: Result<Response<ListDeadLettersResponse>, Status> = async move {
@@ -162,7 +170,9 @@ impl Egress for EgressService {
             }))
         }
         .await;
-        hl7gw_runtime::grpc::audit_result(&caller, peer, "ListDeadLetters", &what, &result, |r| format!("{} dead letters", r.dead_letters.len()));
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "ListDeadLetters", &what, &result, |r| {
+            format!("{} dead letters", r.dead_letters.len())
+        });
         result
     }
 
@@ -170,7 +180,13 @@ impl Egress for EgressService {
         &self,
         req: Request<ReplayRequest>,
     ) -> Result<Response<ReplayResponse>, Status> {
-        let what = describe(&req.get_ref().destination, &req.get_ref().stage, &req.get_ref().ids, req.get_ref().since.as_ref(), req.get_ref().until.as_ref());
+        let what = describe(
+            &req.get_ref().destination,
+            &req.get_ref().stage,
+            &req.get_ref().ids,
+            req.get_ref().since.as_ref(),
+            req.get_ref().until.as_ref(),
+        );
         let caller = self.auth.admin(&req, "Replay", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);
         let result: Result<Response<ReplayResponse>, Status> = async move {
@@ -215,7 +231,9 @@ impl Egress for EgressService {
             }))
         }
         .await;
-        hl7gw_runtime::grpc::audit_result(&caller, peer, "Replay", &what, &result, |r| format!("{} replayed: {}", r.replayed, r.ids.join(",")));
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Replay", &what, &result, |r| {
+            format!("{} replayed: {}", r.replayed, r.ids.join(","))
+        });
         result
     }
 }

@@ -51,7 +51,10 @@ fn egress(p: &Pipeline, grpc_yaml: &str) -> (KillOnDrop, String, std::path::Path
     (KillOnDrop(child), grpc, log)
 }
 
-async fn channel(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel, tonic::transport::Error> {
+async fn channel(
+    addr: &str,
+    tls: Option<ClientTlsConfig>,
+) -> Result<Channel, tonic::transport::Error> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut e = Endpoint::from_shared(format!("{scheme}://{addr}"))
         .unwrap()
@@ -126,7 +129,11 @@ async fn admin_calls_need_tls_and_an_allowed_caller_and_are_audited() {
     );
     let (_egress, addr, log) = egress(&p, &grpc);
     let ca = Certificate::from_pem(std::fs::read(pki.path("ca.pem")).unwrap());
-    let tls = || ClientTlsConfig::new().ca_certificate(ca.clone()).domain_name("localhost");
+    let tls = || {
+        ClientTlsConfig::new()
+            .ca_certificate(ca.clone())
+            .domain_name("localhost")
+    };
     let identity = |name: &str| {
         Identity::from_pem(
             std::fs::read(pki.path(&format!("{name}.pem"))).unwrap(),
@@ -185,16 +192,19 @@ async fn admin_calls_need_tls_and_an_allowed_caller_and_are_audited() {
         "{text}"
     );
     assert!(
-        audit
-            .iter()
-            .any(|l| l.contains("cert:hl7-client") && l.contains("Replay") && l.contains("refused")),
+        audit.iter().any(|l| l.contains("cert:hl7-client")
+            && l.contains("Replay")
+            && l.contains("refused")),
         "{text}"
     );
     assert!(
         audit.iter().filter(|l| l.contains("refused")).count() >= 9,
         "refusals audited: {text}"
     );
-    assert!(!text.contains(OPS) && !text.contains(VIEWER), "a token leaked into the log");
+    assert!(
+        !text.contains(OPS) && !text.contains(VIEWER),
+        "a token leaked into the log"
+    );
 }
 
 #[test]

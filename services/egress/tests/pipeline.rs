@@ -748,7 +748,7 @@ fn a_transformer_dead_letter_is_replayed_through_the_routes_once_they_are_fixed(
         let ack = c.call(oru.as_bytes()).await.unwrap();
         assert_eq!(support::ack_code(&ack), "AA");
 
-        let mut egress = Egress::connect(p.egress_addr()).await.unwrap();
+        let mut egress = p.egress_client().await;
         let deadline = Instant::now() + Duration::from_secs(60);
         let letter = loop {
             let page = egress
@@ -820,7 +820,7 @@ fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
     p.start_all(Some(2));
     let ids = p.load(1, 20);
     runtime().block_on(async {
-        let mut egress = Egress::connect(p.egress_addr()).await.unwrap();
+        let mut egress = p.egress_client().await;
         wait_settled(&mut egress, ids.len() as u64, String::new).await;
         let dead = dead_letters(&mut egress).await;
         assert_eq!(dead.len(), 10, "every second message refused: {dead:?}");

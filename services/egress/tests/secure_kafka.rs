@@ -55,9 +55,7 @@ fn run(mode: &str) {
             let r = received(&p.received_dir());
             let settled = ids
                 .iter()
-                .filter(|id| {
-                    r.first.contains_key(*id) || dead.iter().any(|d| &d.control_id == *id)
-                })
+                .filter(|id| r.first.contains_key(*id) || dead.iter().any(|d| &d.control_id == *id))
                 .count();
             if settled == ids.len() {
                 return dead;

@@ -177,7 +177,8 @@ pub async fn serve(
         stop.clone(),
     );
     let max = cfg.max_frame_bytes + 4096;
-    let auth = hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[("Ingest", default_ingest_policy(&cfg))]);
+    let auth =
+        hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[("Ingest", default_ingest_policy(&cfg))]);
     let svc = IngestServer::new(IngestService {
         pipe,
         cfg: cfg.clone(),

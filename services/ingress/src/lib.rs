@@ -159,7 +159,10 @@ async fn probe_kafka(
         let topic = cfg.inbound_topic.clone();
         // (a broker answered, the inbound topic has partitions)
         let (answered, ok) = tokio::task::spawn_blocking(move || {
-            match p.client().fetch_metadata(Some(&topic), Duration::from_secs(2)) {
+            match p
+                .client()
+                .fetch_metadata(Some(&topic), Duration::from_secs(2))
+            {
                 Ok(m) => (
                     true,
                     m.topics()

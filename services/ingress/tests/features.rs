@@ -1079,3 +1079,62 @@ async fn a_fatal_producer_error_is_recovered_in_process() {
     check_all_acked_are_stored(brokers, &inbound, &accepted);
     ingress.wait_ready(Duration::from_secs(15));
 }
+
+/// Issue 11: when the MLLP listener requires client certificates, gRPC Ingest is no open side door: an
+/// anonymous caller is refused (and counted), one with a certificate of the CA sends, over a TLS gRPC listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_ingest_follows_the_mllp_listeners_mutual_tls_policy() {
+    use hl7gw_runtime::proto::v1::SendRequest;
+    use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let (_, _, mut env) = topics_env(broker());
+    let pki = pki();
+    env.extend(pki.env(true));
+    env.extend([
+        ("HL7GW_GRPC__TLS__CERT", pki.file("server.pem")),
+        ("HL7GW_GRPC__TLS__KEY", pki.file("server.key")),
+        ("HL7GW_GRPC__TLS__CLIENT_CA", pki.file("ca.pem")),
+    ]);
+    let ingress = Ingress::start(&env);
+    let ca = Certificate::from_pem(std::fs::read(pki.path("ca.pem")).unwrap());
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(ca)
+        .domain_name("localhost");
+    let connect = |tls: ClientTlsConfig| {
+        let url = format!("https://{}", ingress.grpc);
+        async move {
+            IngestClient::new(
+                Endpoint::from_shared(url)
+                    .unwrap()
+                    .tls_config(tls)
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    let send = |id: &str| SendRequest {
+        message: adt(id, "P1").into(),
+    };
+    let refused = connect(tls.clone()).await.send(send("GRPC-ANON")).await;
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_connections_refused_total{reason=\"grpc_unauthenticated\"}"),
+        1.0
+    );
+    let identity = Identity::from_pem(
+        std::fs::read(pki.path("client.pem")).unwrap(),
+        std::fs::read(pki.path("client.key")).unwrap(),
+    );
+    let ok = connect(tls.identity(identity))
+        .await
+        .send(send("GRPC-CERT"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.ack_code, "AA");
+}

@@ -37,7 +37,11 @@ impl Health {
             return "draining".into();
         }
         let r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_empty() { "starting".into() } else { r.clone() }
+        if r.is_empty() {
+            "starting".into()
+        } else {
+            r.clone()
+        }
     }
 
     /// Marks the service as draining: never ready again.

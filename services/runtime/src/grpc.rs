@@ -154,11 +154,14 @@ impl std::fmt::Display for Caller {
     }
 }
 
+/// The file's modification time and size when last read, and its (name, token) pairs.
+type TokensState = (Option<(std::time::SystemTime, u64)>, Vec<(String, String)>);
+
 /// The static tokens, re-read when the file's modification time or size changes.
 #[derive(Debug)]
 struct Tokens {
     path: PathBuf,
-    state: std::sync::Mutex<(Option<(std::time::SystemTime, u64)>, Vec<(String, String)>)>,
+    state: std::sync::Mutex<TokensState>,
 }
 
 impl Tokens {
@@ -203,7 +206,9 @@ impl Tokens {
                     tracing::info!(path = %self.path.display(), tokens = tokens.len(), "gRPC tokens loaded");
                     *state = (stamp, tokens);
                 }
-                Err(e) => tracing::error!(error = %e, "gRPC tokens not reloaded; keeping the last ones"),
+                Err(e) => {
+                    tracing::error!(error = %e, "gRPC tokens not reloaded; keeping the last ones")
+                }
             }
         }
         state
@@ -231,7 +236,12 @@ impl Auth {
     pub fn new(settings: &GrpcSettings, defaults: &[(&str, &[&str])]) -> Self {
         let mut allow: BTreeMap<String, Vec<String>> = defaults
             .iter()
-            .map(|(m, who)| ((*m).to_owned(), who.iter().map(|w| (*w).to_owned()).collect()))
+            .map(|(m, who)| {
+                (
+                    (*m).to_owned(),
+                    who.iter().map(|w| (*w).to_owned()).collect(),
+                )
+            })
             .collect();
         allow.extend(settings.allow.clone());
         Self {
@@ -251,7 +261,10 @@ impl Auth {
         };
         v.to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(|t| Some(t.trim()))
             .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))
     }
@@ -280,15 +293,26 @@ impl Auth {
     /// Authenticates the caller and checks `method`'s allow list (or, for a Kubernetes token, RBAC):
     /// UNAUTHENTICATED for an anonymous caller where one is needed or an unknown token, PERMISSION_DENIED for
     /// a known caller not allowed.
-    pub async fn authorize<T>(&self, req: &tonic::Request<T>, method: &str) -> Result<Caller, Status> {
+    pub async fn authorize<T>(
+        &self,
+        req: &tonic::Request<T>,
+        method: &str,
+    ) -> Result<Caller, Status> {
         if let (Some(kube), Some(token)) = (&self.kubernetes, Self::bearer(req)?) {
-            let is_static = self.tokens.as_ref().is_some_and(|t| t.name_of(token).is_some());
+            let is_static = self
+                .tokens
+                .as_ref()
+                .is_some_and(|t| t.name_of(token).is_some());
             if !is_static {
                 return kube.authorize(token, method).await;
             }
         }
         let caller = self.authenticate(req)?;
-        let allowed = self.allow.get(method).map(Vec::as_slice).unwrap_or_default();
+        let allowed = self
+            .allow
+            .get(method)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let ok = allowed.iter().any(|a| match a.as_str() {
             "anonymous" => true,
             "authenticated" => caller != Caller::Anonymous,
@@ -306,9 +330,20 @@ impl Auth {
     }
 
     /// [`Auth::authorize`] for an admin method, with the audit line of a refusal.
-    pub async fn admin<T>(&self, req: &tonic::Request<T>, method: &str, what: &str) -> Result<Caller, Status> {
+    pub async fn admin<T>(
+        &self,
+        req: &tonic::Request<T>,
+        method: &str,
+        what: &str,
+    ) -> Result<Caller, Status> {
         self.authorize(req, method).await.inspect_err(|s| {
-            audit("refused caller", peer(req), method, what, &format!("refused: {:?}: {}", s.code(), s.message()));
+            audit(
+                "refused caller",
+                peer(req),
+                method,
+                what,
+                &format!("refused: {:?}: {}", s.code(), s.message()),
+            );
         })
     }
 }
@@ -325,7 +360,9 @@ type KubeDecision = Result<Caller, (tonic::Code, String)>;
 #[derive(Default)]
 struct KubeAuth {
     client: tokio::sync::OnceCell<(kube::Client, String)>,
-    cache: std::sync::Mutex<std::collections::HashMap<(String, String), (std::time::Instant, KubeDecision)>>,
+    cache: std::sync::Mutex<
+        std::collections::HashMap<(String, String), (std::time::Instant, KubeDecision)>,
+    >,
 }
 
 impl std::fmt::Debug for KubeAuth {
@@ -351,7 +388,11 @@ impl KubeAuth {
 
     async fn authorize(&self, token: &str, method: &str) -> Result<Caller, Status> {
         let key = (token.to_owned(), method.to_owned());
-        if let Some((at, d)) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+        if let Some((at, d)) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
             && at.elapsed() < KUBE_CACHE_TTL
         {
             return d.clone().map_err(|(c, m)| Status::new(c, m));
@@ -390,15 +431,15 @@ impl KubeAuth {
             .await
             .map_err(unavailable)?;
         let status = tr.status.unwrap_or_default();
-        let Some(user) = status
-            .user
-            .filter(|_| status.authenticated == Some(true))
-        else {
+        let Some(user) = status.user.filter(|_| status.authenticated == Some(true)) else {
             return Ok(Err((tonic::Code::Unauthenticated, "unknown token".into())));
         };
         let name = user.username.clone().unwrap_or_default();
         let Some((resource, verb)) = kubernetes_resource(method) else {
-            return Ok(Err((tonic::Code::PermissionDenied, format!("no RBAC resource for {method}"))));
+            return Ok(Err((
+                tonic::Code::PermissionDenied,
+                format!("no RBAC resource for {method}"),
+            )));
         };
         let sar = kube::Api::<SubjectAccessReview>::all(client.clone())
             .create(
@@ -596,9 +637,11 @@ fn incoming(
                 Some(acceptor) => {
                     let acceptor = acceptor.clone();
                     tokio::spawn(async move {
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                        {
                             Ok(Ok(s)) => {
-                                let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
+                                let cert =
+                                    s.get_ref().1.peer_certificates().and_then(|c| c.first());
                                 let info = ConnInfo {
                                     remote: Some(remote),
                                     client_cn: cert.and_then(hl7gw_tls::common_name),
@@ -611,7 +654,9 @@ fn incoming(
                                 };
                                 let _ = tx.send(Ok(conn)).await;
                             }
-                            Ok(Err(e)) => tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed"),
+                            Ok(Err(e)) => {
+                                tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed")
+                            }
                             Err(_) => tracing::debug!(%remote, "gRPC TLS handshake timed out"),
                         }
                     });
@@ -646,7 +691,9 @@ pub struct Conn {
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").field("info", &self.info).finish_non_exhaustive()
+        f.debug_struct("Conn")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
     }
 }
 
@@ -744,39 +791,89 @@ mod tests {
     async fn admin_methods_are_denied_by_default_and_allow_lists_decide() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("tokens");
-        std::fs::write(&file, "# ops\nops 0123456789abcdef0123\nviewer fedcba9876543210fedc\n").expect("write");
+        std::fs::write(
+            &file,
+            "# ops\nops 0123456789abcdef0123\nviewer fedcba9876543210fedc\n",
+        )
+        .expect("write");
         let settings = GrpcSettings {
             tokens_file: Some(file.clone()),
-            allow: [("Replay".to_owned(), vec!["token:ops".to_owned(), "cert:ops-cli".to_owned()])].into(),
+            allow: [(
+                "Replay".to_owned(),
+                vec!["token:ops".to_owned(), "cert:ops-cli".to_owned()],
+            )]
+            .into(),
             ..GrpcSettings::default()
         };
-        settings.validate(&["Replay", "Status", "Ingest"]).expect("valid");
-        let auth = Auth::new(&settings, &[("Ingest", &["anonymous"]), ("Status", &["authenticated"])]);
+        settings
+            .validate(&["Replay", "Status", "Ingest"])
+            .expect("valid");
+        let auth = Auth::new(
+            &settings,
+            &[("Ingest", &["anonymous"]), ("Status", &["authenticated"])],
+        );
         let code = |r: Result<Caller, Status>| r.map_err(|s| s.code());
         use tonic::Code::{PermissionDenied, Unauthenticated};
-        assert_eq!(code(auth.authorize(&req(None, None), "Replay").await), Err(Unauthenticated));
         assert_eq!(
-            code(auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay").await),
+            code(auth.authorize(&req(None, None), "Replay").await),
+            Err(Unauthenticated)
+        );
+        assert_eq!(
+            code(
+                auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay")
+                    .await
+            ),
             Ok(Caller::Token("ops".into()))
         );
         assert_eq!(
-            code(auth.authorize(&req(Some("Bearer fedcba9876543210fedc"), None), "Replay").await),
+            code(
+                auth.authorize(&req(Some("Bearer fedcba9876543210fedc"), None), "Replay")
+                    .await
+            ),
             Err(PermissionDenied)
         );
-        assert_eq!(code(auth.authorize(&req(Some("Bearer nope"), None), "Status").await), Err(Unauthenticated));
-        assert_eq!(code(auth.authorize(&req(None, Some("ops-cli")), "Replay").await), Ok(Caller::Cert("ops-cli".into())));
-        assert_eq!(code(auth.authorize(&req(None, Some("other")), "Replay").await), Err(PermissionDenied));
-        assert_eq!(code(auth.authorize(&req(None, Some("other")), "Status").await), Ok(Caller::Cert("other".into())));
-        assert_eq!(code(auth.authorize(&req(None, None), "Ingest").await), Ok(Caller::Anonymous));
-        assert_eq!(code(auth.authorize(&req(None, None), "ListDeadLetters").await), Err(Unauthenticated));
+        assert_eq!(
+            code(
+                auth.authorize(&req(Some("Bearer nope"), None), "Status")
+                    .await
+            ),
+            Err(Unauthenticated)
+        );
+        assert_eq!(
+            code(auth.authorize(&req(None, Some("ops-cli")), "Replay").await),
+            Ok(Caller::Cert("ops-cli".into()))
+        );
+        assert_eq!(
+            code(auth.authorize(&req(None, Some("other")), "Replay").await),
+            Err(PermissionDenied)
+        );
+        assert_eq!(
+            code(auth.authorize(&req(None, Some("other")), "Status").await),
+            Ok(Caller::Cert("other".into()))
+        );
+        assert_eq!(
+            code(auth.authorize(&req(None, None), "Ingest").await),
+            Ok(Caller::Anonymous)
+        );
+        assert_eq!(
+            code(auth.authorize(&req(None, None), "ListDeadLetters").await),
+            Err(Unauthenticated)
+        );
         // Rotated: the old token stops working, the new one works.
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&file, "ops 11112222333344445555\n").expect("write");
         assert_eq!(
-            code(auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay").await),
+            code(
+                auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay")
+                    .await
+            ),
             Err(Unauthenticated)
         );
-        assert!(auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay").await.is_ok());
+        assert!(
+            auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
+                .await
+                .is_ok()
+        );
     }
 
     #[test]

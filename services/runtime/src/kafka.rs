@@ -408,7 +408,8 @@ pub async fn ensure_topics(
     if s.create_topics_partitions == 0 || topics.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<KafkaContext> = admin_config(brokers, s)?.create_with_context(KafkaContext)?;
+    let admin: AdminClient<KafkaContext> =
+        admin_config(brokers, s)?.create_with_context(KafkaContext)?;
     let max_bytes = s.max_message_bytes.to_string();
     let min_isr = s.min_insync_replicas.to_string();
     let new: Vec<NewTopic<'_>> = topics
@@ -475,9 +476,10 @@ pub fn consumer_config(
         .set("fetch.wait.max.ms", "10");
     match commit {
         Commit::Manual => c.set("enable.auto.commit", "false"),
-        Commit::StoredEvery(every) => c
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", every.as_millis().max(1).to_string()),
+        Commit::StoredEvery(every) => c.set("enable.auto.commit", "true").set(
+            "auto.commit.interval.ms",
+            every.as_millis().max(1).to_string(),
+        ),
     };
     // Prefetch bounded in bytes. librdkafka bounds each fetch by this too (fetch.max.bytes left unset is
     // lowered to it); a record larger than a fetch still comes, alone, so large messages never stall.
@@ -659,7 +661,8 @@ mod tests {
             let e = settings(&format!("properties: {{{key}: x}}")).unwrap_err();
             assert!(e.contains("use kafka.security"), "{key}: {e}");
         }
-        let s = settings("properties: {ssl.cipher.suites: x, socket.keepalive.enable: 'true'}").unwrap();
+        let s = settings("properties: {ssl.cipher.suites: x, socket.keepalive.enable: 'true'}")
+            .unwrap();
         assert_eq!(s.properties.len(), 2);
     }
 

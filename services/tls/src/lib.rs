@@ -100,7 +100,11 @@ pub fn server_config_with(
     let builder = match client_ca {
         Some(ca) => {
             let b = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
-            let b = if required { b } else { b.allow_unauthenticated() };
+            let b = if required {
+                b
+            } else {
+                b.allow_unauthenticated()
+            };
             let verifier = b.build().map_err(|e| TlsError::Verifier(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }

@@ -32,7 +32,11 @@ impl<P: PluginCaller + 'static> Transform for DryRun<P> {
         &self,
         req: Request<TransformRequest>,
     ) -> Result<Response<TransformResponse>, Status> {
-        let what = format!("route={:?} bytes={}", req.get_ref().route, req.get_ref().message.len());
+        let what = format!(
+            "route={:?} bytes={}",
+            req.get_ref().route,
+            req.get_ref().message.len()
+        );
         let caller = self.auth.admin(&req, "Transform", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);
         let result = self.dry_run(req.into_inner()).await;

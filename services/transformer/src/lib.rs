@@ -16,7 +16,8 @@ pub mod worker;
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::kafka::{
-    Commit, KafkaContext, consumer_config, consumer_lag, ensure_topics, transactional_producer_config,
+    Commit, KafkaContext, consumer_config, consumer_lag, ensure_topics,
+    transactional_producer_config,
 };
 use rdkafka::consumer::Consumer;
 use std::collections::BTreeSet;

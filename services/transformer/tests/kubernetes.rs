@@ -244,7 +244,10 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
 
     // The dry run runs the salted hash step: only callers RBAC allows.
     let code = |r: Result<_, tonic::Status>| r.map(|_| ()).map_err(|s| s.code());
-    assert_eq!(code(dry_run(&grpc, None).await), Err(tonic::Code::Unauthenticated));
+    assert_eq!(
+        code(dry_run(&grpc, None).await),
+        Err(tonic::Code::Unauthenticated)
+    );
     assert_eq!(
         code(dry_run(&grpc, Some("not-a-real-token-0123456789")).await),
         Err(tonic::Code::Unauthenticated)

@@ -552,7 +552,10 @@ impl SecureBroker {
         static B: OnceLock<SecureBroker> = OnceLock::new();
         B.get_or_init(|| {
             let out = Self::script(&["up"]);
-            assert!(out.status.success(), "scripts/kafka.sh up (KAFKA_SECURE=1) failed");
+            assert!(
+                out.status.success(),
+                "scripts/kafka.sh up (KAFKA_SECURE=1) failed"
+            );
             SecureBroker {
                 plaintext: format!("127.0.0.1:{SECURE_PORT}"),
                 sasl_ssl: format!("127.0.0.1:{}", SECURE_PORT + 2),
@@ -597,7 +600,10 @@ impl SecureBroker {
             ("HL7GW_KAFKA_BROKERS", self.sasl_ssl.clone()),
             ("HL7GW_KAFKA__SECURITY__PROTOCOL", "SASL_SSL".into()),
             ("HL7GW_KAFKA__SECURITY__CA_FILE", self.file("ca.crt")),
-            ("HL7GW_KAFKA__SECURITY__SASL_MECHANISM", "SCRAM-SHA-512".into()),
+            (
+                "HL7GW_KAFKA__SECURITY__SASL_MECHANISM",
+                "SCRAM-SHA-512".into(),
+            ),
             ("HL7GW_KAFKA__SECURITY__USERNAME", "hl7gw".into()),
             ("HL7GW_KAFKA__SECURITY__PASSWORD_FILE", password_file.into()),
         ]
@@ -610,8 +616,14 @@ impl SecureBroker {
             ("HL7GW_KAFKA_BROKERS", self.mtls.clone()),
             ("HL7GW_KAFKA__SECURITY__PROTOCOL", "SSL".into()),
             ("HL7GW_KAFKA__SECURITY__CA_FILE", self.file(ca)),
-            ("HL7GW_KAFKA__SECURITY__CERT_FILE", self.file(&format!("{client}.crt"))),
-            ("HL7GW_KAFKA__SECURITY__KEY_FILE", self.file(&format!("{client}.key"))),
+            (
+                "HL7GW_KAFKA__SECURITY__CERT_FILE",
+                self.file(&format!("{client}.crt")),
+            ),
+            (
+                "HL7GW_KAFKA__SECURITY__KEY_FILE",
+                self.file(&format!("{client}.key")),
+            ),
         ]
     }
 }

@@ -174,7 +174,8 @@ impl KafkaSecurity {
     pub fn validate(&self) -> Result<(), SecurityError> {
         let rule = |m: &str| Err(SecurityError::Rule(m.to_owned()));
         let p = self.protocol;
-        let tls_files = self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some();
+        let tls_files =
+            self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some();
         if tls_files && !p.tls() {
             return rule("ca_file, cert_file and key_file need protocol SSL or SASL_SSL");
         }
@@ -186,29 +187,38 @@ impl KafkaSecurity {
         }
         match (p.sasl(), self.sasl_mechanism) {
             (true, None) => return rule("protocol SASL_* needs sasl_mechanism"),
-            (false, Some(_)) => return rule("sasl_mechanism needs protocol SASL_PLAINTEXT or SASL_SSL"),
+            (false, Some(_)) => {
+                return rule("sasl_mechanism needs protocol SASL_PLAINTEXT or SASL_SSL");
+            }
             _ => {}
         }
         match self.sasl_mechanism {
             Some(Mechanism::Plain | Mechanism::ScramSha256 | Mechanism::ScramSha512) => {
-                if self.username.as_deref().is_none_or(str::is_empty) || self.password_file.is_none() {
+                if self.username.as_deref().is_none_or(str::is_empty)
+                    || self.password_file.is_none()
+                {
                     return rule("sasl_mechanism PLAIN/SCRAM needs username and password_file");
                 }
                 if self.sasl_mechanism == Some(Mechanism::Plain) && !p.tls() {
                     return rule("PLAIN without TLS sends the password in clear: use SASL_SSL");
                 }
             }
-            Some(Mechanism::OAuthBearer) => {
+            Some(Mechanism::OAuthBearer)
                 if self.oauth_token_endpoint.is_none()
                     || self.oauth_client_id.is_none()
-                    || self.oauth_client_secret_file.is_none()
-                {
-                    return rule(
-                        "OAUTHBEARER needs oauth_token_endpoint, oauth_client_id and oauth_client_secret_file",
-                    );
-                }
+                    || self.oauth_client_secret_file.is_none() =>
+            {
+                return rule(
+                    "OAUTHBEARER needs oauth_token_endpoint, oauth_client_id and oauth_client_secret_file",
+                );
             }
-            None => {}
+            Some(Mechanism::OAuthBearer) if !oidc_built_in() => {
+                return rule(
+                    "OAUTHBEARER (OIDC) is not available in this build: librdkafka was built without libcurl; \
+                     use SCRAM-SHA-512 or mutual TLS",
+                );
+            }
+            _ => {}
         }
         if (self.username.is_some() || self.password_file.is_some())
             && !matches!(
@@ -250,7 +260,10 @@ impl KafkaSecurity {
             ));
         }
         if self.protocol.tls() && !self.verify_hostname {
-            w.push("kafka.security.verify_hostname is off: any certificate of the CA is accepted".into());
+            w.push(
+                "kafka.security.verify_hostname is off: any certificate of the CA is accepted"
+                    .into(),
+            );
         }
         w
     }
@@ -271,7 +284,11 @@ impl KafkaSecurity {
             }
             c.set(
                 "ssl.endpoint.identification.algorithm",
-                if self.verify_hostname { "https" } else { "none" },
+                if self.verify_hostname {
+                    "https"
+                } else {
+                    "none"
+                },
             );
         }
         if let Some(m) = self.sasl_mechanism {
@@ -309,6 +326,13 @@ impl KafkaSecurity {
     }
 }
 
+/// True when librdkafka was built with OIDC token retrieval (`sasl.oauthbearer.method=oidc`).
+fn oidc_built_in() -> bool {
+    let mut c = ClientConfig::new();
+    c.set("sasl.oauthbearer.method", "oidc");
+    c.create_native_config().is_ok()
+}
+
 fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
@@ -340,12 +364,24 @@ mod tests {
         assert!(KafkaSecurity::default().validate().is_ok());
         for (yaml, want) in [
             ("protocol: SASL_SSL", "needs sasl_mechanism"),
-            ("{protocol: SASL_SSL, sasl_mechanism: SCRAM-SHA-512}", "username and password_file"),
-            ("{protocol: SASL_PLAINTEXT, sasl_mechanism: PLAIN, username: u, password_file: /p}", "in clear"),
+            (
+                "{protocol: SASL_SSL, sasl_mechanism: SCRAM-SHA-512}",
+                "username and password_file",
+            ),
+            (
+                "{protocol: SASL_PLAINTEXT, sasl_mechanism: PLAIN, username: u, password_file: /p}",
+                "in clear",
+            ),
             ("{protocol: SSL, cert_file: /c}", "go together"),
             ("{ca_file: /c}", "need protocol SSL"),
-            ("{protocol: SSL, sasl_mechanism: PLAIN}", "needs protocol SASL"),
-            ("{protocol: SASL_SSL, sasl_mechanism: OAUTHBEARER}", "oauth_token_endpoint"),
+            (
+                "{protocol: SSL, sasl_mechanism: PLAIN}",
+                "needs protocol SASL",
+            ),
+            (
+                "{protocol: SASL_SSL, sasl_mechanism: OAUTHBEARER}",
+                "oauth_token_endpoint",
+            ),
         ] {
             let e = sec(yaml).validate().expect_err(yaml).to_string();
             assert!(e.contains(want), "{yaml}: {e}");
@@ -369,10 +405,16 @@ mod tests {
         s.apply(&mut c).expect("applies");
         assert_eq!(c.get("sasl.password"), Some("s3cret"));
         assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
-        assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("https"));
+        assert_eq!(
+            c.get("ssl.endpoint.identification.algorithm"),
+            Some("https")
+        );
         s.password_file = Some(dir.path().join("missing"));
         let e = s.apply(&mut ClientConfig::new()).expect_err("missing file");
-        assert!(e.to_string().starts_with("kafka.security.password_file "), "{e}");
+        assert!(
+            e.to_string().starts_with("kafka.security.password_file "),
+            "{e}"
+        );
         assert!(s.check_files().is_err());
         assert!(is_secret_property("sasl.password"));
         assert!(is_secret_property("sasl.oauthbearer.client.secret"));
