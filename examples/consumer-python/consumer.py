@@ -139,6 +139,22 @@ def main(argv=None):
         default="earliest",
         help="where a group without committed offsets starts (default %(default)s)",
     )
+    # The same settings as the services' kafka.security (README, Security), with the same file-based secrets.
+    sec = p.add_argument_group("security (as the services' kafka.security)")
+    sec.add_argument(
+        "--security-protocol",
+        default="PLAINTEXT",
+        choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
+        help="security.protocol (default %(default)s)",
+    )
+    sec.add_argument("--ca-file", help="PEM CA bundle of the brokers' certificates (ssl.ca.location)")
+    sec.add_argument("--cert-file", help="client certificate for mutual TLS (ssl.certificate.location)")
+    sec.add_argument("--key-file", help="client key for mutual TLS (ssl.key.location)")
+    sec.add_argument(
+        "--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"], help="sasl.mechanism"
+    )
+    sec.add_argument("--username", help="sasl.username")
+    sec.add_argument("--password-file", help="file holding sasl.password (a mounted Secret)")
     p.add_argument(
         "-X",
         dest="props",
@@ -161,6 +177,19 @@ def main(argv=None):
         "enable.auto.commit": True,
         "enable.auto.offset.store": False,
     }
+    conf["security.protocol"] = args.security_protocol
+    for flag, key in [
+        ("ca_file", "ssl.ca.location"),
+        ("cert_file", "ssl.certificate.location"),
+        ("key_file", "ssl.key.location"),
+        ("sasl_mechanism", "sasl.mechanism"),
+        ("username", "sasl.username"),
+    ]:
+        if getattr(args, flag):
+            conf[key] = getattr(args, flag)
+    if args.password_file:
+        with open(args.password_file, encoding="utf-8") as f:
+            conf["sasl.password"] = f.read().rstrip("\r\n")
     for prop in args.props:
         key, sep, value = prop.partition("=")
         if not sep:

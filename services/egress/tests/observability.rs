@@ -110,16 +110,23 @@ fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Starts the receiver on an ephemeral port of 127.0.0.1.
-fn start_collector(rt: &tokio::runtime::Runtime) -> (Collector, SocketAddr) {
+/// Starts the receiver on an ephemeral port of 127.0.0.1, over TLS with the test PKI's server certificate
+/// (the services export to `https://`: issue 11).
+fn start_collector(rt: &tokio::runtime::Runtime, pki: &support::Pki) -> (Collector, SocketAddr) {
     let collector = Collector::default();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let svc = TraceServiceServer::new(collector.clone());
+    let identity = tonic::transport::Identity::from_pem(
+        std::fs::read(pki.path("server.pem")).unwrap(),
+        std::fs::read(pki.path("server.key")).unwrap(),
+    );
     rt.spawn(async move {
         tonic::transport::Server::builder()
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .unwrap()
             .add_service(svc)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
@@ -384,15 +391,23 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
         .enable_all()
         .build()
         .unwrap();
-    let (collector, otlp) = start_collector(&rt);
+    let pki = support::pki();
+    let (collector, otlp) = start_collector(&rt, &pki);
 
     let mut p = Pipeline::new();
     p.service_env = vec![
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}")),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("https://{otlp}")),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.file("ca.pem")),
         // Export every 200 ms instead of every 5 s.
         ("OTEL_BSP_SCHEDULE_DELAY", "200".into()),
+        // Every log line of our crates, debug included, is searched for patient data below.
+        (
+            "RUST_LOG",
+            "info,hl7gw_ingress=debug,hl7gw_transformer=debug,hl7gw_egress=debug,hl7gw_runtime=debug".into(),
+        ),
     ];
     let dir = p.dir.path().to_owned();
+    p.log_dir = Some(dir.clone());
     std::fs::write(dir.join("routes.yaml"), routes(free_port())).unwrap();
     std::fs::write(
         dir.join("egress.yaml"),
@@ -558,6 +573,29 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
         leaks.is_empty(),
         "patient data in spans:\n{}",
         leaks.join("\n")
+    );
+    // Nor in any log line of any service (issue 11: PHI surfaces). The scan does see what the logs carry: the
+    // control ids of the rejected message and of the undeliverable ORU are logged.
+    let mut logs = String::new();
+    for name in ["hl7gw-ingress", "hl7gw-transformer", "hl7gw-egress"] {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let upper = text.to_uppercase();
+        for d in patient_data {
+            if let Some(at) = upper.find(&d.to_uppercase()) {
+                let line = text[..at].rsplit('\n').next().unwrap_or_default();
+                leaks.push(format!("{name} log holds {d:?}: {line}..."));
+            }
+        }
+        logs.push_str(&text);
+    }
+    assert!(
+        leaks.is_empty(),
+        "patient data in logs:\n{}",
+        leaks.join("\n")
+    );
+    assert!(
+        logs.contains("OBS-BADVERSION"),
+        "the logs were not captured:\n{logs}"
     );
     // The scan does see what spans carry: the control id (allowed) is in the attributes.
     assert!(

@@ -69,6 +69,10 @@ pub struct Config {
     pub on_timeout: OnTimeout,
     /// Terser paths whose values, joined by `|`, make the Kafka key (keeps one patient in one partition).
     pub key_paths: Vec<String>,
+    /// When set, the Kafka key is the hex SHA-256 of this file's content (a salt in a mounted Secret) and the
+    /// `key_paths` value: the same patient still lands in the same partition, but the key, which Kafka tools
+    /// show without reading the payload, no longer reads as a medical record number.
+    pub key_salt_file: Option<PathBuf>,
     /// Largest MLLP payload accepted, in bytes.
     pub max_frame_bytes: usize,
     /// Most simultaneous MLLP connections; further connections wait in the accept backlog.
@@ -143,6 +147,7 @@ impl Default for Config {
             ack_timeout: Duration::from_secs(5),
             on_timeout: OnTimeout::Nak,
             key_paths: vec!["MSH-4".into(), "PID-3-1".into()],
+            key_salt_file: None,
             max_frame_bytes: hl7v2::mllp::DEFAULT_MAX_FRAME,
             max_connections: 1024,
             idle_timeout: Duration::from_secs(300),
@@ -177,6 +182,25 @@ impl Default for Config {
 
 impl Config {
     /// Checks the rules serde cannot.
+    /// `key_salt_file`'s content (at least 16 bytes: a short salt makes identifiers guessable).
+    pub fn read_key_salt(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        let Some(path) = &self.key_salt_file else {
+            return Ok(None);
+        };
+        let salt = std::fs::read(path).map_err(|source| ConfigError::File {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let salt = salt.trim_ascii_end().to_vec();
+        if salt.len() < 16 {
+            return Err(ConfigError::Rule(format!(
+                "key_salt_file {}: at least 16 bytes of salt",
+                path.display()
+            )));
+        }
+        Ok(Some(salt))
+    }
+
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Ingest"];
 

@@ -54,6 +54,7 @@ pub async fn run(
 ) -> Result<(), IngressError> {
     cfg.validate()?;
     cfg.grpc.check_files()?;
+    let key_salt = cfg.read_key_salt()?;
     let cfg = Arc::new(cfg);
     let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
     let mut registry = hl7gw_runtime::metrics::registry();
@@ -97,6 +98,7 @@ pub async fn run(
         cfg.clone(),
         producer.clone(),
         metrics,
+        key_salt,
     ));
     let tracker = TaskTracker::new();
     let mllp_task = tokio::spawn(listener::serve(

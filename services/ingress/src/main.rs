@@ -45,7 +45,10 @@ fn run() -> anyhow::Result<()> {
     let cfg: Config = hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        for w in hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)? {
+        cfg.read_key_salt()?;
+        cfg.grpc.check_files()?;
+        let kafka = hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)?;
+        for w in kafka.iter().chain(&cfg.grpc.warnings()) {
             eprintln!("warning: {w}");
         }
         println!("configuration is valid");

@@ -245,6 +245,8 @@ pub struct Pipeline {
     dedup: Arc<Dedup>,
     pub metrics: IngressMetrics,
     key_paths: Vec<hl7v2::Path>,
+    /// `key_salt_file`'s content: keys are salted hashes.
+    key_salt: Option<Vec<u8>>,
     fallback: Charset,
     pod: String,
     ack_prefix: [u8; 8],
@@ -252,8 +254,13 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Builds the pipeline (the config was validated).
-    pub fn new(cfg: Arc<Config>, producer: Arc<ProducerSlot>, metrics: IngressMetrics) -> Self {
+    /// Builds the pipeline (the config was validated; `key_salt` is `key_salt_file`'s content).
+    pub fn new(
+        cfg: Arc<Config>,
+        producer: Arc<ProducerSlot>,
+        metrics: IngressMetrics,
+        key_salt: Option<Vec<u8>>,
+    ) -> Self {
         let key_paths = cfg
             .key_paths
             .iter()
@@ -281,6 +288,7 @@ impl Pipeline {
             producer,
             metrics,
             key_paths,
+            key_salt,
             fallback,
             pod: hl7gw_runtime::pod_name(),
             ack_prefix,
@@ -912,7 +920,11 @@ impl Pipeline {
     }
 
     fn kafka_key(&self, msg: &Message<'_>) -> Vec<u8> {
-        envelope::kafka_key(msg, &self.key_paths)
+        let key = envelope::kafka_key(msg, &self.key_paths);
+        match &self.key_salt {
+            Some(salt) if !key.is_empty() => envelope::salted_key(salt, &key),
+            _ => key,
+        }
     }
 
     /// The envelope every record of this ingress starts from.

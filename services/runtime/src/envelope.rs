@@ -15,6 +15,20 @@ pub fn is_test_traffic(h: &Header) -> bool {
 
 /// The Kafka key of a message: the values at `paths` (as they stand in the message, escapes included), joined
 /// by `|`; empty when every value is empty. One rule for the ingress's key and a route's `keyPaths`.
+/// A Kafka key that keeps partitioning but hides the identifier: the lowercase hex SHA-256 of `salt` then `key`.
+pub fn salted_key(salt: &[u8], key: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(salt);
+    h.update(key);
+    let digest = h.finalize();
+    let mut out = Vec::with_capacity(64);
+    for b in digest {
+        out.extend_from_slice(format!("{b:02x}").as_bytes());
+    }
+    out
+}
+
 pub fn kafka_key(msg: &hl7v2::Message<'_>, paths: &[hl7v2::Path]) -> Vec<u8> {
     let mut key = Vec::with_capacity(48);
     for (i, p) in paths.iter().enumerate() {

@@ -42,9 +42,13 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
             .with_service_name(service)
             .build(),
     );
-    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
+    if let Some(endpoint) = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        use opentelemetry_otlp::WithTonicConfig;
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+        if endpoint.to_string_lossy().starts_with("https://") {
+            exporter = exporter.with_tls_config(otlp_tls()?);
+        }
+        let exporter = exporter
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
         builder = builder.with_batch_exporter(exporter);
@@ -79,6 +83,39 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
     };
     res.map_err(|e| TelemetryError::Subscriber(e.to_string()))?;
     Ok(TelemetryGuard { provider })
+}
+
+/// TLS to an `https://` collector: the public CAs built in (Mozilla's, via webpki-roots: the image has no CA
+/// store), plus the CA in `OTEL_EXPORTER_OTLP_CERTIFICATE` and, for mutual TLS, the client certificate and key
+/// in `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` / `OTEL_EXPORTER_OTLP_CLIENT_KEY` (the OpenTelemetry variables).
+fn otlp_tls() -> Result<tonic::transport::ClientTlsConfig, TelemetryError> {
+    let read = |var: &str| -> Result<Option<Vec<u8>>, TelemetryError> {
+        match std::env::var_os(var) {
+            None => Ok(None),
+            Some(path) => std::fs::read(&path).map(Some).map_err(|e| {
+                TelemetryError::Exporter(format!("{var} {}: {e}", path.to_string_lossy()))
+            }),
+        }
+    };
+    let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+    if let Some(ca) = read("OTEL_EXPORTER_OTLP_CERTIFICATE")? {
+        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+    }
+    match (
+        read("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")?,
+        read("OTEL_EXPORTER_OTLP_CLIENT_KEY")?,
+    ) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(tonic::transport::Identity::from_pem(cert, key))
+        }
+        (None, None) => {}
+        _ => {
+            return Err(TelemetryError::Exporter(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY go together".into(),
+            ));
+        }
+    }
+    Ok(tls)
 }
 
 /// The W3C `traceparent` and `tracestate` of a span (empty strings when it has no valid context).

@@ -46,7 +46,9 @@ fn run() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        for w in hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)? {
+        cfg.grpc.check_files()?;
+        let kafka = hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)?;
+        for w in kafka.iter().chain(&cfg.grpc.warnings()) {
             eprintln!("warning: {w}");
         }
         if let Some(path) = &cfg.routes.file {

@@ -476,4 +476,56 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(lines.len() <= want, "{lines:#?}");
+
+    // The same consumer with the services' security settings: SASL_SSL (SCRAM-SHA-512) to the secured test
+    // broker, where an ingress with the same kafka.security has just stored one message.
+    let secure = support::SecureBroker::get();
+    let secure_topic = format!("hl7.inbound.pyc-secure-{run}");
+    let mut secure_env = secure.sasl_env(&secure.file("password"));
+    secure_env.extend([
+        ("HL7GW_INBOUND_TOPIC", secure_topic.clone()),
+        ("HL7GW_DLQ_TOPIC", format!("{secure_topic}.dlq")),
+    ]);
+    let (_secure_ingress, addrs) = start_service(
+        &bin("hl7gw-ingress"),
+        &[
+            "--mllp-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ],
+        &secure_env,
+    );
+    let (code, _) = msa(&Mllp::connect(addrs["mllp"]).call(&adt("PYC-SEC-1", "A01", "SEC-P1")));
+    assert_eq!(code, "AA");
+    let (out, lines) = run_consumer(
+        &python,
+        &[
+            "--brokers",
+            &secure.sasl_ssl,
+            "--security-protocol",
+            "SASL_SSL",
+            "--ca-file",
+            &secure.file("ca.crt"),
+            "--sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--username",
+            "hl7gw",
+            "--password-file",
+            &secure.file("password"),
+            "--count",
+            "1",
+            "--timeout",
+            "60",
+            &secure_topic,
+        ],
+    );
+    assert!(
+        out.status.success() && lines.len() == 1,
+        "consumer.py over SASL_SSL: {lines:#?}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s(&lines[0], "control_id"), "PYC-SEC-1", "{lines:#?}");
 }

@@ -33,6 +33,8 @@ pub struct Pipeline {
     pub egress_env: Vec<(&'static str, String)>,
     /// Extra environment of the three services (not the receiver), e.g. `OTEL_*`; empty unless a test sets it.
     pub service_env: Vec<(&'static str, String)>,
+    /// When set, each service's log (stderr) goes to `<dir>/<binary>.log` instead of the test's output.
+    pub log_dir: Option<PathBuf>,
     pub mllp: u16,
     pub receiver_port: u16,
     pub egress_grpc: u16,
@@ -97,6 +99,7 @@ impl Pipeline {
             receiver_port,
             egress_grpc: free_port(),
             service_env: Vec::new(),
+            log_dir: None,
             ingress_admin: None,
             transformer_admin: None,
             egress_admin: None,
@@ -120,10 +123,15 @@ impl Pipeline {
     ) -> (KillOnDrop, Option<SocketAddr>) {
         let mut cmd = Command::new(bin(name));
         // The receiver logs a line per message: keep the test output readable.
-        let stderr = if name == "hl7gw" {
-            Stdio::null()
-        } else {
-            Stdio::inherit()
+        let stderr = match &self.log_dir {
+            _ if name == "hl7gw" => Stdio::null(),
+            Some(dir) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(format!("{name}.log")))
+                .unwrap()
+                .into(),
+            None => Stdio::inherit(),
         };
         cmd.args(args).stdout(Stdio::piped()).stderr(stderr);
         let service = if name == "hl7gw" {
