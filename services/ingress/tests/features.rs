@@ -1138,3 +1138,42 @@ async fn grpc_ingest_follows_the_mllp_listeners_mutual_tls_policy() {
         .into_inner();
     assert_eq!(ok.ack_code, "AA");
 }
+
+/// Issue 11: with `key_salt_file`, the Kafka key (shown by every Kafka tool without reading the payload) is the
+/// salted SHA-256 of MSH-4|PID-3.1, not the medical record number; one patient still has one key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kafka_key_can_be_a_salted_hash_of_the_patient_id() {
+    use sha2::Digest;
+    let (inbound, _, mut env) = topics_env(broker());
+    let dir = tempfile::tempdir().unwrap();
+    let salt = dir.path().join("salt");
+    std::fs::write(&salt, "a-salt-from-a-secret-0123456789\n").unwrap();
+    env.push(("HL7GW_KEY_SALT_FILE", salt.display().to_string()));
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    for id in ["SALT1", "SALT2"] {
+        let ack = c.call(&adt(id, "MRN-4711")).await.unwrap();
+        assert_eq!(ack_code(&ack), "AA");
+    }
+    let records = read_topic(broker(), &inbound, 2, Duration::from_secs(20));
+    let mut h = sha2::Sha256::new();
+    h.update(b"a-salt-from-a-secret-0123456789");
+    h.update(b"TESTFAC|MRN-4711");
+    let want: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    for r in &records {
+        let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+        assert_eq!(key, want);
+        assert!(!key.contains("4711"));
+    }
+    // A salt too short to hide anything is refused at start.
+    std::fs::write(&salt, "short").unwrap();
+    let out = std::process::Command::new(bin("hl7gw-ingress"))
+        .arg("--check-config")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at least 16 bytes"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line, no backtrace: {err}");
+}
