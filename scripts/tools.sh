@@ -2,6 +2,7 @@
 # Installs the Kubernetes-side tools of the tests and the deploy files (idempotent; instant when cached):
 #   helm          v3.16.4   go install from the Go module proxy (its release tarballs live on a host we cannot reach)
 #   kubeconform   v0.8.0    go install from the Go module proxy
+#   grpcurl       v1.9.3    go install from the Go module proxy (the README's grpcurl calls are tested with it)
 #   k8s schemas   1.36.3    Kubernetes' JSON schemas from PyPI's kubernetes-validate wheel, converted by
 #                           scripts/k8s-schemas.py to kubeconform's layout, so kubeconform runs offline
 #   promtool      2.42.0    from Debian's `prometheus` package: only the .deb is downloaded (apt-get download, no
@@ -19,12 +20,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 HELM_VERSION=v3.16.4
 HELM_K8S_MINOR=31 # helm v3.16.4 builds against k8s.io/client-go v0.31: its default .Capabilities.KubeVersion
 KUBECONFORM_VERSION=v0.8.0
+GRPCURL_VERSION=v1.9.3
 KUBERNETES_VALIDATE_VERSION=1.37.0 # PyPI wheel; carries schemas for Kubernetes 1.25-1.37
 SCHEMA_K8S_VERSION=1.36.3          # the cluster's version (scripts/cluster.sh); schemas of the .0 of its minor
 PROMETHEUS_DEB_VERSION=2.42.0+ds-5+deb12u1
 tools=$root/.cache/tools
 helm_dir=$tools/helm-$HELM_VERSION
 kubeconform_dir=$tools/kubeconform-$KUBECONFORM_VERSION
+grpcurl_dir=$tools/grpcurl-$GRPCURL_VERSION
 schemas_dir=$tools/k8s-schemas-$SCHEMA_K8S_VERSION-kv$KUBERNETES_VALIDATE_VERSION
 promtool_dir=$tools/promtool-${PROMETHEUS_DEB_VERSION%%+*}
 
@@ -62,6 +65,10 @@ kubeconform() {
   go_install "$kubeconform_dir" "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" "-X main.version=$KUBECONFORM_VERSION"
 }
 
+grpcurl() {
+  go_install "$grpcurl_dir" "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION" "-X main.version=$GRPCURL_VERSION"
+}
+
 schemas() {
   [ -f "$schemas_dir/.complete" ] && return
   log "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION from PyPI -> kubeconform schemas (once; ${schemas_dir#"$root"/})"
@@ -94,7 +101,7 @@ promtool() {
 }
 
 path() {
-  local p=$helm_dir/bin:$kubeconform_dir/bin
+  local p=$helm_dir/bin:$kubeconform_dir/bin:$grpcurl_dir/bin
   if [ -f "$promtool_dir/.complete" ]; then p+=:$promtool_dir/bin; fi
   printf '%s\n' "$p"
 }
@@ -108,6 +115,7 @@ case "${1:-install}" in
     promtool
     helm
     kubeconform
+    grpcurl
     log "ready: $(path | tr ':' ' ')"
     log "schemas: $schemas_dir (kubeconform -kubernetes-version $SCHEMA_K8S_VERSION -schema-location DIR)"
     log "use: export PATH=\"\$(scripts/tools.sh path):\$PATH\""

@@ -12,6 +12,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
     let fds = protox::compile(files, [&root])?;
+    // The descriptor set the gRPC listeners serve through reflection (grpcurl works without the protos).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("hl7gw_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
     tonic_prost_build::configure()
         // `bytes` fields as `bytes::Bytes`: the envelope carries the MLLP frame without copying it.
         .bytes(".")

@@ -1,4 +1,5 @@
-//! `hl7gw`: flat, ack, send and receive — the integration engineer's HL7 v2 tool.
+//! `hl7gw`: flat, ack, send and receive — the integration engineer's HL7 v2 tool — and deadletters, replay and
+//! dry-run, the operator's side of the gRPC admin API.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -6,6 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod admin;
 mod commands;
 mod receive;
 mod sanitise;
@@ -37,6 +39,12 @@ enum Command {
     Send(send::SendArgs),
     /// Listen for MLLP connections, store each message as a file and ACK it.
     Receive(receive::ReceiveArgs),
+    /// List the egress's dead letters (gRPC Egress/ListDeadLetters; TLS, token), one JSON line each.
+    Deadletters(admin::DeadLettersArgs),
+    /// Send dead letters back (gRPC Egress/Replay; TLS, token).
+    Replay(admin::ReplayArgs),
+    /// Show what the transformer's live routes would do with a message (gRPC Transform; TLS, token).
+    DryRun(admin::DryRunArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +54,9 @@ fn main() -> ExitCode {
         Command::Ack { file, outcome } => commands::ack(&file, outcome),
         Command::Send(args) => send::run(args),
         Command::Receive(args) => receive::run(args),
+        Command::Deadletters(args) => admin::deadletters(args),
+        Command::Replay(args) => admin::replay(args),
+        Command::DryRun(args) => admin::dry_run(args),
     };
     match result {
         Ok(code) => code,

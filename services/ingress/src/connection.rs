@@ -216,20 +216,20 @@ async fn write_loop<W>(
 
 /// Spaces messages of one connection to at most `rate` per second (0: no limit).
 #[derive(Debug)]
-struct RateLimiter {
+pub(crate) struct RateLimiter {
     interval: Option<Duration>,
     next: tokio::time::Instant,
 }
 
 impl RateLimiter {
-    fn new(rate: f64) -> Self {
+    pub(crate) fn new(rate: f64) -> Self {
         Self {
             interval: (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate)),
             next: tokio::time::Instant::now(),
         }
     }
 
-    async fn wait(&mut self) {
+    pub(crate) async fn wait(&mut self) {
         let Some(iv) = self.interval else { return };
         let now = tokio::time::Instant::now();
         if self.next > now {

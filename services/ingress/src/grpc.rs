@@ -117,9 +117,12 @@ impl Ingest for IngestService {
             }
         });
         let (pipe, max) = (self.pipe.clone(), self.cfg.max_frame_bytes);
+        // A stream is paced like an MLLP connection (`rate_limit_per_connection`).
+        let mut limiter = crate::connection::RateLimiter::new(self.cfg.rate_limit_per_connection);
         tokio::spawn(async move {
             let mut seq = 0u64;
             while let Ok(Some(req)) = inbound.message().await {
+                limiter.wait().await;
                 seq += 1;
                 let want = req.message.len().clamp(1, budget_bytes) as u32;
                 let Ok(bytes) = budget.clone().acquire_many_owned(want).await else {

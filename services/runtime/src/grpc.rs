@@ -532,7 +532,14 @@ pub async fn serve(
 ) -> Result<(), GrpcServeError> {
     let acceptor = settings.acceptor()?;
     let incoming = incoming(listener, acceptor, max_connections, stop.clone());
+    // Reflection (the public schema of proto/, nothing else) for grpcurl and other generic clients.
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| GrpcError::Rule(format!("reflection: {e}")))?;
     router
+        .add_service(reflection)
         .serve_with_incoming_shutdown(incoming, stop.cancelled())
         .await?;
     Ok(())

@@ -12,6 +12,9 @@ pub mod proto {
     pub mod v1 {
         tonic::include_proto!("hl7gw.v1");
     }
+    /// The encoded `FileDescriptorSet` of proto/hl7gw/v1 (served by gRPC reflection).
+    pub const DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/hl7gw_descriptor.bin"));
 }
 
 pub mod admin;
