@@ -60,7 +60,7 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), EgressError> {
     cfg.validate()?;
-    cfg.grpc.check_files()?;
+    cfg.grpc.check_start()?;
     let cfg = Arc::new(cfg);
     let mut registry = hl7gw_runtime::metrics::registry();
     let metrics = metrics::EgressMetrics::register(&mut registry);

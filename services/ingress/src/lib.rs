@@ -53,7 +53,7 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), IngressError> {
     cfg.validate()?;
-    cfg.grpc.check_files()?;
+    cfg.grpc.check_start()?;
     let key_salt = cfg.read_key_salt()?;
     let cfg = Arc::new(cfg);
     let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;

@@ -85,13 +85,28 @@ impl GrpcSettings {
         Ok(())
     }
 
-    /// Reads the TLS files and the tokens once (`--check-config` and start).
+    /// Reads the TLS files and the tokens once (`--check-config`): a missing Secret mount fails before a pod
+    /// starts. The certificates are parsed when the listener is built (at start).
     pub fn check_files(&self) -> Result<(), GrpcError> {
-        self.acceptor()?;
+        if let Some(t) = &self.tls {
+            for f in [Some(&t.cert), Some(&t.key), t.client_ca.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                std::fs::read(f)
+                    .map_err(|e| GrpcError::Rule(format!("tls: {}: {e}", f.display())))?;
+            }
+        }
         if let Some(path) = &self.tokens_file {
             Tokens::read(path)?;
         }
         Ok(())
+    }
+
+    /// [`GrpcSettings::check_files`] and the TLS certificates parsed: what a service checks at start.
+    pub fn check_start(&self) -> Result<(), GrpcError> {
+        self.check_files()?;
+        self.acceptor().map(|_| ())
     }
 
     /// Warnings for `--check-config`.
