@@ -238,33 +238,20 @@ impl Egress for EgressService {
     }
 }
 
-/// Serves Egress and Health on `listener` until `stop`.
+/// Serves Egress, Health and reflection on `listener` until `stop`.
 pub async fn serve(
     listener: TcpListener,
     svc: EgressService,
     health: Arc<Health>,
     stop: CancellationToken,
 ) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
-    use tonic::codec::CompressionEncoding::{Gzip, Zstd};
-    let health_service = hl7gw_runtime::grpc::health(
-        health,
-        <EgressServer<EgressService> as tonic::server::NamedService>::NAME,
-        stop.clone(),
-    );
     let cfg = svc.cfg.clone();
-    let router = hl7gw_runtime::grpc::builder(None)
-        .add_service(health_service)
-        .add_service(
-            EgressServer::new(svc)
-                .accept_compressed(Gzip)
-                .accept_compressed(Zstd)
-                .send_compressed(Gzip)
-                .send_compressed(Zstd),
-        );
-    hl7gw_runtime::grpc::serve(
-        router,
+    hl7gw_runtime::grpc::serve_service(
+        hl7gw_runtime::compressed!(EgressServer::new(svc)),
+        health,
         listener,
         &cfg.grpc,
+        None,
         hl7gw_runtime::grpc::MAX_CONNECTIONS,
         stop,
     )

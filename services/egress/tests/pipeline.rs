@@ -120,40 +120,8 @@ async fn outage_rejections_replay() {
     assert_eq!(ids.len(), 600);
 
     // Every message ends at the receiver or in the DLQ as rejected.
+    let (dead, r) = p.wait_settled(&ids, Duration::from_secs(60)).await;
     let mut egress = p.egress_client().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (dead, r) = loop {
-        let dead = egress
-            .list_dead_letters(ListDeadLettersRequest {
-                destination: "lab".into(),
-                ..ListDeadLettersRequest::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .dead_letters;
-        let r = received(&dir);
-        let settled = ids
-            .iter()
-            .filter(|id| r.first.contains_key(*id) || dead.iter().any(|d| &d.control_id == *id))
-            .count();
-        if settled == ids.len() {
-            break (dead, r);
-        }
-        if Instant::now() > deadline {
-            let status = egress
-                .status(StatusRequest::default())
-                .await
-                .unwrap()
-                .into_inner();
-            panic!(
-                "{settled} of 600 settled ({} received, {} dead letters); egress: {status:?}",
-                r.first.len(),
-                dead.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
     assert!(
         dead.len() >= 50,
         "every 10th answered AR/CR: {} dead letters",

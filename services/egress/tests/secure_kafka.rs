@@ -8,9 +8,8 @@ mod support;
 
 mod common;
 
-use common::{Pipeline, check_delivery, received};
-use hl7gw_runtime::proto::v1::ListDeadLettersRequest;
-use std::time::{Duration, Instant};
+use common::{Pipeline, check_delivery};
+use std::time::Duration;
 use support::SecureBroker;
 
 /// One pipeline at a time: each is a handful of processes on a 2-core machine.
@@ -39,37 +38,8 @@ fn run(mode: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let dead = rt.block_on(async {
-        let mut egress = p.egress_client().await;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let dead = egress
-                .list_dead_letters(ListDeadLettersRequest {
-                    destination: "lab".into(),
-                    ..ListDeadLettersRequest::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .dead_letters;
-            let r = received(&p.received_dir());
-            let settled = ids
-                .iter()
-                .filter(|id| r.first.contains_key(*id) || dead.iter().any(|d| &d.control_id == *id))
-                .count();
-            if settled == ids.len() {
-                return dead;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{mode}: {settled} of {} settled",
-                ids.len()
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    });
+    let (dead, r) = rt.block_on(p.wait_settled(&ids, Duration::from_secs(90)));
     assert!(!dead.is_empty(), "{mode}: the refused ones are listed");
-    let r = received(&p.received_dir());
     let delivered: Vec<String> = r.first.keys().cloned().collect();
     assert_eq!(delivered.len() + dead.len(), 100, "{mode}");
     check_delivery(&r, &[]);

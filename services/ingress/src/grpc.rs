@@ -165,7 +165,7 @@ pub fn default_ingest_policy(cfg: &Config) -> &'static [&'static str] {
     }
 }
 
-/// Serves Ingest and Health on `listener` until `stop`; health reports SERVING while `ready()` holds.
+/// Serves Ingest, Health and reflection on `listener` until `stop`; health reports SERVING while ready.
 pub async fn serve(
     listener: TcpListener,
     pipe: Arc<Pipeline>,
@@ -173,12 +173,6 @@ pub async fn serve(
     health: Arc<hl7gw_runtime::admin::Health>,
     stop: CancellationToken,
 ) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
-    use tonic::codec::CompressionEncoding::{Gzip, Zstd};
-    let health_service = hl7gw_runtime::grpc::health(
-        health,
-        <IngestServer<IngestService> as tonic::server::NamedService>::NAME,
-        stop.clone(),
-    );
     let max = cfg.max_frame_bytes + 4096;
     let auth =
         hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[("Ingest", default_ingest_policy(&cfg))]);
@@ -188,13 +182,15 @@ pub async fn serve(
         streams: AtomicU64::new(0),
         auth,
     })
-    .max_decoding_message_size(max)
-    .accept_compressed(Gzip)
-    .accept_compressed(Zstd)
-    .send_compressed(Gzip)
-    .send_compressed(Zstd);
-    let router = hl7gw_runtime::grpc::builder(Some(cfg.grpc_max_concurrent_streams))
-        .add_service(health_service)
-        .add_service(svc);
-    hl7gw_runtime::grpc::serve(router, listener, &cfg.grpc, cfg.grpc_max_connections, stop).await
+    .max_decoding_message_size(max);
+    hl7gw_runtime::grpc::serve_service(
+        hl7gw_runtime::compressed!(svc),
+        health,
+        listener,
+        &cfg.grpc,
+        Some(cfg.grpc_max_concurrent_streams),
+        cfg.grpc_max_connections,
+        stop,
+    )
+    .await
 }

@@ -560,6 +560,48 @@ pub async fn serve(
     Ok(())
 }
 
+/// Serves one service of a generated tonic server, with health and reflection, the way every hl7gw gRPC
+/// listener does: [`builder`], [`health`] under the service's name, [`serve`].
+pub async fn serve_service<S>(
+    svc: S,
+    readiness: Arc<Health>,
+    listener: TcpListener,
+    settings: &GrpcSettings,
+    max_concurrent_streams: Option<u32>,
+    max_connections: usize,
+    stop: CancellationToken,
+) -> Result<(), GrpcServeError>
+where
+    S: tonic::codegen::Service<
+            axum::http::Request<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+{
+    let router = builder(max_concurrent_streams)
+        .add_service(health(readiness, S::NAME, stop.clone()))
+        .add_service(svc);
+    serve(router, listener, settings, max_connections, stop).await
+}
+
+/// A generated tonic server accepting and sending gzip and zstd (every hl7gw service does).
+#[macro_export]
+macro_rules! compressed {
+    ($server:expr) => {{
+        use tonic::codec::CompressionEncoding::{Gzip, Zstd};
+        $server
+            .accept_compressed(Gzip)
+            .accept_compressed(Zstd)
+            .send_compressed(Gzip)
+            .send_compressed(Zstd)
+    }};
+}
+
 /// Why a gRPC listener stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum GrpcServeError {

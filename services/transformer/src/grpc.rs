@@ -97,33 +97,20 @@ impl<P: PluginCaller + 'static> DryRun<P> {
     }
 }
 
-/// Serves Transform and Health on `listener` until `stop`.
+/// Serves Transform, Health and reflection on `listener` until `stop`.
 pub async fn serve<P: PluginCaller + 'static>(
     listener: TcpListener,
     svc: DryRun<P>,
     health: Arc<Health>,
     stop: CancellationToken,
 ) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
-    use tonic::codec::CompressionEncoding::{Gzip, Zstd};
-    let health_service = hl7gw_runtime::grpc::health(
-        health,
-        <TransformServer<DryRun<P>> as tonic::server::NamedService>::NAME,
-        stop.clone(),
-    );
     let cfg = svc.cfg.clone();
-    let router = hl7gw_runtime::grpc::builder(None)
-        .add_service(health_service)
-        .add_service(
-            TransformServer::new(svc)
-                .accept_compressed(Gzip)
-                .accept_compressed(Zstd)
-                .send_compressed(Gzip)
-                .send_compressed(Zstd),
-        );
-    hl7gw_runtime::grpc::serve(
-        router,
+    hl7gw_runtime::grpc::serve_service(
+        hl7gw_runtime::compressed!(TransformServer::new(svc)),
+        health,
         listener,
         &cfg.grpc,
+        None,
         hl7gw_runtime::grpc::MAX_CONNECTIONS,
         stop,
     )

@@ -297,6 +297,51 @@ impl Pipeline {
         format!("http://127.0.0.1:{}", self.egress_grpc)
     }
 
+    /// Waits until every id reached the receiver or is a `lab` dead letter; returns the dead letters and what
+    /// the receiver holds. Panics after `limit` with the egress's status.
+    pub async fn wait_settled(
+        &self,
+        ids: &[String],
+        limit: Duration,
+    ) -> (Vec<hl7gw_runtime::proto::v1::DeadLetter>, Received) {
+        use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, StatusRequest};
+        let mut egress = self.egress_client().await;
+        let deadline = Instant::now() + limit;
+        loop {
+            let dead = egress
+                .list_dead_letters(ListDeadLettersRequest {
+                    destination: "lab".into(),
+                    ..ListDeadLettersRequest::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .dead_letters;
+            let r = received(&self.received_dir());
+            let settled = ids
+                .iter()
+                .filter(|id| r.first.contains_key(*id) || dead.iter().any(|d| &d.control_id == *id))
+                .count();
+            if settled == ids.len() {
+                return (dead, r);
+            }
+            if Instant::now() > deadline {
+                let status = egress
+                    .status(StatusRequest::default())
+                    .await
+                    .unwrap()
+                    .into_inner();
+                panic!(
+                    "{settled} of {} settled ({} received, {} dead letters); egress: {status:?}",
+                    ids.len(),
+                    r.first.len(),
+                    dead.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// A client of the egress's admin API, calling as `token:ops`.
     pub async fn egress_client(&self) -> Egress {
         let channel = tonic::transport::Endpoint::from_shared(self.egress_addr())
