@@ -115,15 +115,13 @@ fn rfc3339(t: Option<&prost_types::Timestamp>) -> String {
         .unwrap_or_default()
 }
 
-/// `hl7gw deadletters`: list dead letters of the egress.
+/// Which dead letters: of a destination, of a stage, within a time range.
 #[derive(Debug, clap::Args)]
-pub struct DeadLettersArgs {
-    #[command(flatten)]
-    conn: Conn,
-    /// Only this destination
+pub struct Selection {
+    /// Of this destination
     #[arg(long)]
     destination: Option<String>,
-    /// Only this stage: egress or transformer
+    /// Of this stage: egress or transformer
     #[arg(long)]
     stage: Option<String>,
     /// From this time (RFC 3339)
@@ -132,6 +130,15 @@ pub struct DeadLettersArgs {
     /// Until this time (RFC 3339)
     #[arg(long)]
     until: Option<String>,
+}
+
+/// `hl7gw deadletters`: list dead letters of the egress.
+#[derive(Debug, clap::Args)]
+pub struct DeadLettersArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(flatten)]
+    select: Selection,
     /// At most this many (0: the server's page size)
     #[arg(long, default_value_t = 0)]
     limit: u32,
@@ -145,21 +152,11 @@ pub struct DeadLettersArgs {
 pub struct ReplayArgs {
     #[command(flatten)]
     conn: Conn,
-    /// Envelope ids to replay (from `hl7gw deadletters`)
+    /// Envelope ids to replay (from `hl7gw deadletters`); or everything the selection matches
     #[arg(long = "id", value_name = "ID")]
     ids: Vec<String>,
-    /// Or everything of this destination...
-    #[arg(long)]
-    destination: Option<String>,
-    /// ...or of this stage (egress, transformer)
-    #[arg(long)]
-    stage: Option<String>,
-    /// From this time (RFC 3339)
-    #[arg(long)]
-    since: Option<String>,
-    /// Until this time (RFC 3339)
-    #[arg(long)]
-    until: Option<String>,
+    #[command(flatten)]
+    select: Selection,
 }
 
 /// `hl7gw dry-run`: what the transformer's live routes would do with a message.
@@ -187,10 +184,10 @@ pub fn deadletters(a: DeadLettersArgs) -> anyhow::Result<ExitCode> {
         let (ch, _) = a.conn.channel().await?;
         let r = EgressClient::new(ch)
             .list_dead_letters(ListDeadLettersRequest {
-                destination: a.destination.unwrap_or_default(),
-                stage: a.stage.unwrap_or_default(),
-                since: timestamp(&a.since)?,
-                until: timestamp(&a.until)?,
+                destination: a.select.destination.unwrap_or_default(),
+                stage: a.select.stage.unwrap_or_default(),
+                since: timestamp(&a.select.since)?,
+                until: timestamp(&a.select.until)?,
                 limit: a.limit,
                 include_envelope: a.with_message,
             })
@@ -229,7 +226,7 @@ pub fn deadletters(a: DeadLettersArgs) -> anyhow::Result<ExitCode> {
 
 /// Replays and prints the ids sent back.
 pub fn replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
-    if a.ids.is_empty() && a.destination.is_none() && a.stage.is_none() {
+    if a.ids.is_empty() && a.select.destination.is_none() && a.select.stage.is_none() {
         bail!("name --id, or --destination or --stage (with --since/--until)");
     }
     runtime()?.block_on(async {
@@ -237,10 +234,10 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
         let r = EgressClient::new(ch)
             .replay(ReplayRequest {
                 ids: a.ids,
-                destination: a.destination.unwrap_or_default(),
-                stage: a.stage.unwrap_or_default(),
-                since: timestamp(&a.since)?,
-                until: timestamp(&a.until)?,
+                destination: a.select.destination.unwrap_or_default(),
+                stage: a.select.stage.unwrap_or_default(),
+                since: timestamp(&a.select.since)?,
+                until: timestamp(&a.select.until)?,
             })
             .await
             .map_err(status_error)?
