@@ -33,6 +33,9 @@ pub type Conn = Either<TcpStream, TlsStream<TcpStream>>;
 const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
+/// A `--rate` message whose turn came this far after its schedule (its predecessor's ACK was late) is late.
+const LATE: Duration = Duration::from_millis(1);
+
 /// Where and how to connect.
 #[derive(Clone)]
 pub struct Target {
@@ -144,7 +147,13 @@ pub async fn run_client(
 
     for seq in 0..plan.warmup {
         match c
-            .send_one(seq, true, plan.hard_deadline, Some(plan.hard_deadline))
+            .send_one(
+                seq,
+                true,
+                plan.hard_deadline,
+                Some(plan.hard_deadline),
+                None,
+            )
             .await
         {
             Err(NotSent) => break,
@@ -168,6 +177,9 @@ pub async fn run_client(
         if counted.is_some_and(|n| seq >= n) {
             break;
         }
+        // With a rate, each message has a scheduled time; its latency counts from then, so a gateway that
+        // stalls shows up in the percentiles, not only as a lower rate (no coordinated omission).
+        let mut scheduled = None;
         if let Some(rate) = plan.rate {
             let at = Duration::try_from_secs_f64(seq as f64 / rate)
                 .ok()
@@ -177,13 +189,21 @@ pub async fn run_client(
                 c.stats.stopped_early = counted.is_some();
                 break;
             };
+            // Late: the previous ACK came after this message's time (timer wake-up jitter is not lateness).
+            if Instant::now().saturating_duration_since(at) > LATE {
+                c.stats.late_sends += 1;
+            }
             tokio::time::sleep_until(at.into()).await;
+            scheduled = Some(at);
         }
         if Instant::now() >= send_until {
             c.stats.stopped_early = counted.is_some();
             break;
         }
-        match c.send_one(seq, false, send_until, ack_until).await {
+        match c
+            .send_one(seq, false, send_until, ack_until, scheduled)
+            .await
+        {
             Err(NotSent) => {
                 c.stats.stopped_early = counted.is_some();
                 break;
@@ -211,13 +231,15 @@ pub async fn run_client(
 
 impl Client<'_> {
     /// Sends message `seq` and reads its ACK. Reconnects first when needed (until `connect_until`); the ACK
-    /// wait ends at the ACK timeout or `ack_until`, whichever comes first.
+    /// wait ends at the ACK timeout or `ack_until`, whichever comes first. The latency counts from `scheduled`
+    /// when given (a `--rate` schedule), else from the write.
     async fn send_one(
         &mut self,
         seq: u64,
         warmup: bool,
         connect_until: Instant,
         ack_until: Option<Instant>,
+        scheduled: Option<Instant>,
     ) -> Result<Result<(AckCheck, Duration), ErrorKind>, NotSent> {
         if self.conn.is_none() {
             self.reconnect(connect_until, warmup).await?;
@@ -246,7 +268,7 @@ impl Client<'_> {
             r = exchange(conn, &self.wbuf, &mut self.rbuf, &mut self.codec) => Some(r),
             () = &mut self.ack_timer => None,
         };
-        let latency = t0.elapsed();
+        let latency = scheduled.map_or(t0, |at| at.min(t0)).elapsed();
         let outcome = match r {
             Some(Ok(frame)) => {
                 self.backoff = INITIAL_BACKOFF;

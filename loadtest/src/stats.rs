@@ -112,6 +112,9 @@ pub struct ClientStats {
     pub build: Duration,
     /// The run's time limit stopped this client before its count.
     pub stopped_early: bool,
+    /// With `--rate`: measured messages whose turn came more than 1 ms after their scheduled time (the previous
+    /// ACK came late); their latency counts from the schedule.
+    pub late_sends: u64,
     /// The measured phase of this client.
     pub start: Option<Instant>,
     pub end: Option<Instant>,
@@ -130,6 +133,7 @@ impl Default for ClientStats {
             warmup_errors: 0,
             build: Duration::ZERO,
             stopped_early: false,
+            late_sends: 0,
             start: None,
             end: None,
         }
@@ -164,6 +168,7 @@ impl ClientStats {
         self.warmup_errors += o.warmup_errors;
         self.build += o.build;
         self.stopped_early |= o.stopped_early;
+        self.late_sends += o.late_sends;
         self.start = match (self.start, o.start) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -290,6 +295,8 @@ pub struct Summary {
     pub build_ns_mean: f64,
     /// The `--max-seconds` limit ended the run before its message count.
     pub stopped_by_limit: bool,
+    /// With `--rate`: messages sent more than 1 ms behind their schedule (the gateway did not keep up).
+    pub late_sends: u64,
     /// Control ids written to the `--record-acked` file by this run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded: Option<u64>,
@@ -348,6 +355,7 @@ impl Summary {
             },
             build_ns_mean,
             stopped_by_limit: s.stopped_early,
+            late_sends: s.late_sends,
             recorded: None,
             record_error: None,
         }
@@ -434,6 +442,13 @@ impl Summary {
             "build        {:.0} ns per message (outside the latency timer)",
             self.build_ns_mean
         );
+        if self.late_sends > 0 {
+            let _ = writeln!(
+                s,
+                "late sends   {} behind the --rate schedule (their latency counts from the schedule)",
+                self.late_sends
+            );
+        }
         if let Some(n) = self.recorded {
             let _ = writeln!(s, "recorded     {n} acknowledged control ids");
         }
@@ -634,6 +649,7 @@ mod tests {
             "errors",
             "mismatches",
             "reconnects",
+            "late_sends",
         ] {
             assert!(v.get(key).is_some(), "missing {key}");
         }

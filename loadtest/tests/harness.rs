@@ -35,6 +35,8 @@ enum Policy {
     DropEvery(u64),
     /// Never answer every k-th message (the connection stays open).
     SilentEvery(u64),
+    /// Answer the k-th message (once) only after this long: a stall.
+    StallOnce(u64, Duration),
 }
 
 /// What the server saw: control id → the code it answered (written before the ACK is sent, so an id the
@@ -123,8 +125,12 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, policy: Policy, lo
                 _ => "AA",
             };
             log.answered.insert(cid.clone(), code);
-            code
+            (code, matches!(policy, Policy::StallOnce(k, _) if n == k))
         };
+        let (code, stall) = code;
+        if let (true, Policy::StallOnce(_, d)) = (stall, policy) {
+            tokio::time::sleep(d).await;
+        }
         let ack = format!(
             "MSH|^~\\&|TESTSRV|TEST|LOADGEN|LOADFAC|20260101000000||ACK^A01^ACK|S{cid}|P|2.5\rMSA|{code}|{cid}\r"
         );
@@ -381,6 +387,27 @@ async fn duration_mode_stops_by_itself() {
         log.types,
         HashSet::from(["ADT".to_owned(), "ORU".to_owned()])
     );
+}
+
+/// Issue 12: with `--rate`, latency counts from each message's scheduled time. One 300 ms stall at 100 msg/s
+/// delays the ~30 messages scheduled behind it: they are late sends, and the percentiles show the stall
+/// (timed from the actual send, only the stalled message itself would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_shows_in_the_latency_of_the_messages_scheduled_behind_it() {
+    let server = Server::start(Policy::StallOnce(50, Duration::from_millis(300))).await;
+    let to = server.to();
+    let run = load(&argv(
+        "--to {} --clients 1 --messages 200 --warmup 0 --rate 100 --json",
+        &[&to],
+    ))
+    .await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let j = &run.json;
+    let late = j["late_sends"].as_u64().expect("late_sends");
+    assert!((20..=40).contains(&late), "late sends: {late}");
+    // ~30 of 200 messages waited 10-300 ms: p90 is well above a loopback round trip.
+    let p90 = j["latency_us"]["p90"].as_f64().expect("p90");
+    assert!(p90 > 50_000.0, "p90 {p90} µs does not show the stall");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
