@@ -4,7 +4,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 .DEFAULT_GOAL := help
 
-.PHONY: bench-pipeline help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
+.PHONY: bench-peers bench-pipeline help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ bench: ## criterion benchmarks: hl7v2 against hl7-parser and rust-hl7 (see docs/
 
 bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a local Kafka (docs/BENCHMARKS.md)
 	@scripts/bench-e2e.sh
+
+bench-peers: ## the same load against an echo floor, hl7gw fast/durable and Camel 4 MLLP->Kafka routes: msg/s, p50/p99, CPU µs/msg per process
+	@scripts/bench-peers.sh
 
 bench-pipeline: ## the whole pipeline in release, 8 clients for BENCH_SECONDS (30): delivered msg/s, end-to-end p50/p99, zero lost
 	@scripts/bench-pipeline.sh
