@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${BENCH_SECONDS:-15}
 clients=${BENCH_CLIENTS:-8}
-export KAFKA_PORT=29092 KAFKA_DATA_DIR="$PWD/target/kafka-bench"
+# Its own port (not the tests' 29092): a test broker left running would answer in its place.
+export KAFKA_PORT=${BENCH_KAFKA_PORT:-29692} KAFKA_DATA_DIR="$PWD/target/kafka-bench"
 port=22575
 cargo build --release -p hl7gw-ingress -p hl7gw-load --bins --examples >&2
 (cd loadtest/peers/camel && mvn -q -B -Dstyle.color=never --no-transfer-progress package) >&2

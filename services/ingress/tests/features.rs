@@ -1177,3 +1177,25 @@ async fn the_kafka_key_can_be_a_salted_hash_of_the_patient_id() {
     assert!(err.contains("at least 16 bytes"), "{err}");
     assert_eq!(err.lines().count(), 1, "one line, no backtrace: {err}");
 }
+
+/// Issue 12: librdkafka's statistics reach `/metrics`: the Produce requests behind the messages, per broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_requests_per_broker_and_api_are_metrics() {
+    let (_, _, mut env) = topics_env(broker());
+    env.push(("HL7GW_KAFKA__STATISTICS_INTERVAL", "500ms".to_owned()));
+    let ingress = Ingress::start(&env);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    for id in ["STATS1", "STATS2", "STATS3"] {
+        assert_eq!(ack_code(&c.call(&adt(id, "P1")).await.unwrap()), "AA");
+    }
+    let series = "hl7gw_kafka_requests_total{client=\"hl7gw-ingress\",type=\"producer\",broker=\"1\",api=\"Produce\"}";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ingress.metric(series) < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no {series} >= 3 in /metrics: {}",
+            http_get(ingress.admin, "/metrics").1
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -3,6 +3,7 @@
 //! all of them, topic creation, and what a client's errors say for readiness.
 
 pub mod security;
+pub mod stats;
 pub use security::KafkaSecurity;
 
 use rdkafka::ClientConfig;
@@ -41,6 +42,10 @@ pub struct KafkaSettings {
     /// 32 MiB when there is no limit. librdkafka's own default (64 MiB queued plus 50 MiB fetches) is
     /// most of a 512 MiB pod once messages are large.
     pub consumer_prefetch_bytes: usize,
+    /// How often every client reports librdkafka's statistics (`hl7gw_kafka_requests_total`,
+    /// `hl7gw_kafka_produce_batch_messages`); 0s: never.
+    #[serde(with = "humantime_serde")]
+    pub statistics_interval: Duration,
     /// TLS and SASL for every client.
     pub security: KafkaSecurity,
     /// Extra librdkafka properties, applied last. The properties the services' promises rest on
@@ -119,6 +124,10 @@ pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
         "fetch.max.bytes",
         "set kafka.consumer_prefetch_bytes instead",
     ),
+    (
+        "statistics.interval.ms",
+        "set kafka.statistics_interval instead",
+    ),
 ];
 
 /// Refuses `kafka.properties` entries that collide with [`PROTECTED_PROPERTIES`].
@@ -158,6 +167,7 @@ impl Default for KafkaSettings {
             min_insync_replicas: 0,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             consumer_prefetch_bytes: 0,
+            statistics_interval: Duration::from_secs(15),
             security: KafkaSecurity::default(),
             properties: BTreeMap::new(),
         }
@@ -262,7 +272,11 @@ fn client_base(
     c.set("bootstrap.servers", brokers)
         .set("client.id", client_id)
         .set("socket.nagle.disable", "true")
-        .set("reconnect.backoff.max.ms", "1000");
+        .set("reconnect.backoff.max.ms", "1000")
+        .set(
+            "statistics.interval.ms",
+            s.statistics_interval.as_millis().to_string(),
+        );
     s.security.apply(&mut c)?;
     Ok(c)
 }
@@ -581,6 +595,9 @@ impl ClientContext for KafkaContext {
     }
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         client_log(level, fac, message);
+    }
+    fn stats_raw(&self, statistics: &[u8]) {
+        stats::record(statistics);
     }
 }
 

@@ -8,7 +8,10 @@ pub const PREFIX: &str = "hl7gw";
 
 /// A registry whose metric names start with `hl7gw_`.
 pub fn registry() -> Registry {
-    Registry::with_prefix(PREFIX)
+    let mut r = Registry::with_prefix(PREFIX);
+    // librdkafka's statistics (Kafka requests per broker and API, produce batch sizes) of every client.
+    r.register_collector(Box::new(crate::kafka::stats::StatsCollector));
+    r
 }
 
 /// The registry in the Prometheus text format.

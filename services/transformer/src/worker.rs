@@ -44,6 +44,9 @@ impl ClientContext for RebalanceCounter {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         hl7gw_runtime::kafka::client_log(level, fac, message);
     }
+    fn stats_raw(&self, statistics: &[u8]) {
+        hl7gw_runtime::kafka::stats::record(statistics);
+    }
 }
 
 impl ConsumerContext for RebalanceCounter {
