@@ -180,12 +180,14 @@ pki() {
   (
     cd "$d"
     key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-    ca() { key "$1.key"; openssl req -x509 -new -key "$1.key" -out "$1.crt" -days 3650 -subj "/CN=$2" \
+    # A config of our own: the system's default one adds extensions that OpenSSL 1.1.1 then duplicates.
+    printf '[req]\ndistinguished_name = dn\n[dn]\n' >req.cnf
+    ca() { key "$1.key"; openssl req -config req.cnf -x509 -new -key "$1.key" -out "$1.crt" -days 3650 -subj "/CN=$2" \
       -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null; }
     # leaf NAME CA CN EXT
     leaf() {
       key "$1.key"
-      openssl req -new -key "$1.key" -out "$1.csr" -subj "/CN=$3" 2>/dev/null
+      openssl req -config req.cnf -new -key "$1.key" -out "$1.csr" -subj "/CN=$3" 2>/dev/null
       printf '%s\n' "$4" >"$1.ext"
       openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -CAcreateserial -out "$1.crt" -days 3650 \
         -extfile "$1.ext" 2>/dev/null
@@ -222,6 +224,15 @@ ssl.keystore.key=$(pem_prop "$d/broker.key")
 ssl.truststore.type=PEM
 ssl.truststore.certificates=$(pem_prop "$d/ca.crt")
 PROPS
+}
+
+# With KAFKA_SECURE=1: the secure listeners answer (a broker started without it has none) and the SCRAM user
+# exists (a data dir formatted before KAFKA_SECURE=1 has none; setting it again is harmless).
+secure_ready() {
+  [ "$KAFKA_SECURE" = 1 ] || return 0
+  port_open $((port + 2)) && port_open $((port + 3)) ||
+    { log "no TLS listeners on $((port + 2))/$((port + 3)): this broker was started without KAFKA_SECURE=1 (down, then up)"; return 1; }
+  scram_user hl7gw "$(cat "$KAFKA_DATA_DIR/pki/password")"
 }
 
 formatted() { [ -f "$dir/logs/meta.properties" ]; }
@@ -308,12 +319,13 @@ up() {
   lock
   if [ "$KAFKA_NODES" -eq 1 ]; then
     at 1
-    if running; then log "already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"))"; wait_ready 120; return; fi
+    if running; then log "already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"))"; wait_ready 120; secure_ready; return; fi
     fetch
     configure
     if ! formatted; then format "$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"; fi
     launch
     wait_ready 120
+    secure_ready
     log "up on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"), data in $KAFKA_DATA_DIR)"
     return
   fi

@@ -30,7 +30,7 @@ pub struct Conn {
     /// Name the server certificate is checked against (default: the host of --to)
     #[arg(long, value_name = "NAME")]
     server_name: Option<String>,
-    /// File holding the bearer token (a static token, or `kubectl create token <serviceaccount>`); also
+    /// File holding the bearer token (a static token, or `kubectl create token <sa> --audience hl7gw`); also
     /// HL7GW_TOKEN_FILE. The token itself is never taken from the command line (shell history, ps).
     #[arg(long, value_name = "FILE", env = "HL7GW_TOKEN_FILE")]
     token_file: Option<PathBuf>,
@@ -61,7 +61,11 @@ impl Conn {
             .with_context(|| format!("--to {}", self.to))?
             .connect_timeout(timeout)
             .timeout(timeout);
-        if self.to.starts_with("https://") {
+        let https = self.to.to_ascii_lowercase().starts_with("https://");
+        if !https && self.token_file.is_some() {
+            bail!("refusing to send a token over plaintext: use an https:// address");
+        }
+        if https {
             let mut tls = ClientTlsConfig::new();
             tls = match &self.ca {
                 Some(ca) => tls.ca_certificate(Certificate::from_pem(crate::read(ca)?)),

@@ -195,10 +195,10 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Checks the rules serde cannot.
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Status", "ListDeadLetters", "Replay"];
 
+    /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
         if self.kafka_brokers.trim().is_empty() {

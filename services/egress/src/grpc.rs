@@ -42,8 +42,11 @@ fn describe(
     until: Option<&prost_types::Timestamp>,
 ) -> String {
     let mut w = format!("destination={destination:?} stage={stage:?}");
-    if !ids.is_empty() {
-        w.push_str(&format!(" ids={}", ids.join(",")));
+    // The ids a caller sends are logged before it is authorised: bounded.
+    match ids.len() {
+        0 => {}
+        n if n <= 20 => w.push_str(&format!(" ids={}", ids.join(","))),
+        n => w.push_str(&format!(" ids={n} (first {})", ids[..20].join(","))),
     }
     if let Some(t) = millis(since) {
         w.push_str(&format!(" since_ms={t}"));
@@ -55,7 +58,11 @@ fn describe(
 }
 
 fn millis(t: Option<&prost_types::Timestamp>) -> Option<i64> {
-    t.map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+    t.map(|t| {
+        t.seconds
+            .saturating_mul(1000)
+            .saturating_add(i64::from(t.nanos) / 1_000_000)
+    })
 }
 
 impl EgressService {
@@ -131,12 +138,17 @@ impl Egress for EgressService {
         &self,
         req: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
-        let what = describe(
-            &req.get_ref().destination,
-            &req.get_ref().stage,
-            &[],
-            req.get_ref().since.as_ref(),
-            req.get_ref().until.as_ref(),
+        let what = format!(
+            "{} limit={} include_envelope={}",
+            describe(
+                &req.get_ref().destination,
+                &req.get_ref().stage,
+                &[],
+                req.get_ref().since.as_ref(),
+                req.get_ref().until.as_ref()
+            ),
+            req.get_ref().limit,
+            req.get_ref().include_envelope
         );
         let caller = self.auth.admin(&req, "ListDeadLetters", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);

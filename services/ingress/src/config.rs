@@ -181,7 +181,6 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Checks the rules serde cannot.
     /// `key_salt_file`'s content (at least 16 bytes: a short salt makes identifiers guessable).
     pub fn read_key_salt(&self) -> Result<Option<Vec<u8>>, ConfigError> {
         let Some(path) = &self.key_salt_file else {
@@ -204,6 +203,7 @@ impl Config {
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Ingest"];
 
+    /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
         if self.kafka_brokers.trim().is_empty() {

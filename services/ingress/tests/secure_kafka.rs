@@ -77,7 +77,7 @@ async fn bad_credentials_never_yield_an_accept_and_the_service_stays_up() {
         (
             "unknown CA",
             b.mtls_env("client", "other-ca.crt"),
-            "authentication/TLS failed",
+            "certificate verify failed",
         ),
         (
             "client certificate of an unknown CA",

@@ -13,8 +13,6 @@ pub fn is_test_traffic(h: &Header) -> bool {
     h.sending_application.split('^').next() == Some(TEST_SENDING_APPLICATION)
 }
 
-/// The Kafka key of a message: the values at `paths` (as they stand in the message, escapes included), joined
-/// by `|`; empty when every value is empty. One rule for the ingress's key and a route's `keyPaths`.
 /// A Kafka key that keeps partitioning but hides the identifier: the lowercase hex SHA-256 of `salt` then `key`.
 pub fn salted_key(salt: &[u8], key: &[u8]) -> Vec<u8> {
     use sha2::Digest;
@@ -29,6 +27,8 @@ pub fn salted_key(salt: &[u8], key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The Kafka key of a message: the values at `paths` (as they stand in the message, escapes included), joined
+/// by `|`; empty when every value is empty. One rule for the ingress's key and a route's `keyPaths`.
 pub fn kafka_key(msg: &hl7v2::Message<'_>, paths: &[hl7v2::Path]) -> Vec<u8> {
     let mut key = Vec::with_capacity(48);
     for (i, p) in paths.iter().enumerate() {

@@ -38,8 +38,8 @@ pub struct GrpcSettings {
     /// Static bearer tokens (a mounted Secret): one `<name> <token>` per line, `#` comments. Re-read when the
     /// file changes. A caller sending `authorization: Bearer <token>` is `token:<name>` in `allow`.
     pub tokens_file: Option<PathBuf>,
-    /// Bearer tokens that are not static tokens are Kubernetes ServiceAccount (or user) tokens: checked with a
-    /// TokenReview, and each call authorised with a SubjectAccessReview on API group `hl7gw.io` in the pod's
+    /// Bearer tokens that are not static tokens are Kubernetes ServiceAccount tokens issued for the audience
+    /// `hl7gw` (`kubectl create token <sa> --audience hl7gw`): checked with a TokenReview, and each call authorised with a SubjectAccessReview on API group `hl7gw.io` in the pod's
     /// namespace (see [`kubernetes_resource`]), so RBAC Roles decide. Decisions are cached for 10 s. The
     /// service's own ServiceAccount needs `system:auth-delegator`.
     pub kubernetes_auth: bool,
@@ -173,7 +173,6 @@ impl std::fmt::Display for Caller {
 type TokensState = (Option<(std::time::SystemTime, u64)>, Vec<(String, String)>);
 
 /// The static tokens, re-read when the file's modification time or size changes.
-#[derive(Debug)]
 struct Tokens {
     path: PathBuf,
     state: std::sync::Mutex<TokensState>,
@@ -208,23 +207,33 @@ impl Tokens {
         Ok(out)
     }
 
-    /// The name of `token`, reloading the file first when it changed. A file that became unreadable keeps
-    /// the last good tokens (logged).
+    /// The name of `token`, reloading the file first when it changed. A file that is missing or does not
+    /// parse accepts no token (logged).
     fn name_of(&self, token: &str) -> Option<String> {
         let stamp = std::fs::metadata(&self.path)
             .ok()
             .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if stamp.is_some() && stamp != state.0 {
-            match Self::read(&self.path) {
-                Ok(tokens) => {
+        if stamp != state.0 || stamp.is_none() {
+            // Fails closed: a file that is gone or no longer parses revokes every token (a revocation that
+            // left a typo must not keep the revoked token alive).
+            let tokens = match stamp.map(|_| Self::read(&self.path)) {
+                Some(Ok(tokens)) => {
                     tracing::info!(path = %self.path.display(), tokens = tokens.len(), "gRPC tokens loaded");
-                    *state = (stamp, tokens);
+                    tokens
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, "gRPC tokens not reloaded; keeping the last ones")
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "gRPC tokens file refused: no token is accepted until it is fixed");
+                    Vec::new()
                 }
-            }
+                None => {
+                    if state.0.is_some() || !state.1.is_empty() {
+                        tracing::error!(path = %self.path.display(), "gRPC tokens file missing: no token is accepted");
+                    }
+                    Vec::new()
+                }
+            };
+            *state = (stamp, tokens);
         }
         state
             .1
@@ -234,16 +243,32 @@ impl Tokens {
     }
 }
 
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The authorisation of one service's gRPC methods.
-#[derive(Debug)]
 pub struct Auth {
     tokens: Option<Tokens>,
     allow: BTreeMap<String, Vec<String>>,
     kubernetes: Option<KubeAuth>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("allow", &self.allow)
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Auth {
@@ -371,14 +396,34 @@ const KUBE_CACHE_MAX: usize = 4096;
 
 type KubeDecision = Result<Caller, (tonic::Code, String)>;
 
+/// (SHA-256 of the token, method) → (when decided, decision).
+type KubeCache = std::collections::HashMap<([u8; 32], String), (std::time::Instant, KubeDecision)>;
+
 /// Kubernetes authentication (TokenReview) and authorisation (SubjectAccessReview), with a short cache.
-#[derive(Default)]
 struct KubeAuth {
     client: tokio::sync::OnceCell<(kube::Client, String)>,
-    cache: std::sync::Mutex<
-        std::collections::HashMap<(String, String), (std::time::Instant, KubeDecision)>,
-    >,
+    /// (SHA-256 of the token, method) → decision.
+    cache: std::sync::Mutex<KubeCache>,
+    /// Reviews in flight at most: unknown tokens cannot flood the API server.
+    reviews: tokio::sync::Semaphore,
 }
+
+impl Default for KubeAuth {
+    fn default() -> Self {
+        Self {
+            client: tokio::sync::OnceCell::new(),
+            cache: std::sync::Mutex::new(std::collections::HashMap::new()),
+            reviews: tokio::sync::Semaphore::new(KUBE_REVIEWS_IN_FLIGHT),
+        }
+    }
+}
+
+/// TokenReviews/SubjectAccessReviews in flight at most per service.
+const KUBE_REVIEWS_IN_FLIGHT: usize = 16;
+
+/// The audience a Kubernetes token must be issued for (`kubectl create token <sa> --audience hl7gw`): a token
+/// for the API server itself is refused, so a caller never hands the gateway a credential for the cluster.
+pub const KUBERNETES_AUDIENCE: &str = "hl7gw";
 
 impl std::fmt::Debug for KubeAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -402,7 +447,15 @@ impl KubeAuth {
     }
 
     async fn authorize(&self, token: &str, method: &str) -> Result<Caller, Status> {
-        let key = (token.to_owned(), method.to_owned());
+        // A ServiceAccount token is a JWT: three dot-separated parts. Anything else is not worth a review.
+        if token.split('.').count() != 3 {
+            return Err(Status::unauthenticated("unknown token"));
+        }
+        let digest: [u8; 32] = {
+            use sha2::Digest;
+            sha2::Sha256::digest(token.as_bytes()).into()
+        };
+        let key = (digest, method.to_owned());
         if let Some((at, d)) = self
             .cache
             .lock()
@@ -412,8 +465,16 @@ impl KubeAuth {
         {
             return d.clone().map_err(|(c, m)| Status::new(c, m));
         }
+        let Ok(_permit) = self.reviews.try_acquire() else {
+            return Err(Status::unavailable(
+                "too many authentication reviews in flight; retry",
+            ));
+        };
         let decision = self.review(token, method).await?;
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= KUBE_CACHE_MAX {
+            cache.retain(|_, (at, _)| at.elapsed() < KUBE_CACHE_TTL);
+        }
         if cache.len() >= KUBE_CACHE_MAX {
             cache.clear();
         }
@@ -438,7 +499,7 @@ impl KubeAuth {
                 &TokenReview {
                     spec: TokenReviewSpec {
                         token: token.to_owned(),
-                        ..TokenReviewSpec::default()
+                        audiences: Some(vec![KUBERNETES_AUDIENCE.to_owned()]),
                     },
                     ..TokenReview::default()
                 },
@@ -446,7 +507,14 @@ impl KubeAuth {
             .await
             .map_err(unavailable)?;
         let status = tr.status.unwrap_or_default();
-        let Some(user) = status.user.filter(|_| status.authenticated == Some(true)) else {
+        let audience_ok = status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|x| x == KUBERNETES_AUDIENCE));
+        let Some(user) = status
+            .user
+            .filter(|_| status.authenticated == Some(true) && audience_ok)
+        else {
             return Ok(Err((tonic::Code::Unauthenticated, "unknown token".into())));
         };
         let name = user.username.clone().unwrap_or_default();

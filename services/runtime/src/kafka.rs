@@ -525,13 +525,24 @@ pub fn client_error(error: &rdkafka::error::KafkaError, reason: &str) {
     use rdkafka::types::RDKafkaErrorCode as C;
     let credentials = matches!(
         error.rdkafka_error_code(),
-        Some(C::Authentication | C::SaslAuthenticationFailed | C::SSL)
+        Some(
+            C::Authentication
+                | C::SaslAuthenticationFailed
+                | C::SSL
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::TransactionalIdAuthorizationFailed
+        )
     );
     let now = std::time::Instant::now();
     let mut guard = CLIENT_ERRORS.lock().unwrap_or_else(|p| p.into_inner());
     let e = guard.get_or_insert_with(ClientErrors::default);
     let logged = if credentials {
-        e.credentials = Some((now, format!("kafka authentication/TLS failed: {reason}")));
+        e.credentials = Some((
+            now,
+            format!("kafka authentication/TLS/authorization failed: {reason}"),
+        ));
         &mut e.logged_credentials
     } else {
         e.other = Some((now, format!("kafka: {reason}")));
@@ -543,7 +554,7 @@ pub fn client_error(error: &rdkafka::error::KafkaError, reason: &str) {
     *logged = Some(now);
     drop(guard);
     if credentials {
-        tracing::error!(error = %error, reason, "kafka: authentication or TLS failed; check kafka.security (repeats are logged every 10 s)");
+        tracing::error!(error = %error, reason, "kafka: authentication, TLS or authorization (ACL) failed; check kafka.security and the user's ACLs (repeats are logged every 10 s)");
     } else {
         tracing::warn!(error = %error, reason, "kafka client error (repeats are logged every 10 s)");
     }

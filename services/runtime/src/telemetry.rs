@@ -42,10 +42,17 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
             .with_service_name(service)
             .build(),
     );
-    if let Some(endpoint) = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT") {
+    // The exporter reads the traces endpoint first, then the general one; TLS unless the scheme says http.
+    let endpoint = std::env::var_os("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .or_else(|| std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    if let Some(endpoint) = endpoint {
         use opentelemetry_otlp::WithTonicConfig;
         let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-        if endpoint.to_string_lossy().starts_with("https://") {
+        if !endpoint
+            .to_string_lossy()
+            .to_ascii_lowercase()
+            .starts_with("http://")
+        {
             exporter = exporter.with_tls_config(otlp_tls()?);
         }
         let exporter = exporter

@@ -144,10 +144,10 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Checks the rules serde cannot.
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Transform"];
 
+    /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
         if self.kafka_brokers.trim().is_empty() {

@@ -196,11 +196,18 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
          subjects: [{kind: ServiceAccount, name: ops, namespace: hl7gw-test}]\n",
     );
     let token = |sa: &str| {
-        let (ok, out) = cluster.kubectl(&["create", "token", sa, "-n", ns], None);
+        let (ok, out) = cluster.kubectl(
+            &["create", "token", sa, "-n", ns, "--audience", "hl7gw"],
+            None,
+        );
         assert!(ok, "token for {sa}: {out}");
         out.trim().to_owned()
     };
     let nobody = token("nobody");
+    // The same ServiceAccount's token for the API server (the default audience): never accepted, so no caller
+    // hands the gateway a credential for the cluster.
+    let (ok, api_token) = cluster.kubectl(&["create", "token", "ops", "-n", ns], None);
+    assert!(ok, "{api_token}");
     OPS_TOKEN.set(token("ops")).unwrap();
 
     // The transformer, watching the namespace, with its own topics.
@@ -255,6 +262,10 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     assert_eq!(
         code(dry_run(&grpc, Some(&nobody)).await),
         Err(tonic::Code::PermissionDenied)
+    );
+    assert_eq!(
+        code(dry_run(&grpc, Some(api_token.trim())).await),
+        Err(tonic::Code::Unauthenticated)
     );
 
     // And through Kafka: an inbound envelope comes out on the route's topic, transformed.

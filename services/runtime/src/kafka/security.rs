@@ -139,6 +139,8 @@ pub const SECURITY_PROPERTIES: &[&str] = &[
     "ssl.keystore.location",
     "ssl.keystore.password",
     "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "ssl.certificate.verify_cb",
     "sasl.oauthbearer.method",
     "sasl.oauthbearer.client.id",
     "sasl.oauthbearer.client.secret",
@@ -150,7 +152,18 @@ pub const SECURITY_PROPERTIES: &[&str] = &[
 /// True for librdkafka properties whose value is a secret (never printed).
 pub fn is_secret_property(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    k.contains("password") || k.contains("secret") || k.ends_with(".pem") || k.contains("jaas")
+    [
+        "password",
+        "secret",
+        "passphrase",
+        "keytab",
+        "jaas",
+        "extensions",
+        "oauthbearer.config",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
+        || k.ends_with(".pem")
 }
 
 /// Why a Kafka client's settings could not be built.

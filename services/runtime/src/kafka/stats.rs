@@ -10,8 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// What one client's last report said.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Report {
+    /// When it came: a client gone (a recreated producer, a finished DLQ listing) stops reporting and its last
+    /// report is dropped after [`STALE`].
+    at: std::time::Instant,
     /// `client.id`#`type` of the client (e.g. `hl7gw-ingress` `producer`).
     client: String,
     kind: String,
@@ -33,9 +36,11 @@ pub fn record(json: &[u8]) {
         return;
     };
     let mut r = Report {
+        at: std::time::Instant::now(),
         client: v["client_id"].as_str().unwrap_or_default().to_owned(),
         kind: v["type"].as_str().unwrap_or_default().to_owned(),
-        ..Report::default()
+        requests: BTreeMap::new(),
+        batch_messages: BTreeMap::new(),
     };
     if let Some(brokers) = v["brokers"].as_object() {
         for b in brokers.values() {
@@ -61,11 +66,13 @@ pub fn record(json: &[u8]) {
             }
         }
     }
-    REPORTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(name.to_owned(), r);
+    let mut reports = REPORTS.lock().unwrap_or_else(|p| p.into_inner());
+    reports.retain(|_, r| r.at.elapsed() < STALE);
+    reports.insert(name.to_owned(), r);
 }
+
+/// A client that has not reported for this long is gone (the default interval is 15 s).
+const STALE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Renders the kept reports at each scrape (registered by [`crate::metrics::registry`]).
 #[derive(Debug, Default)]
@@ -77,13 +84,14 @@ impl prometheus_client::collector::Collector for StatsCollector {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
+            .filter(|r| r.at.elapsed() < STALE)
             .cloned()
             .collect();
         if reports.is_empty() {
             return Ok(());
         }
-        // Summed over the process's clients of the same id and type (a recreated producer restarts its count:
-        // the sum drops then, as a counter reset).
+        // Summed over the process's live clients of the same id and type (a recreated producer starts at 0;
+        // its predecessor's count leaves the sum once stale, which reads as a counter reset).
         let mut requests: BTreeMap<Vec<(String, String)>, u64> = BTreeMap::new();
         let mut batches: BTreeMap<Vec<(String, String)>, i64> = BTreeMap::new();
         for r in &reports {
