@@ -1006,6 +1006,34 @@ mod tests {
                 .await
                 .is_ok()
         );
+        // Debug output never holds a token.
+        let debug = format!("{auth:?}");
+        assert!(!debug.contains("11112222333344445555"), "{debug}");
+        // A revocation that leaves a bad line fails closed: no token works until the file is fixed.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&file, "ops 11112222333344445555\nbroken-line\n").expect("write");
+        assert_eq!(
+            code(
+                auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
+                    .await
+            ),
+            Err(Unauthenticated)
+        );
+        // So does a file that is gone.
+        std::fs::write(&file, "ops 11112222333344445555\n").expect("write");
+        assert!(
+            auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
+                .await
+                .is_ok()
+        );
+        std::fs::remove_file(&file).expect("remove");
+        assert_eq!(
+            code(
+                auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
+                    .await
+            ),
+            Err(Unauthenticated)
+        );
     }
 
     #[test]
