@@ -4,7 +4,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 .DEFAULT_GOAL := help
 
-.PHONY: bench-peers bench-pipeline help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
+.PHONY: bench-peers bench-pipeline bench-routing help run demo test lint fmt bench bench-e2e build fuzz kafka-up kafka-down
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -45,13 +45,16 @@ fmt: ## format the code
 bench: ## criterion benchmarks: hl7v2 against hl7-parser and rust-hl7 (see docs/BENCHMARKS.md)
 	$(CARGO) bench -p hl7v2 --bench parse
 
-bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a local Kafka (docs/BENCHMARKS.md)
+bench-routing: ## criterion: the transformer's route dispatch with 1, 10, 100 and 1,000 routes (indexed vs. scan)
+	$(CARGO) bench -p hl7gw-transformer --bench routing
+
+bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a local Kafka: msg/s, latency, CPU µs/msg of ingress, broker, load client
 	@scripts/bench-e2e.sh
 
 bench-peers: ## the same load against an echo floor, hl7gw fast/durable and Camel 4 MLLP->Kafka routes: msg/s, p50/p99, CPU µs/msg per process
 	@scripts/bench-peers.sh
 
-bench-pipeline: ## the whole pipeline in release, 8 clients for BENCH_SECONDS (30): delivered msg/s, end-to-end p50/p99, zero lost
+bench-pipeline: ## the whole pipeline in release: max run (BENCH_SECONDS 30) and a latency curve at fixed rates; delivered msg/s, e2e p50/p99, CPU µs per delivered message per process, zero lost
 	@scripts/bench-pipeline.sh
 
 fuzz: ## fuzz the parser and the MLLP decoder for FUZZ_SECONDS each (needs nightly; installs cargo-fuzz)

@@ -4,12 +4,12 @@
 //! is loaded, with a reason, instead of failing message by message.
 
 use crate::route::{HL7RouteSpec, OnFailure, Predicate, Transform};
-use hl7gw_runtime::proto::v1::{Envelope, TransformRequest};
+use hl7gw_runtime::proto::v1::{Envelope, Header, TransformRequest};
 use hl7v2::{Charset, Message, Path};
 use regex::Regex;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,10 +66,10 @@ pub struct Applied {
 
 #[derive(Debug, Default)]
 struct Matcher {
-    types: Vec<(String, Option<String>)>,
-    applications: Vec<String>,
-    facilities: Vec<String>,
-    versions: Vec<String>,
+    types: Vec<(Glob, Option<Glob>)>,
+    applications: Vec<Glob>,
+    facilities: Vec<Glob>,
+    versions: Vec<Glob>,
     predicates: Vec<(Path, String, Cond)>,
 }
 
@@ -156,13 +156,17 @@ impl Route {
                 .message_types
                 .iter()
                 .map(|t| match t.split_once('^') {
-                    Some((ty, tr)) => (ty.to_owned(), Some(tr.to_owned())),
-                    None => (t.clone(), None),
+                    Some((ty, tr)) => (Glob::new(ty), Some(Glob::new(tr))),
+                    None => (Glob::new(t), None),
                 })
                 .collect(),
-            applications: m.sending_applications.clone(),
-            facilities: m.sending_facilities.clone(),
-            versions: m.versions.clone(),
+            applications: m
+                .sending_applications
+                .iter()
+                .map(|p| Glob::new(p))
+                .collect(),
+            facilities: m.sending_facilities.iter().map(|p| Glob::new(p)).collect(),
+            versions: m.versions.iter().map(|p| Glob::new(p)).collect(),
             predicates: Vec::new(),
         };
         for p in &m.predicates {
@@ -226,35 +230,40 @@ impl Route {
         msg: &Message<'_>,
         charset: Charset,
     ) -> Result<(), String> {
-        let h = env.header.clone().unwrap_or_default();
+        let none = Header::default();
+        let h = env.header.as_ref().unwrap_or(&none);
         let m = &self.matcher;
         if !m.types.is_empty()
             && !m.types.iter().any(|(ty, tr)| {
-                glob(ty, &h.message_type) && tr.as_ref().is_none_or(|tr| glob(tr, &h.trigger_event))
+                ty.matches(&h.message_type)
+                    && tr.as_ref().is_none_or(|tr| tr.matches(&h.trigger_event))
             })
         {
             return Err("messageTypes".into());
         }
-        let hd = |patterns: &[String], whole: &str| {
+        let hd = |patterns: &[Glob], whole: &str| {
             let first = whole.split('^').next().unwrap_or("");
-            patterns.is_empty() || patterns.iter().any(|p| glob(p, whole) || glob(p, first))
+            patterns.is_empty()
+                || patterns
+                    .iter()
+                    .any(|p| p.matches(whole) || p.matches(first))
         };
         if !hd(&m.applications, &h.sending_application) {
             return Err("sendingApplications".into());
         }
         // Test traffic (`helm test`) only through routes that name its sending application.
-        if hl7gw_runtime::envelope::is_test_traffic(&h)
+        if hl7gw_runtime::envelope::is_test_traffic(h)
             && !m
                 .applications
                 .iter()
-                .any(|p| p == hl7gw_runtime::envelope::TEST_SENDING_APPLICATION)
+                .any(|p| p.pattern == hl7gw_runtime::envelope::TEST_SENDING_APPLICATION)
         {
             return Err("test traffic (HL7GW-TEST) and the route does not name it".into());
         }
         if !hd(&m.facilities, &h.sending_facility) {
             return Err("sendingFacilities".into());
         }
-        if !m.versions.is_empty() && !m.versions.iter().any(|v| glob(v, &h.version)) {
+        if !m.versions.is_empty() && !m.versions.iter().any(|v| v.matches(&h.version)) {
             return Err("versions".into());
         }
         for (p, text, cond) in &m.predicates {
@@ -575,9 +584,53 @@ fn msg_has(e: &hl7v2::Edit<'_>, name: &str) -> bool {
     e.has_segment(name, 1)
 }
 
-/// `*` matches any run of characters, `?` one character; everything else matches itself.
-pub fn glob(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
+/// A glob (`*` any run of characters, `?` one character, everything else itself) compiled once, when its route is: literals and `prefix*` compare bytes, the rest walks characters.
+#[derive(Debug, Clone)]
+pub struct Glob {
+    /// The pattern as written.
+    pub pattern: String,
+    kind: GlobKind,
+}
+
+#[derive(Debug, Clone)]
+enum GlobKind {
+    Literal,
+    /// `text*` with no other wildcard.
+    Prefix(usize),
+    Chars(Vec<char>),
+}
+
+impl Glob {
+    /// Compiles `pattern`.
+    pub fn new(pattern: &str) -> Self {
+        let wild = |c: char| c == '*' || c == '?';
+        let kind = match pattern.find(wild) {
+            None => GlobKind::Literal,
+            Some(i) if i + 1 == pattern.len() && pattern.ends_with('*') => GlobKind::Prefix(i),
+            Some(_) => GlobKind::Chars(pattern.chars().collect()),
+        };
+        Self {
+            pattern: pattern.to_owned(),
+            kind,
+        }
+    }
+
+    /// True when the pattern has no wildcard: it matches exactly one text.
+    pub fn is_literal(&self) -> bool {
+        matches!(self.kind, GlobKind::Literal)
+    }
+
+    /// True when `text` matches the whole pattern.
+    pub fn matches(&self, text: &str) -> bool {
+        match &self.kind {
+            GlobKind::Literal => self.pattern == text,
+            GlobKind::Prefix(n) => text.as_bytes().starts_with(&self.pattern.as_bytes()[..*n]),
+            GlobKind::Chars(p) => glob_chars(p, text),
+        }
+    }
+}
+
+fn glob_chars(p: &[char], text: &str) -> bool {
     let t: Vec<char> = text.chars().collect();
     let (mut pi, mut ti) = (0, 0);
     let (mut star, mut mark) = (None, 0);
@@ -649,17 +702,89 @@ pub fn to_json(env: &Envelope, msg: &Message<'_>, charset: Charset) -> Result<Ve
     serde_json::to_vec(&c).map_err(|e| e.to_string())
 }
 
-/// The live set of compiled routes, in evaluation order.
+/// The live set of compiled routes, in evaluation order, indexed by message type and trigger so a message is
+/// matched only against the routes that can take it: the cost per message does not grow with the number of
+/// routes for other types.
 #[derive(Debug, Default)]
 pub struct Routes {
     pub routes: Vec<Arc<Route>>,
+    /// Positions in `routes` (ascending) by literal message type, then by literal trigger.
+    by_type: HashMap<String, TypeIndex>,
+    /// Routes any message may match: no `messageTypes`, or a type pattern with a wildcard.
+    any_type: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+struct TypeIndex {
+    /// No trigger, or a trigger pattern with a wildcard.
+    any_trigger: Vec<u32>,
+    by_trigger: HashMap<String, Vec<u32>>,
 }
 
 impl Routes {
     /// Builds a set from compiled routes, sorted by priority then name.
     pub fn new(mut routes: Vec<Arc<Route>>) -> Self {
         routes.sort_by(|a, b| a.priority.cmp(&b.priority).then(a.name.cmp(&b.name)));
-        Self { routes }
+        let mut by_type: HashMap<String, TypeIndex> = HashMap::new();
+        let mut any_type = Vec::new();
+        for (i, r) in routes.iter().enumerate() {
+            let i = i as u32;
+            let types = &r.matcher.types;
+            if types.is_empty() || types.iter().any(|(ty, _)| !ty.is_literal()) {
+                any_type.push(i);
+                continue;
+            }
+            for (ty, tr) in types {
+                let t = by_type.entry(ty.pattern.clone()).or_default();
+                let list = match tr {
+                    Some(tr) if tr.is_literal() => {
+                        t.by_trigger.entry(tr.pattern.clone()).or_default()
+                    }
+                    _ => &mut t.any_trigger,
+                };
+                // A route listing the same type twice is indexed once.
+                if list.last() != Some(&i) {
+                    list.push(i);
+                }
+            }
+        }
+        Self {
+            routes,
+            by_type,
+            any_type,
+        }
+    }
+
+    /// The routes that may take a message of this type and trigger, in evaluation order (each still checked
+    /// with [`Route::matches`]).
+    pub fn candidates<'a>(
+        &'a self,
+        message_type: &str,
+        trigger: &str,
+    ) -> impl Iterator<Item = &'a Arc<Route>> + 'a {
+        let t = self.by_type.get(message_type);
+        let any_trigger = t.map_or(&[][..], |t| &t.any_trigger[..]);
+        let by_trigger = t
+            .and_then(|t| t.by_trigger.get(trigger))
+            .map_or(&[][..], |v| &v[..]);
+        Merge([&self.any_type[..], any_trigger, by_trigger]).map(|i| &self.routes[i as usize])
+    }
+}
+
+/// The ascending union of sorted position lists, each position once.
+struct Merge<'a>([&'a [u32]; 3]);
+
+impl Iterator for Merge<'_> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        let next = self.0.iter().filter_map(|l| l.first().copied()).min()?;
+        for l in &mut self.0 {
+            if l.first() == Some(&next) {
+                *l = &l[1..];
+            }
+        }
+        Some(next)
     }
 }
 
@@ -668,6 +793,7 @@ mod tests {
     use super::*;
     use crate::route::*;
 
+    const ORU_R01: &[u8] = b"MSH|^~\\&|LAB|GOOD HOSP|EPIC|X|20260101||ORU^R01|C2|P|2.5\rPID|1||12345\rOBR|1\rOBX|1|NM|GLU||5.4\r";
     const ADT: &[u8] = b"MSH|^~\\&|EPIC|GOOD HOSP^1.2.3^ISO|LAB|X|20260101||ADT^A01^ADT_A01|C1|P|2.5\rPID|1||12345^^^MRN||DOE^JANE||19800101|F\rNK1|1|DOE^JOHN\rNK1|2|ROE^RICH\rZPI|1|x\r";
 
     struct NoPlugins;
@@ -709,8 +835,89 @@ mod tests {
             .map(|v| String::from_utf8_lossy(&v).into_owned())
     }
 
+    fn glob(pattern: &str, text: &str) -> bool {
+        Glob::new(pattern).matches(text)
+    }
+
+    #[test]
+    fn routes_are_indexed_by_type_and_trigger_in_evaluation_order() {
+        let specs = [
+            ("a-any", "destinations: [a]"),
+            ("b-adt", "{match: {messageTypes: [ADT]}, destinations: [a]}"),
+            (
+                "c-a01",
+                "{match: {messageTypes: ['ADT^A01', 'ADT^A01']}, destinations: [a]}",
+            ),
+            (
+                "d-a02",
+                "{match: {messageTypes: ['ADT^A02']}, destinations: [a]}",
+            ),
+            (
+                "e-oru",
+                "{match: {messageTypes: ['ORU^R01', 'ADT^A0?']}, destinations: [a]}",
+            ),
+            (
+                "f-glob",
+                "{match: {messageTypes: ['A*^A01']}, destinations: [a]}",
+            ),
+            (
+                "g-both",
+                "{match: {messageTypes: ['ADT^A01', 'ADT^*']}, destinations: [a]}",
+            ),
+            (
+                "h-oru",
+                "{match: {messageTypes: ['ORU']}, destinations: [a]}",
+            ),
+        ];
+        let routes = Routes::new(
+            specs
+                .iter()
+                .rev()
+                .map(|(n, y)| Arc::new(Route::compile(n, &spec(y)).unwrap()))
+                .collect(),
+        );
+        let names = |ty: &str, tr: &str| -> Vec<String> {
+            routes.candidates(ty, tr).map(|r| r.name.clone()).collect()
+        };
+        assert_eq!(
+            names("ADT", "A01"),
+            ["a-any", "b-adt", "c-a01", "e-oru", "f-glob", "g-both"]
+        );
+        assert_eq!(
+            names("ADT", "A02"),
+            ["a-any", "b-adt", "d-a02", "e-oru", "f-glob", "g-both"]
+        );
+        assert_eq!(names("ORU", "R01"), ["a-any", "e-oru", "f-glob", "h-oru"]);
+        assert_eq!(names("SIU", "S12"), ["a-any", "f-glob"]);
+        // The index only narrows: what matches is what a scan of every route matches.
+        for raw in [ADT, ORU_R01] {
+            let (m, env) = (Message::parse(raw).unwrap(), env_of(raw));
+            let h = env.header.clone().unwrap_or_default();
+            let scan: Vec<&str> = routes
+                .routes
+                .iter()
+                .filter(|r| r.matches(&env, &m, Charset::Utf8).is_ok())
+                .map(|r| r.name.as_str())
+                .collect();
+            let indexed: Vec<&str> = routes
+                .candidates(&h.message_type, &h.trigger_event)
+                .filter(|r| r.matches(&env, &m, Charset::Utf8).is_ok())
+                .map(|r| r.name.as_str())
+                .collect();
+            assert_eq!(scan, indexed);
+            assert!(!scan.is_empty());
+        }
+    }
+
     #[test]
     fn globs() {
+        assert!(!Glob::new("ADT*").is_literal() && Glob::new("ADT").is_literal());
+        assert!(glob("ADT*", "ADT"));
+        assert!(glob("AD*", "ADT"));
+        assert!(!glob("AD*", "AT"));
+        assert!(glob("A*T", "ADT"));
+        assert!(glob("A?T", "ADT"));
+        assert!(!glob("A?", "ADT"));
         assert!(glob("ADT", "ADT"));
         assert!(glob("A0?", "A01"));
         assert!(glob("*", ""));

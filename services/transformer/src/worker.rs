@@ -3,7 +3,7 @@
 //! visible to read_committed consumers or none are, and the batch is consumed again.
 
 use crate::config::{Config, Unmatched};
-use crate::engine::{PluginCaller, Route};
+use crate::engine::{PluginCaller, Routes};
 use crate::metrics::{TransformerMetrics, outcome};
 use crate::source::LiveRoutes;
 use hl7gw_runtime::envelope;
@@ -86,7 +86,7 @@ pub struct Routed {
 /// Routes and transforms one inbound envelope into output and DLQ records (nothing is produced here).
 pub async fn route_one<P: PluginCaller>(
     cfg: &Config,
-    routes: &[Arc<Route>],
+    routes: &Routes,
     payload: &[u8],
     plugins: &P,
     metrics: &TransformerMetrics,
@@ -151,7 +151,7 @@ pub async fn route_one<P: PluginCaller>(
     let mut records = Vec::new();
     let mut failed = false;
     let mut matched = 0usize;
-    for route in routes {
+    for route in routes.candidates(&h.message_type, &h.trigger_event) {
         if route.matches(&env, &msg, charset).is_err() {
             continue;
         }
@@ -654,7 +654,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         for m in batch {
             let one = route_one(
                 &self.cfg,
-                &routes.routes,
+                &routes,
                 m.payload().unwrap_or_default(),
                 self.plugins.as_ref(),
                 &self.metrics,
@@ -853,7 +853,7 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Plugin;
+    use crate::engine::{Plugin, Route};
     use crate::route::HL7RouteSpec;
     use hl7gw_runtime::proto::v1::TransformRequest;
 
@@ -908,7 +908,8 @@ mod tests {
     ) -> (Routed, TransformerMetrics) {
         let mut reg = hl7gw_runtime::metrics::registry();
         let m = TransformerMetrics::register(&mut reg);
-        (route_one(cfg, routes, payload, &NoPlugins, &m).await, m)
+        let routes = Routes::new(routes.to_vec());
+        (route_one(cfg, &routes, payload, &NoPlugins, &m).await, m)
     }
 
     #[tokio::test]
