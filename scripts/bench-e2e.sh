@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `make bench-e2e`: the ingress end to end under hl7gw-load on this machine (load client, ingress and a
 # single-node Kafka all share its cores). For each ACK mode: 1 client x 10,000, 8 x 5,000 and 8 clients for
-# 30 s, ADT^A01 fixture; prints msg/s, latency percentiles, ACK codes, and the ingress's CPU time per message.
+# 30 s, ADT^A01 fixture; prints msg/s, latency percentiles, ACK codes, and the CPU time (user+system) per
+# message of the ingress, the broker and the load client.
 # BENCH_SECONDS shortens the sustained run (default 30). Results also go to target/bench-e2e.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${BENCH_SECONDS:-30}
-export KAFKA_PORT=29092 KAFKA_DATA_DIR="$PWD/target/kafka-bench"
+export KAFKA_PORT=${BENCH_KAFKA_PORT:-29692} KAFKA_DATA_DIR="$PWD/target/kafka-bench"
 cargo build --release -p hl7gw-ingress -p hl7gw-load >&2
 scripts/kafka.sh up
 ingress_pid=""
@@ -15,8 +16,6 @@ cleanup() {
   scripts/kafka.sh down || true
 }
 trap cleanup EXIT
-tck=$(getconf CLK_TCK)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 results=target/bench-e2e.jsonl
 : >"$results"
 for mode in fast durable; do
@@ -28,19 +27,25 @@ for mode in fast durable; do
   for _ in $(seq 300); do curl -fsS http://127.0.0.1:29464/readyz >/dev/null 2>&1 && break; sleep 0.2; done
   for scenario in "1 --messages 10000" "8 --messages 5000" "8 --duration $secs"; do
     read -r clients rest <<<"$scenario"
-    before=$(cpu_ticks "$ingress_pid")
-    json=$(target/release/hl7gw-load --to 127.0.0.1:22575 --clients "$clients" $rest --warmup 200 --json || true)
-    after=$(cpu_ticks "$ingress_pid")
-    python3 - "$mode" "$clients" "$rest" "$before" "$after" "$tck" "$json" >>"$results" <<'PY'
-import json, sys
-mode, clients, rest, before, after, tck, raw = sys.argv[1:8]
-r = json.loads(raw)
-n = r["messages"] + r.get("warmup", {}).get("messages", 0)
-cpu_us = (int(after) - int(before)) * 1e6 / int(tck) / max(n, 1)
+    python3 - "$mode" "$clients" "$rest" "$ingress_pid" "$(cat "$KAFKA_DATA_DIR/kafka.pid")" >>"$results" <<'PY'
+import json, os, resource, subprocess, sys
+mode, clients, rest, ingress, broker = sys.argv[1:6]
+tck = os.sysconf("SC_CLK_TCK")
+def ticks(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+i0, b0, c0 = ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
+p = subprocess.run(["target/release/hl7gw-load", "--to", "127.0.0.1:22575", "--clients", clients, *rest.split(),
+                    "--warmup", "200", "--json"], capture_output=True, text=True)
+i1, b1, c1 = ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
+r = json.loads(p.stdout)
+n = max(r["messages"] + r.get("warmup", {}).get("messages", 0), 1)
+us = lambda t: round(t * 1e6 / tck / n, 1)
 print(json.dumps({"mode": mode, "clients": int(clients), "run": rest, "msgs_per_sec": r["msgs_per_sec"],
                   "p50_ms": r["latency_us"]["p50"] / 1000, "p99_ms": r["latency_us"]["p99"] / 1000,
                   "max_ms": r["latency_us"]["max"] / 1000, "acks": {k: v for k, v in r["acks"].items() if v},
-                  "errors": r["errors"], "ingress_cpu_us_per_msg": round(cpu_us, 1)}))
+                  "errors": r["errors"], "ingress_cpu_us_per_msg": us(i1 - i0), "broker_cpu_us_per_msg": us(b1 - b0),
+                  "load_cpu_us_per_msg": round(((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)) * 1e6 / n, 1)}))
 PY
   done
   kill -TERM "$ingress_pid"; wait "$ingress_pid" || true; ingress_pid=""
@@ -48,10 +53,11 @@ done
 python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| mode | clients | run | msg/s | p50 ms | p99 ms | max ms | ACKs | errors | ingress CPU µs/msg |")
-print("|---|---:|---|---:|---:|---:|---:|---|---:|---:|")
+print("| mode | clients | run | msg/s | p50 ms | p99 ms | max ms | ACKs | errors | CPU µs/msg: ingress | broker | load client |")
+print("|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
 for r in rows:
     acks = ", ".join(f"{k} {v}" for k, v in r["acks"].items())
     print(f'| {r["mode"]} | {r["clients"]} | {r["run"]} | {r["msgs_per_sec"]:,.0f} | {r["p50_ms"]:.3f} | '
-          f'{r["p99_ms"]:.3f} | {r["max_ms"]:.1f} | {acks} | {r["errors"]} | {r["ingress_cpu_us_per_msg"]} |')
+          f'{r["p99_ms"]:.3f} | {r["max_ms"]:.1f} | {acks} | {r["errors"]} | {r["ingress_cpu_us_per_msg"]} | '
+          f'{r["broker_cpu_us_per_msg"]} | {r["load_cpu_us_per_msg"]} |')
 PY

@@ -24,6 +24,10 @@ pub struct KafkaSettings {
     /// still batches what queues up while a request is in flight, so throughput under load holds. 1 ms adds a
     /// millisecond to every sequential sender's round trip (measured: 630 vs. more msg/s, docs/BENCHMARKS.md).
     pub linger_ms: u32,
+    /// Produce requests in flight per broker connection (`max.in.flight.requests.per.connection`, 1 to 5; the
+    /// idempotent producer keeps order at any of them). Fewer in flight means what arrives meanwhile waits and
+    /// goes out in one request: fewer, fuller requests for the broker, at no cost to a sequential sender.
+    pub max_in_flight: u32,
     /// `compression.type`: none, gzip, snappy, lz4 or zstd.
     pub compression: String,
     /// Partitions for topics the service creates when they are missing (0: do not create topics).
@@ -68,9 +72,9 @@ pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
     ),
     (
         "max.in.flight.requests.per.connection",
-        "ordering with the idempotent producer",
+        "set kafka.max_in_flight (1-5) instead",
     ),
-    ("max.in.flight", "ordering with the idempotent producer"),
+    ("max.in.flight", "set kafka.max_in_flight (1-5) instead"),
     (
         "message.timeout.ms",
         "set from ack_timeout / transaction_timeout",
@@ -161,6 +165,7 @@ impl Default for KafkaSettings {
     fn default() -> Self {
         Self {
             linger_ms: 0,
+            max_in_flight: 5,
             compression: "none".into(),
             create_topics_partitions: 6,
             replication_factor: -1,
@@ -181,6 +186,12 @@ impl KafkaSettings {
     /// The rules serde cannot check.
     pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
         let rule = |m: String| Err(crate::config::ConfigError::Rule(m));
+        if !(1..=5).contains(&self.max_in_flight) {
+            return rule(format!(
+                "kafka.max_in_flight must be between 1 and 5 (the idempotent producer's limit), not {}",
+                self.max_in_flight
+            ));
+        }
         if !(1000..=1_000_000_000).contains(&self.max_message_bytes) {
             return rule(format!(
                 "kafka.max_message_bytes must be between 1000 and 1000000000, not {}",
@@ -321,7 +332,10 @@ pub fn producer_config(
 fn producer_settings(c: &mut ClientConfig, s: &KafkaSettings, delivery_timeout: Duration) {
     c.set("acks", "all")
         .set("enable.idempotence", "true")
-        .set("max.in.flight.requests.per.connection", "5")
+        .set(
+            "max.in.flight.requests.per.connection",
+            s.max_in_flight.to_string(),
+        )
         .set("linger.ms", s.linger_ms.to_string())
         .set("compression.type", &s.compression)
         .set("message.max.bytes", s.max_message_bytes.to_string())
@@ -716,6 +730,14 @@ mod tests {
             "topics made elsewhere"
         );
         for bad in [
+            KafkaSettings {
+                max_in_flight: 0,
+                ..KafkaSettings::default()
+            },
+            KafkaSettings {
+                max_in_flight: 6,
+                ..KafkaSettings::default()
+            },
             KafkaSettings {
                 replication_factor: 0,
                 ..KafkaSettings::default()
