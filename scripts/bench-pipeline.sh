@@ -13,7 +13,7 @@
 #   interpolated within buckets as Prometheus' histogram_quantile does), and the CPU time (user+system, from
 #   /proc) of every process per delivered message: ingress, transformer, egress, broker, receiver, load client.
 # - curve: fixed offered rates (BENCH_RATES, default "500 1000 2000 4000", then half the max) for
-#   BENCH_CURVE_SECONDS (20) each, open loop (hl7gw-load --rate, timed from each message's scheduled send):
+#   BENCH_CURVE_SECONDS (20) each (after an unreported warm-up of 1,500 messages per client), open loop (hl7gw-load --rate, timed from each message's scheduled send):
 #   offered vs. achieved, the sender's p99 and the end-to-end p50/p99. BENCH_RATES="" skips it.
 # Every ACKed control id must reach the receiver (lost: 0), or the script exits 1.
 set -euo pipefail
@@ -133,6 +133,16 @@ def quantile(before, after, p):
 all_acked = set()
 admin = {"ingress": 29464, "transformer": 29465, "egress": 29466}
 
+def transformer():
+    """The transformer's committed transactions and the summed time of its batches (route, produce, commit)."""
+    n, secs = 0.0, 0.0
+    for line in urllib.request.urlopen("http://127.0.0.1:29465/metrics").read().decode().splitlines():
+        if line.startswith("hl7gw_transformer_transactions_total{") and 'result="committed"' in line:
+            n += float(line.split()[-1])
+        elif line.startswith("hl7gw_transformer_batch_duration_seconds_sum"):
+            secs += float(line.split()[-1])
+    return n, secs
+
 def requests():
     """hl7gw_kafka_requests_total summed by service and API (librdkafka statistics, every second)."""
     n = {}
@@ -146,7 +156,7 @@ def requests():
 def phase(name, extra):
     """One load run, then waits until the receiver holds every id it ACKed (or 180 s without progress)."""
     acked_file = f"{out}/acked-{name}.txt"
-    q0, b0, t0 = requests(), buckets(), {k: ticks(v) for k, v in procs.items()}
+    x0, q0, b0, t0 = transformer(), requests(), buckets(), {k: ticks(v) for k, v in procs.items()}
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     have0 = delivered.poll()
     start = time.time()
@@ -165,7 +175,8 @@ def phase(name, extra):
             last, end, idle_since = n, time.time(), time.time()
     t1, b1 = {k: ticks(v) for k, v in procs.items()}, buckets()
     time.sleep(1.2)  # one more statistics report
-    q1 = requests()
+    q1, x1 = requests(), transformer()
+    txns = max(x1[0] - x0[0], 1)
     got = delivered.poll() - have0
     per_msg = {f"{svc}.{api}": round((q1[k] - q0.get(k, 0.0)) / max(got, 1), 3)
                for k in sorted(q1) for svc, api in [k] if q1[k] > q0.get(k, 0.0)}
@@ -181,8 +192,12 @@ def phase(name, extra):
         "e2e_p50_ms": round(quantile(b0, b1, 0.5) * 1000, 1), "e2e_p99_ms": round(quantile(b0, b1, 0.99) * 1000, 1),
         "cpu_us_per_delivered": cpu,
         "kafka_requests_per_delivered": per_msg,
+        "transformer_messages_per_transaction": round(got / txns, 1),
+        "transformer_batch_ms_mean": round((x1[1] - x0[1]) * 1000 / txns, 1),
     }
 
+# Warm-up, not reported: the broker's JIT and the topics' first segments (the first run was half as fast).
+phase("warmup", ["--messages", "1500"])
 rows = [phase("max", ["--duration", str(secs)])]
 maximum = rows[0]["delivered_msgs_per_sec"]
 for rate in rates + ([round(maximum / 2)] if rates and maximum else []):
@@ -207,6 +222,8 @@ print("\nCPU µs per delivered message (max run): | ingress | transformer | egre
       "receiver | load client |", file=sys.stderr)
 print(f'| {c["ingress"]} | {c["transformer"]} | {c["egress"]} | {c["broker"]} | {c["total"]} | {c["receiver"]} | '
       f'{c["load"]} |', file=sys.stderr)
+print(f'\nTransformer (max run): {m["transformer_messages_per_transaction"]} messages per transaction, a batch '
+      f'(route, produce, commit) takes {m["transformer_batch_ms_mean"]} ms on average', file=sys.stderr)
 print("\nKafka requests per delivered message (max run): "
       + ", ".join(f"{k} {v}" for k, v in m["kafka_requests_per_delivered"].items()), file=sys.stderr)
 print(f"\nacked {len(all_acked)}, lost {lost}, duplicate deliveries {summary['duplicates']}", file=sys.stderr)
