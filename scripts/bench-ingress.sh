@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `scripts/bench-ingress.sh LABEL [CLIENTS (8)] [SECONDS (10)] [NAME=VALUE ...]`: one durable ingress setting under
+# load, for comparing settings run after run (e.g. HL7GW_KAFKA__MAX_IN_FLIGHT=1, TOKIO_WORKER_THREADS=1): starts
+# the bench broker (BENCH_KAFKA_PORT, 29692) if needed, the release ingress with the given environment and
+# librdkafka statistics every second, 1,000 warm-up messages per client, then prints one line: msg/s, p50/p99,
+# CPU µs per message of the ingress, the broker and the load client, and messages per Kafka produce request (from
+# hl7gw_kafka_requests_total). Leaves the broker running (scripts/kafka.sh down with the same KAFKA_* to stop).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+label=$1 clients=${2:-8} secs=${3:-10}
+shift $(($# < 3 ? $# : 3))
+export KAFKA_PORT=${BENCH_KAFKA_PORT:-29692} KAFKA_DATA_DIR="$PWD/target/kafka-bench"
+cargo build --release -p hl7gw-ingress -p hl7gw-load --bins >&2
+scripts/kafka.sh up >&2
+broker=$(cat "$KAFKA_DATA_DIR/kafka.pid")
+topic="bench.ingress.$label.$(date +%s%N)"
+env "$@" HL7GW_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
+  HL7GW_KAFKA__STATISTICS_INTERVAL=1s RUST_LOG=warn target/release/hl7gw-ingress \
+  --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
+ingress=$!
+trap 'kill -TERM $ingress 2>/dev/null; wait $ingress 2>/dev/null || true' EXIT
+for _ in $(seq 100); do curl -fsS http://127.0.0.1:29464/readyz >/dev/null 2>&1 && break; sleep 0.2; done
+target/release/hl7gw-load --to 127.0.0.1:22575 --clients "$clients" --messages 1000 --warmup 0 >/dev/null
+sleep 1.2
+python3 - "$label" "$clients" "$secs" "$ingress" "$broker" <<'PY'
+import json, os, resource, subprocess, sys, time, urllib.request
+label, clients, secs, ingress, broker = sys.argv[1:6]
+tck = os.sysconf("SC_CLK_TCK")
+def ticks(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+def produce_requests():
+    text = urllib.request.urlopen("http://127.0.0.1:29464/metrics").read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith("hl7gw_kafka_requests_total{") and 'api="Produce"' in l)
+p0, i0, b0, c0 = produce_requests(), ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
+r = subprocess.run(["target/release/hl7gw-load", "--to", "127.0.0.1:22575", "--clients", clients,
+                    "--duration", secs, "--warmup", "0", "--json"], capture_output=True, text=True)
+c1, i1, b1 = resource.getrusage(resource.RUSAGE_CHILDREN), ticks(ingress), ticks(broker)
+time.sleep(1.2)  # the next statistics report
+p1 = produce_requests()
+j = json.loads(r.stdout)
+n = max(j["messages"], 1)
+us = lambda t: round(t * 1e6 / tck / n, 1)
+load = round(((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)) * 1e6 / n, 1)
+print(f'{label} clients={clients}: {j["msgs_per_sec"]:,.0f} msg/s, p50 {j["latency_us"]["p50"] / 1000:.3f} ms, '
+      f'p99 {j["latency_us"]["p99"] / 1000:.3f} ms; CPU µs/msg ingress {us(i1 - i0)}, broker {us(b1 - b0)}, '
+      f'load {load}; {n / max(p1 - p0, 1):.2f} messages per produce request; errors {j["errors"]}')
+PY
