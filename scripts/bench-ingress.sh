@@ -4,7 +4,8 @@
 # the bench broker (BENCH_KAFKA_PORT, 29692) if needed, the release ingress with the given environment and
 # librdkafka statistics every second, 1,000 warm-up messages per client, then prints one line: msg/s, p50/p99,
 # CPU µs per message of the ingress, the broker and the load client, and messages per Kafka produce request (from
-# hl7gw_kafka_requests_total). Leaves the broker running (scripts/kafka.sh down with the same KAFKA_* to stop).
+# hl7gw_kafka_requests_total). BENCH_LOAD_ARGS adds hl7gw-load flags (e.g. "--in-flight 8": pipelined senders).
+# Leaves the broker running (scripts/kafka.sh down with the same KAFKA_* to stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 label=$1 clients=${2:-8} secs=${3:-10}
@@ -35,7 +36,8 @@ def produce_requests():
                if l.startswith("hl7gw_kafka_requests_total{") and 'api="Produce"' in l)
 p0, i0, b0, c0 = produce_requests(), ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
 r = subprocess.run(["target/release/hl7gw-load", "--to", "127.0.0.1:22575", "--clients", clients,
-                    "--duration", secs, "--warmup", "0", "--json"], capture_output=True, text=True)
+                    "--duration", secs, "--warmup", "0", "--json"] + os.environ.get("BENCH_LOAD_ARGS", "").split(),
+                   capture_output=True, text=True)
 c1, i1, b1 = resource.getrusage(resource.RUSAGE_CHILDREN), ticks(ingress), ticks(broker)
 time.sleep(1.2)  # the next statistics report
 p1 = produce_requests()

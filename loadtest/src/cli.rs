@@ -5,7 +5,8 @@ use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// MLLP load harness: N persistent connections, one message in flight each, HDR latency histogram, ACK codes.
+/// MLLP load harness: N persistent connections, one message in flight each (or `--in-flight`), HDR latency
+/// histogram, ACK codes.
 ///
 /// Exit status: 0 when every measured message got AA/CA for its control id, 1 when any other ACK, mismatch
 /// or error occurred, 2 for usage and connection-setup errors.
@@ -87,6 +88,12 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = parse_rate)]
     pub rate: Option<f64>,
 
+    /// Messages each connection sends ahead of their ACKs (pipelining; the receiver must answer in order, as
+    /// hl7gw does). 1, the default, is how most HL7 senders work: send, wait for the ACK, send the next.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub in_flight: u32,
+
     /// Runtime worker threads (default: one per CPU). `--threads 1` keeps the harness on one core.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
@@ -152,6 +159,7 @@ mod tests {
         assert_eq!(a.max_seconds, Duration::from_secs(600));
         assert_eq!(a.fixture, Fixture::Adt);
         assert!(!a.json && !a.tls);
+        assert_eq!(a.in_flight, 1);
     }
 
     #[test]
@@ -172,6 +180,8 @@ mod tests {
             &["--to", "h:1", "--files", "a.hl7", "--fixture", "oru"],
             &["--to", "h:1", "--fixture", "xyz"],
             &["--to", "h:1", "--threads", "0"],
+            &["--to", "h:1", "--in-flight", "0"],
+            &["--to", "h:1", "--in-flight", "1025"],
         ] {
             assert!(parse(bad).is_err(), "accepted {bad:?}");
         }
@@ -181,13 +191,14 @@ mod tests {
     fn full_command_lines() {
         let line = "--to gw:2575 --clients 8 --duration 1.5 --files a.hl7 b.hl7 --json \
                     --record-acked acked.txt --tls --ca ca.pem --cert c.pem --key k.pem \
-                    --server-name gw.local --rate 100 --warmup 0 --threads 1";
+                    --server-name gw.local --rate 100 --warmup 0 --threads 1 --in-flight 16";
         let a = parse(&line.split_whitespace().collect::<Vec<_>>()).expect("parses");
         assert_eq!(a.duration, Some(Duration::from_millis(1500)));
         assert_eq!(a.files.len(), 2);
         assert_eq!(a.rate, Some(100.0));
         assert_eq!(a.warmup, 0);
         assert_eq!(a.threads, Some(1));
+        assert_eq!(a.in_flight, 16);
         assert_eq!(a.server_name.as_deref(), Some("gw.local"));
         let s =
             parse(&["--to", "gw:2575", "--scenario", "rs7", "--fixture", "mix"]).expect("parses");

@@ -1,4 +1,5 @@
-//! One client: a persistent connection, one message in flight, latency of each round trip.
+//! One client: a persistent connection, one message in flight (or `--in-flight` N, pipelined), latency of each
+//! round trip.
 //!
 //! The loop reuses its write buffer (the framed message), its read buffer and its MLLP decoder; a message is
 //! built before its timer starts. On a connection error or an ACK timeout the message counts as an error, the
@@ -12,6 +13,7 @@ use crate::stats::{ClientStats, ErrorKind};
 use bytes::BytesMut;
 use hl7v2::MllpCodec;
 use rustls_pki_types::ServerName;
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::pin::Pin;
@@ -101,6 +103,8 @@ pub struct Plan {
     pub timeout: Duration,
     /// Messages per second per client (`None`: as fast as the ACKs come).
     pub rate: Option<f64>,
+    /// Messages sent ahead of their ACKs per connection (1: send, wait, send).
+    pub in_flight: usize,
     /// Bounds the warm-up, and in count mode the whole run (`--max-seconds`).
     pub hard_deadline: Instant,
     /// Lets every client finish its warm-up before any starts measuring.
@@ -172,6 +176,13 @@ pub async fn run_client(
         Mode::Count(n) => (plan.hard_deadline, Some(plan.hard_deadline), Some(n)),
         Mode::Duration(d) => (start + d, None, None),
     };
+    if plan.in_flight > 1 {
+        c.pipelined(start, send_until, ack_until, counted, record.as_ref())
+            .await;
+        c.stats.start = Some(start);
+        c.stats.end = Some(Instant::now());
+        return c.stats;
+    }
     let mut seq = 0u64;
     loop {
         if counted.is_some_and(|n| seq >= n) {
@@ -284,6 +295,155 @@ impl Client<'_> {
         Ok(outcome)
     }
 
+    /// The measured phase with up to `plan.in_flight` messages written ahead of their ACKs, which must come
+    /// back in order. An error or a timeout (counted from the oldest unanswered message) fails every message in
+    /// flight and re-makes the connection, as one failed exchange does without pipelining.
+    async fn pipelined(
+        &mut self,
+        start: Instant,
+        send_until: Instant,
+        ack_until: Option<Instant>,
+        counted: Option<u64>,
+        record: Option<&RecordHandle>,
+    ) {
+        let plan = self.plan;
+        let mut waiting: VecDeque<Sent> = VecDeque::with_capacity(plan.in_flight);
+        let mut seq = 0u64;
+        let mut sending = true;
+        loop {
+            // Fill the window with every message that is due.
+            let mut next_due = None;
+            while sending && waiting.len() < plan.in_flight {
+                if counted.is_some_and(|n| seq >= n) {
+                    sending = false;
+                    break;
+                }
+                let mut scheduled = None;
+                if let Some(rate) = plan.rate {
+                    let at = Duration::try_from_secs_f64(seq as f64 / rate)
+                        .ok()
+                        .and_then(|d| start.checked_add(d))
+                        .filter(|at| *at < send_until);
+                    let Some(at) = at else {
+                        self.stats.stopped_early = counted.is_some();
+                        sending = false;
+                        break;
+                    };
+                    let now = Instant::now();
+                    if at > now {
+                        if waiting.is_empty() {
+                            tokio::time::sleep_until(at.into()).await;
+                        } else {
+                            next_due = Some(at);
+                            break;
+                        }
+                    } else if now - at > LATE {
+                        self.stats.late_sends += 1;
+                    }
+                    scheduled = Some(at);
+                }
+                if Instant::now() >= send_until {
+                    self.stats.stopped_early = counted.is_some();
+                    sending = false;
+                    break;
+                }
+                if self.conn.is_none() && self.reconnect(send_until, false).await.is_err() {
+                    self.stats.stopped_early = counted.is_some();
+                    sending = false;
+                    break;
+                }
+                let Some(conn) = self.conn.as_mut() else {
+                    sending = false;
+                    break;
+                };
+                let built = Instant::now();
+                self.wbuf.clear();
+                let cid = plan.messages.pick(seq).write_frame(
+                    &mut self.wbuf,
+                    &plan.run_id,
+                    self.id,
+                    seq,
+                    false,
+                );
+                let t0 = Instant::now();
+                self.stats.build += t0 - built;
+                let sent = Sent {
+                    seq,
+                    control_id: self.wbuf[cid].to_vec(),
+                    origin: scheduled.map_or(t0, |at| at.min(t0)),
+                    written: t0,
+                };
+                seq += 1;
+                let write = async {
+                    conn.write_all(&self.wbuf).await?;
+                    conn.flush().await
+                };
+                match tokio::time::timeout(plan.timeout, write).await {
+                    Ok(Ok(())) => waiting.push_back(sent),
+                    Ok(Err(_)) | Err(_) => {
+                        waiting.push_back(sent);
+                        self.fail_all(&mut waiting, ErrorKind::Io);
+                    }
+                }
+            }
+            let Some(oldest) = waiting.front() else {
+                if sending {
+                    continue;
+                }
+                return;
+            };
+            let by_timeout = oldest.written + plan.timeout;
+            let limit = ack_until.map_or(by_timeout, |d| d.min(by_timeout));
+            let Some(conn) = self.conn.as_mut() else {
+                self.fail_all(&mut waiting, ErrorKind::Closed);
+                continue;
+            };
+            self.ack_timer.as_mut().reset(limit.into());
+            // Reading is cancel-safe (bytes stay in `rbuf`), so a due message may interrupt the wait.
+            let due = async {
+                match next_due {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let r = tokio::select! {
+                biased;
+                r = read_frame(conn, &mut self.rbuf, &mut self.codec) => Some(r),
+                () = &mut self.ack_timer => None,
+                () = due => continue,
+            };
+            match r {
+                Some(Ok(frame)) => {
+                    self.backoff = INITIAL_BACKOFF;
+                    let Some(sent) = waiting.pop_front() else {
+                        continue;
+                    };
+                    let check = ack::check(&frame, &sent.control_id);
+                    self.stats.messages += 1;
+                    self.stats
+                        .ack(check.class, check.id_matches, sent.origin.elapsed());
+                    if check.accepted()
+                        && let Some(r) = record
+                    {
+                        r.acked(self.id, sent.seq);
+                    }
+                }
+                Some(Err(kind)) => self.fail_all(&mut waiting, kind),
+                None if limit < by_timeout => self.fail_all(&mut waiting, ErrorKind::Deadline),
+                None => self.fail_all(&mut waiting, ErrorKind::Timeout),
+            }
+        }
+    }
+
+    /// Counts every message in flight as failed with `kind` and drops the connection.
+    fn fail_all(&mut self, waiting: &mut VecDeque<Sent>, kind: ErrorKind) {
+        for _ in waiting.drain(..) {
+            self.stats.messages += 1;
+            self.stats.errors.add(kind);
+        }
+        self.disconnect();
+    }
+
     fn disconnect(&mut self) {
         self.conn = None;
         self.rbuf.clear();
@@ -318,6 +478,16 @@ impl Client<'_> {
     }
 }
 
+/// A pipelined message waiting for its ACK.
+struct Sent {
+    seq: u64,
+    control_id: Vec<u8>,
+    /// Where its latency counts from: the scheduled time with `--rate`, else the write.
+    origin: Instant,
+    /// When it was written: its ACK timeout counts from here.
+    written: Instant,
+}
+
 /// Writes one framed message and reads one frame back.
 async fn exchange(
     conn: &mut Conn,
@@ -327,6 +497,15 @@ async fn exchange(
 ) -> Result<BytesMut, ErrorKind> {
     conn.write_all(frame).await.map_err(|_| ErrorKind::Io)?;
     conn.flush().await.map_err(|_| ErrorKind::Io)?;
+    read_frame(conn, rbuf, codec).await
+}
+
+/// Reads the next frame. Cancel-safe: bytes read stay in `rbuf` for the next call.
+async fn read_frame(
+    conn: &mut Conn,
+    rbuf: &mut BytesMut,
+    codec: &mut MllpCodec,
+) -> Result<BytesMut, ErrorKind> {
     loop {
         match codec.decode(rbuf) {
             Ok(Some(ack)) => return Ok(ack),

@@ -26,6 +26,8 @@ pub struct Settings {
     pub warmup: u64,
     pub timeout: Duration,
     pub rate: Option<f64>,
+    /// Messages in flight per connection (`--in-flight`).
+    pub in_flight: u32,
     pub max_seconds: Duration,
     pub record: Option<PathBuf>,
 }
@@ -89,6 +91,7 @@ impl Settings {
             warmup: a.warmup,
             timeout: a.timeout,
             rate: a.rate,
+            in_flight: a.in_flight,
             max_seconds: a.max_seconds,
             record: a.record_acked.clone(),
         })
@@ -139,6 +142,7 @@ pub async fn run(settings: &Settings, spec: &RunSpec) -> anyhow::Result<Summary>
         mode: spec.mode,
         timeout: settings.timeout,
         rate: settings.rate,
+        in_flight: settings.in_flight as usize,
         hard_deadline,
         barrier: Barrier::new(spec.clients as usize),
     });
@@ -165,6 +169,7 @@ pub async fn run(settings: &Settings, spec: &RunSpec) -> anyhow::Result<Summary>
             Mode::Duration(_) => "duration",
         },
         clients: spec.clients,
+        in_flight: settings.in_flight,
     };
     let mut summary = Summary::new(info, &total);
     if let Some(r) = recorder {

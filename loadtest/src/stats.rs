@@ -277,6 +277,8 @@ pub struct Summary {
     /// `count` or `duration`.
     pub mode: &'static str,
     pub clients: u32,
+    /// Messages each connection had in flight at most (`--in-flight`).
+    pub in_flight: u32,
     /// Measured messages sent (answered or failed; connection attempts are not messages).
     pub messages: u64,
     /// Wall time of the measured phase (first client start to last client end).
@@ -314,6 +316,7 @@ pub struct RunInfo {
     pub source: String,
     pub mode: &'static str,
     pub clients: u32,
+    pub in_flight: u32,
 }
 
 impl Summary {
@@ -340,6 +343,7 @@ impl Summary {
             source: info.source,
             mode: info.mode,
             clients: info.clients,
+            in_flight: info.in_flight,
             messages: s.messages,
             seconds,
             msgs_per_sec,
@@ -382,8 +386,15 @@ impl Summary {
         let _ = writeln!(s, "sending      {}", self.source);
         let _ = writeln!(
             s,
-            "clients      {}  (warm-up: {} messages, {} errors, not counted)",
-            self.clients, self.warmup.messages, self.warmup.errors
+            "clients      {}{}  (warm-up: {} messages, {} errors, not counted)",
+            self.clients,
+            if self.in_flight > 1 {
+                format!(", {} messages in flight each", self.in_flight)
+            } else {
+                String::new()
+            },
+            self.warmup.messages,
+            self.warmup.errors
         );
         let _ = writeln!(
             s,
@@ -531,6 +542,7 @@ mod tests {
             source: "fixture adt".into(),
             mode: "count",
             clients: 2,
+            in_flight: 1,
         }
     }
 

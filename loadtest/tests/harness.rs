@@ -37,6 +37,9 @@ enum Policy {
     SilentEvery(u64),
     /// Answer the k-th message (once) only after this long: a stall.
     StallOnce(u64, Duration),
+    /// Answer a connection's messages k at a time, in order, once k have arrived: a sender with fewer than k
+    /// in flight waits for ever.
+    Batches(usize),
 }
 
 /// What the server saw: control id → the code it answered (written before the ACK is sent, so an id the
@@ -109,6 +112,7 @@ async fn serve(listener: TcpListener, policy: Policy, log: SharedLog, tls: Optio
 
 async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, policy: Policy, log: SharedLog) {
     let mut framed = Framed::new(stream, MllpCodec::default());
+    let mut held = Vec::new();
     while let Some(Ok(frame)) = framed.next().await {
         let msg = Message::parse(&frame).expect("the harness sends valid HL7");
         let cid = String::from_utf8_lossy(msg.header().control_id).into_owned();
@@ -134,8 +138,16 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, policy: Policy, lo
         let ack = format!(
             "MSH|^~\\&|TESTSRV|TEST|LOADGEN|LOADFAC|20260101000000||ACK^A01^ACK|S{cid}|P|2.5\rMSA|{code}|{cid}\r"
         );
-        if framed.send(ack.into_bytes()).await.is_err() {
-            return;
+        held.push(ack.into_bytes());
+        if let Policy::Batches(k) = policy
+            && held.len() < k
+        {
+            continue;
+        }
+        for ack in held.drain(..) {
+            if framed.send(ack).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -303,6 +315,55 @@ async fn dropped_connections_are_errors_and_the_run_goes_on() {
     assert_eq!(j["acks"]["AA"], 588);
     let ids = recorded(&file);
     assert_eq!(ids.len(), 588);
+    check_recorded(&ids, &server.log);
+}
+
+/// `--in-flight 4`: each connection writes 4 messages before it needs an ACK (the server answers only in
+/// fours), ACKs are matched in order, and every recorded id was answered AA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_clients_keep_n_messages_in_flight() {
+    let server = Server::start(Policy::Batches(4)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("acked.txt");
+    let to = server.to();
+    let run = load(&argv(
+        "--to {} --clients 2 --messages 200 --warmup 0 --in-flight 4 --timeout 5 --json --record-acked {}",
+        &[&to, file.to_str().expect("utf-8")],
+    ))
+    .await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let j = &run.json;
+    assert_eq!(j["in_flight"], 4);
+    assert_eq!(j["messages"], 400);
+    assert_eq!(j["acks"]["AA"], 400);
+    assert_eq!(j["mismatches"], 0);
+    let ids = recorded(&file);
+    assert_eq!(ids.len(), 400);
+    check_recorded(&ids, &server.log);
+}
+
+/// A connection dropped with messages in flight: each of them is an error, the client reconnects and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_messages_in_flight_on_a_dropped_connection_are_errors() {
+    let server = Server::start(Policy::DropEvery(50)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("acked.txt");
+    let to = server.to();
+    let run = load(&argv(
+        "--to {} --messages 300 --warmup 0 --in-flight 4 --json --record-acked {}",
+        &[&to, file.to_str().expect("utf-8")],
+    ))
+    .await;
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let j = &run.json;
+    assert_eq!(j["messages"], 300);
+    let errors = j["errors"].as_u64().expect("errors");
+    let aa = j["acks"]["AA"].as_u64().expect("AA");
+    assert!(errors >= 1 && aa + errors == 300, "{}", run.stdout);
+    assert!(j["reconnects"].as_u64().expect("reconnects") >= 1);
+    assert_eq!(j["mismatches"], 0);
+    let ids = recorded(&file);
+    assert_eq!(ids.len() as u64, aa);
     check_recorded(&ids, &server.log);
 }
 
