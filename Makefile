@@ -48,7 +48,7 @@ bench: ## criterion benchmarks: hl7v2 against hl7-parser and rust-hl7 (see docs/
 bench-routing: ## criterion: the transformer's route dispatch with 1, 10, 100 and 1,000 routes (indexed vs. scan)
 	$(CARGO) bench -p hl7gw-transformer --bench routing
 
-bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, with a local Kafka: msg/s, latency, CPU µs/msg of ingress, broker, load client
+bench-e2e: ## the ingress in release under hl7gw-load, fast and durable, 1/4/8 clients x 30 s, with a local Kafka: msg/s, latency, CPU µs/msg of ingress, broker, load client
 	@scripts/bench-e2e.sh
 
 bench-peers: ## the same load against an echo floor, hl7gw fast/durable and Camel 4 MLLP->Kafka routes: msg/s, p50/p99, CPU µs/msg per process

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make bench-e2e`: the ingress end to end under hl7gw-load on this machine (load client, ingress and a
-# single-node Kafka all share its cores). For each ACK mode: 1 client x 10,000, 8 x 5,000 and 8 clients for
-# 30 s, ADT^A01 fixture; prints msg/s, latency percentiles, ACK codes, and the CPU time (user+system) per
-# message of the ingress, the broker and the load client.
-# BENCH_SECONDS shortens the sustained run (default 30). Results also go to target/bench-e2e.json.
+# single-node Kafka all share its cores). For each ACK mode, the scaling from 1 to 4 to 8 clients, each
+# sustained for BENCH_SECONDS (30), ADT^A01 fixture; prints msg/s, latency percentiles, ACK codes, and the CPU
+# time (user+system) per message of the ingress, the broker and the load client. Results also go to
+# target/bench-e2e.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${BENCH_SECONDS:-30}
@@ -25,7 +25,7 @@ for mode in fast durable; do
     --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
   ingress_pid=$!
   for _ in $(seq 300); do curl -fsS http://127.0.0.1:29464/readyz >/dev/null 2>&1 && break; sleep 0.2; done
-  for scenario in "1 --messages 10000" "8 --messages 5000" "8 --duration $secs"; do
+  for scenario in "1 --duration $secs" "4 --duration $secs" "8 --duration $secs"; do
     read -r clients rest <<<"$scenario"
     python3 - "$mode" "$clients" "$rest" "$ingress_pid" "$(cat "$KAFKA_DATA_DIR/kafka.pid")" >>"$results" <<'PY'
 import json, os, resource, subprocess, sys

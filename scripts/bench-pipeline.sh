@@ -15,10 +15,12 @@
 # - curve: fixed offered rates (BENCH_RATES, default "500 1000 2000 4000", then half the max) for
 #   BENCH_CURVE_SECONDS (20) each (after an unreported warm-up of 1,500 messages per client), open loop (hl7gw-load --rate, timed from each message's scheduled send):
 #   offered vs. achieved, the sender's p99 and the end-to-end p50/p99. BENCH_RATES="" skips it.
+# BENCH_IN_FLIGHT (1) pipelines that many messages per client (hl7gw-load --in-flight): the senders of a feed
+# that does not wait for each ACK, fewer Kafka requests per message.
 # Every ACKed control id must reach the receiver (lost: 0), or the script exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export BENCH_SECONDS=${BENCH_SECONDS:-30} BENCH_CLIENTS=${BENCH_CLIENTS:-8}
+export BENCH_SECONDS=${BENCH_SECONDS:-30} BENCH_CLIENTS=${BENCH_CLIENTS:-8} BENCH_IN_FLIGHT=${BENCH_IN_FLIGHT:-1}
 export BENCH_RATES=${BENCH_RATES-500 1000 2000 4000} BENCH_CURVE_SECONDS=${BENCH_CURVE_SECONDS:-20}
 receiver=${BENCH_RECEIVER:-ack}
 export KAFKA_PORT=${BENCH_KAFKA_PORT:-29792} KAFKA_DATA_DIR="$PWD/target/kafka-bench-pipeline"
@@ -161,7 +163,8 @@ def phase(name, extra):
     have0 = delivered.poll()
     start = time.time()
     r = subprocess.run(["target/release/hl7gw-load", "--to", "127.0.0.1:22575", "--clients", str(clients),
-                        "--warmup", "0", "--record-acked", acked_file, "--json"] + extra,
+                        "--warmup", "0", "--record-acked", acked_file, "--json",
+                        "--in-flight", os.environ["BENCH_IN_FLIGHT"]] + extra,
                        capture_output=True, text=True)
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = json.loads(r.stdout) if r.stdout.strip() else {}
@@ -206,7 +209,7 @@ for rate in rates + ([round(maximum / 2)] if rates and maximum else []):
     rows.append(row)
 delivered.poll()
 lost = len(all_acked - delivered.ids)
-summary = {"clients": clients, "seconds": secs, "receiver": receiver, "acked": len(all_acked),
+summary = {"clients": clients, "in_flight": int(os.environ["BENCH_IN_FLIGHT"]), "seconds": secs, "receiver": receiver, "acked": len(all_acked),
            "lost": lost, "duplicates": delivered.copies - len(delivered.ids), "phases": rows}
 print(json.dumps(summary))
 m = rows[0]
