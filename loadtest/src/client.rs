@@ -192,11 +192,7 @@ pub async fn run_client(
         // stalls shows up in the percentiles, not only as a lower rate (no coordinated omission).
         let mut scheduled = None;
         if let Some(rate) = plan.rate {
-            let at = Duration::try_from_secs_f64(seq as f64 / rate)
-                .ok()
-                .and_then(|d| start.checked_add(d))
-                .filter(|at| *at < send_until);
-            let Some(at) = at else {
+            let Some(at) = schedule(start, seq, rate, send_until) else {
                 c.stats.stopped_early = counted.is_some();
                 break;
             };
@@ -320,11 +316,7 @@ impl Client<'_> {
                 }
                 let mut scheduled = None;
                 if let Some(rate) = plan.rate {
-                    let at = Duration::try_from_secs_f64(seq as f64 / rate)
-                        .ok()
-                        .and_then(|d| start.checked_add(d))
-                        .filter(|at| *at < send_until);
-                    let Some(at) = at else {
+                    let Some(at) = schedule(start, seq, rate, send_until) else {
                         self.stats.stopped_early = counted.is_some();
                         sending = false;
                         break;
@@ -476,6 +468,14 @@ impl Client<'_> {
             }
         }
     }
+}
+
+/// When message `seq` is due at `rate` messages per second from `start`; `None` past `send_until`.
+fn schedule(start: Instant, seq: u64, rate: f64, send_until: Instant) -> Option<Instant> {
+    Duration::try_from_secs_f64(seq as f64 / rate)
+        .ok()
+        .and_then(|d| start.checked_add(d))
+        .filter(|at| *at < send_until)
 }
 
 /// A pipelined message waiting for its ACK.
