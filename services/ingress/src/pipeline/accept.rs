@@ -1,0 +1,396 @@
+//! Accepting a message: split batches, parse and validate the header, answer duplicates from memory,
+//! build the envelope and hand the record to the producer.
+
+use super::*;
+
+impl Pipeline {
+    /// Everything up to the publish: returns the answer, or the delivery to wait for. An FHS/BHS batch is cut
+    /// into its messages, each submitted (and accepted or rejected) on its own.
+    pub fn submit(&self, frame: Bytes, origin: &Origin, sequence: u64) -> Pending {
+        if hl7v2::is_batch(&frame)
+            && let Ok(split) = hl7v2::batch::split(&frame)
+            && !split.messages.is_empty()
+        {
+            self.metrics.batches.inc();
+            let header = BatchHeader::read(&split);
+            let parts = split
+                .messages
+                .iter()
+                .map(|m| self.submit_one(frame.slice_ref(m), origin, sequence))
+                .collect();
+            return Pending::Batch {
+                frame,
+                parts,
+                header,
+            };
+        }
+        self.submit_one(frame, origin, sequence)
+    }
+
+    /// [`Pipeline::submit`] for one message.
+    fn submit_one(&self, frame: Bytes, origin: &Origin, sequence: u64) -> Pending {
+        let received = SystemTime::now();
+        let span = tracing::info_span!(
+            "hl7.ingest",
+            hl7.type = tracing::field::Empty,
+            hl7.control_id = tracing::field::Empty,
+            hl7.size = frame.len(),
+        );
+        let msg = match Message::parse(&frame) {
+            Ok(m) => m,
+            Err(e) => {
+                let r = Rejected {
+                    outcome: Outcome::Error,
+                    code: e.code(),
+                    reason: e.kind(),
+                    text: e.to_string(),
+                    location: None,
+                };
+                return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+            }
+        };
+        let h = *msg.header();
+        let t = MsgType::new(h.message_type);
+        span.record("hl7.type", tracing::field::display(MsgTypeText(&h)));
+        span.record(
+            "hl7.control_id",
+            String::from_utf8_lossy(&h.control_id[..h.control_id.len().min(64)]).as_ref(),
+        );
+        let charset = match self.validate(&h, &frame) {
+            Ok(c) => c,
+            Err(r) => {
+                return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+            }
+        };
+        let mut ticket = self.dedup.enabled().then(|| Ticket {
+            key: self
+                .dedup
+                .key(&[h.sending_application, h.sending_facility, h.control_id]),
+            digest: self.dedup.digest(&frame),
+            fast: None,
+            claim: None,
+        });
+        if let Some(tk) = &mut ticket {
+            match self.dedup.claim(tk.key, tk.digest, Instant::now()) {
+                Claimed::New(c) => tk.claim = Some(c),
+                Claimed::Reused(c) => {
+                    tk.claim = Some(c);
+                    self.metrics.control_id_reused.inc();
+                    tracing::info!(parent: &span, "control id reused with other content: a new message");
+                }
+                Claimed::Resend(ack) => {
+                    self.metrics.message(t, outcome::DUPLICATE);
+                    tracing::debug!(parent: &span, "duplicate: replaying the first ACK");
+                    return Pending::Ready(Reply {
+                        action: Action::Replay(ack),
+                        frame,
+                        envelope_id: String::new(),
+                        ticket: None,
+                    });
+                }
+                // Fast mode answered the first copy before Kafka did: a resend is the sender's second
+                // chance if that copy is lost, so it is published again (at least once) instead of waiting.
+                Claimed::InFlight(_) if self.cfg.ack_mode == AckMode::Fast => {}
+                Claimed::InFlight(first) => {
+                    tracing::debug!(parent: &span, "duplicate of a message in flight: waiting for its ACK");
+                    return Pending::Waiting {
+                        frame,
+                        first,
+                        started: Instant::now(),
+                        msg_type: t,
+                    };
+                }
+            }
+        }
+        let key = self.kafka_key(&msg);
+        let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
+        let id = envelope::new_id();
+        let env = self
+            .envelope(&id, received, Some(origin), &frame, &h, charset, sequence)
+            .with_trace(traceparent.clone(), tracestate)
+            .with_key(String::from_utf8_lossy(&key).into_owned());
+        let mut payload = Vec::new();
+        envelope::encode_into(&env, &mut payload);
+        if payload.len() > self.cfg.kafka.max_message_bytes {
+            let r = self.too_large(payload.len());
+            return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+        }
+        let hdrs = kafka_headers(&h, Some(&traceparent));
+        let mut record = FutureRecord::to(&self.cfg.inbound_topic)
+            .payload(&payload)
+            .headers(hdrs);
+        if !key.is_empty() {
+            record = record.key(&key);
+        }
+        let started = Instant::now();
+        let producer = self.producer.get();
+        let delivery = match producer.send_result(record) {
+            Ok(d) => {
+                hl7gw_runtime::failpoint::after_send(producer.client());
+                d
+            }
+            Err((e, _)) => {
+                if is_fatal(&e) {
+                    self.producer.recover_if_fatal();
+                }
+                self.metrics.publish_failed(kafka_reason(&e));
+                if is_too_large(&e) {
+                    let r = self.too_large(payload.len());
+                    return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
+                }
+                tracing::warn!(parent: &span, error = %e, "publish refused by the producer");
+                self.metrics.message(t, outcome::UNAVAILABLE);
+                return Pending::Ready(self.unavailable(frame, "kafka_unavailable"));
+            }
+        };
+        match self.cfg.ack_mode {
+            AckMode::Durable => Pending::Publishing {
+                frame,
+                delivery,
+                started,
+                envelope_id: id,
+                ticket,
+                msg_type: t,
+                span,
+                in_flight: InFlight::new(&self.metrics.in_flight),
+            },
+            AckMode::Fast => {
+                self.metrics.message(t, outcome::ACCEPTED);
+                let metrics = self.metrics.clone();
+                let fast = ticket.as_mut().map(|tk| {
+                    let f = Arc::new(FastStore {
+                        state: Mutex::default(),
+                        claim: Mutex::new(tk.claim.take()),
+                    });
+                    tk.fast = Some(f.clone());
+                    (self.dedup.clone(), tk.key, tk.digest, f)
+                });
+                tokio::spawn(async move {
+                    let stored = match delivery.await {
+                        Ok(Ok(_)) => {
+                            metrics
+                                .publish_duration
+                                .observe(started.elapsed().as_secs_f64());
+                            true
+                        }
+                        Ok(Err((e, _))) => {
+                            metrics.publish_failed(kafka_reason(&e));
+                            tracing::error!(parent: &span, error = %e, "fast mode: an ACKed message was not stored");
+                            false
+                        }
+                        Err(_) => {
+                            metrics.publish_failed("canceled");
+                            false
+                        }
+                    };
+                    if let Some((dedup, key, digest, f)) = fast {
+                        if !stored {
+                            f.failed();
+                        } else if let Some(ack) = f.stored() {
+                            dedup.remember(key, digest, ack.clone(), Instant::now());
+                            if let Some(c) = f.take_claim() {
+                                c.accepted(ack);
+                            }
+                        }
+                    }
+                });
+                Pending::Ready(Reply {
+                    action: Action::Accept,
+                    frame,
+                    envelope_id: id,
+                    ticket,
+                })
+            }
+        }
+    }
+
+    fn validate(&self, h: &Header<'_>, frame: &[u8]) -> Result<Charset, Rejected> {
+        if h.control_id.is_empty() {
+            return Err(Rejected {
+                outcome: Outcome::Error,
+                code: ErrorCode::RequiredFieldMissing,
+                reason: "missing_control_id",
+                text: "MSH-10 (message control id) is empty".into(),
+                location: Some((b"MSH", 10)),
+            });
+        }
+        // The standard's lengths (HL7 2.7: MSH-10 ST 199, MSH-3/4 HD 227); longer values would let crafted
+        // messages make every key, ACK and log line large.
+        for (field, value, max) in [
+            (10, h.control_id, MAX_CONTROL_ID),
+            (3, h.sending_application, MAX_HD),
+            (4, h.sending_facility, MAX_HD),
+        ] {
+            if value.len() > max {
+                return Err(Rejected {
+                    outcome: Outcome::Error,
+                    code: ErrorCode::ValueTooLong,
+                    reason: "value_too_long",
+                    text: format!("MSH-{field} is longer than {max} characters"),
+                    location: Some((b"MSH", field)),
+                });
+            }
+        }
+        if h.version.is_empty()
+            || !self
+                .cfg
+                .versions
+                .iter()
+                .any(|v| h.version.starts_with(v.as_bytes()))
+        {
+            return Err(Rejected {
+                outcome: Outcome::Reject,
+                code: ErrorCode::UnsupportedVersionId,
+                reason: "unsupported_version",
+                text: format!(
+                    "MSH-12 version {:?} is not accepted",
+                    String::from_utf8_lossy(&h.version[..h.version.len().min(16)])
+                ),
+                location: Some((b"MSH", 12)),
+            });
+        }
+        if !self.cfg.processing_ids.is_empty()
+            && !self
+                .cfg
+                .processing_ids
+                .iter()
+                .any(|p| p.as_bytes() == h.processing_id)
+        {
+            return Err(Rejected {
+                outcome: Outcome::Reject,
+                code: ErrorCode::UnsupportedProcessingId,
+                reason: "unsupported_processing_id",
+                text: "MSH-11 processing id is not accepted".into(),
+                location: Some((b"MSH", 11)),
+            });
+        }
+        if h.charset.is_empty() {
+            return Ok(self.fallback);
+        }
+        let cs = Charset::from_msh18(h.charset).map_err(|_| Rejected {
+            outcome: Outcome::Reject,
+            code: ErrorCode::TableValueNotFound,
+            reason: "unsupported_charset",
+            text: "MSH-18 character set is not supported".into(),
+            location: Some((b"MSH", 18)),
+        })?;
+        cs.decode(frame).map_err(|_| Rejected {
+            outcome: Outcome::Error,
+            code: ErrorCode::DataType,
+            reason: "charset_mismatch",
+            text: format!("message bytes are not valid {}", cs.name()),
+            location: Some((b"MSH", 18)),
+        })?;
+        Ok(cs)
+    }
+
+    fn kafka_key(&self, msg: &Message<'_>) -> Vec<u8> {
+        let key = envelope::kafka_key(msg, &self.key_paths);
+        match &self.key_salt {
+            Some(salt) if !key.is_empty() => envelope::salted_key(salt, &key),
+            _ => key,
+        }
+    }
+
+    /// The envelope every record of this ingress starts from.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn envelope(
+        &self,
+        id: &str,
+        received: SystemTime,
+        origin: Option<&Origin>,
+        frame: &Bytes,
+        h: &Header<'_>,
+        charset: Charset,
+        sequence: u64,
+    ) -> Envelope {
+        Envelope {
+            id: id.to_owned(),
+            received_at: Some(envelope::timestamp(received)),
+            source: origin.map(|o| self.source(o)),
+            raw: frame.clone(),
+            charset: charset_label(h, &self.cfg.charset_fallback),
+            header: Some(envelope::header(h, charset)),
+            trace: None,
+            sequence,
+            attempts: 0,
+            stages: vec![Stage {
+                name: "ingress".into(),
+                at: Some(envelope::timestamp(received)),
+                pod: self.pod.clone(),
+            }],
+            rejection: None,
+            destination: String::new(),
+            key: String::new(),
+            route: String::new(),
+            content_type: String::new(),
+        }
+    }
+
+    fn source(&self, o: &Origin) -> Source {
+        Source {
+            listener: o.listener.to_string(),
+            peer: o.peer.clone(),
+            pod: self.pod.clone(),
+            protocol: o.protocol.into(),
+            connection_id: o.connection_id.clone(),
+            tls_client: o.tls_client.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin() -> Origin {
+        Origin {
+            listener: "mllp".into(),
+            protocol: "mllp",
+            peer: "127.0.0.1:1".into(),
+            connection_id: "c1".into(),
+            tls_client: String::new(),
+        }
+    }
+
+    /// The reason a message is refused before any publish (its DLQ record is only queued here).
+    fn refused(cfg: Config, msg: &str) -> &'static str {
+        let pipe = test_pipeline(cfg);
+        match pipe.submit(Bytes::copy_from_slice(msg.as_bytes()), &origin(), 1) {
+            Pending::Ready(Reply {
+                action: Action::Reject(r),
+                ..
+            }) => r.reason,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    /// A runtime: a refused message's DLQ record is published from a task.
+    #[tokio::test]
+    async fn header_rules_refuse_before_the_publish() {
+        let msh = |ctrl: &str, version: &str, charset: &str| {
+            format!(
+                "MSH|^~\\&|APP|FAC|GW|HOSP|20260101120000||ADT^A01|{ctrl}|P|{version}||||||{charset}\rPID|1||123^^^H^MR\r"
+            )
+        };
+        let cfg = Config::default;
+        assert_eq!(refused(cfg(), &msh("", "2.5", "")), "missing_control_id");
+        assert_eq!(
+            refused(cfg(), &msh(&"9".repeat(MAX_CONTROL_ID + 1), "2.5", "")),
+            "value_too_long"
+        );
+        assert_eq!(refused(cfg(), &msh("C1", "", "")), "unsupported_version");
+        assert_eq!(
+            refused(cfg(), &msh("C1", "2.5", "NOT-A-CHARSET")),
+            "unsupported_charset"
+        );
+        let only_test = Config {
+            processing_ids: vec!["T".into()],
+            ..Config::default()
+        };
+        assert_eq!(
+            refused(only_test, &msh("C1", "2.5", "")),
+            "unsupported_processing_id"
+        );
+    }
+}
