@@ -15,6 +15,8 @@
 # - curve: fixed offered rates (BENCH_RATES, default "500 1000 2000 4000", then half the max) for
 #   BENCH_CURVE_SECONDS (20) each (after an unreported warm-up of 1,500 messages per client), open loop (hl7gw-load --rate, timed from each message's scheduled send):
 #   offered vs. achieved, the sender's p99 and the end-to-end p50/p99. BENCH_RATES="" skips it.
+# BENCH_WORKER_PROPERTIES (e.g. '{"fetch.min.bytes"="8192"}') is kafka.properties for the transformer and the
+# egress, to measure consumer settings.
 # BENCH_IN_FLIGHT (1) pipelines that many messages per client (hl7gw-load --in-flight): the senders of a feed
 # that does not wait for each ACK, fewer Kafka requests per message.
 # Every ACKed control id must reach the receiver (lost: 0), or the script exits 1.
@@ -63,11 +65,13 @@ ingress_pid=$!
 pids+=("$ingress_pid")
 HL7GW_INBOUND_TOPIC=$run.inbound HL7GW_DLQ_TOPIC=$run.dlq HL7GW_OUT_TOPIC_PREFIX=$run.out. HL7GW_GROUP_ID=$run.t \
 HL7GW_BATCH_LINGER=${BENCH_BATCH_LINGER:-5ms} HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS=${BENCH_PARTITIONS:-12} \
-HL7GW_ROUTES__FILE=examples/pipeline/routes.yaml target/release/hl7gw-transformer \
+HL7GW_ROUTES__FILE=examples/pipeline/routes.yaml HL7GW_KAFKA__PROPERTIES=${BENCH_WORKER_PROPERTIES:-{\}} \
+  target/release/hl7gw-transformer \
   --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29465 >/dev/null 2>"$out/transformer.log" &
 transformer_pid=$!
 pids+=("$transformer_pid")
-HL7GW_DLQ_TOPIC=$run.dlq HL7GW_OUT_TOPIC_PREFIX=$run.out. HL7GW_GROUP_PREFIX=$run.e target/release/hl7gw-egress \
+HL7GW_DLQ_TOPIC=$run.dlq HL7GW_OUT_TOPIC_PREFIX=$run.out. HL7GW_GROUP_PREFIX=$run.e \
+  HL7GW_KAFKA__PROPERTIES=${BENCH_WORKER_PROPERTIES:-{\}} target/release/hl7gw-egress \
   --config "$out/egress.yaml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29466 >/dev/null 2>"$out/egress.log" &
 egress_pid=$!
 pids+=("$egress_pid")
