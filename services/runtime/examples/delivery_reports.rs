@@ -103,7 +103,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tasks
     };
     let key = |c: u64, seq: u64| format!("patient-{c}-{}", seq % 97);
-    let (cpu0, b0, t0) = (cpu_seconds_of("self"), cpu_seconds_of(broker_pid), Instant::now());
+    let (cpu0, b0, t0) = (
+        cpu_seconds_of("self"),
+        cpu_seconds_of(broker_pid),
+        Instant::now(),
+    );
     let tasks = match mode.as_str() {
         "future" => {
             let p: FutureProducer = cfg.create()?;
