@@ -63,13 +63,8 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
     let provider = builder.build();
     let tracer = provider.tracer(service);
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    // RUST_LOG filters log lines only: message spans (INFO) always exist, so the W3C trace context that goes
-    // into Kafka headers does not depend on the log level.
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_filter(LevelFilter::INFO);
-    let registry = tracing_subscriber::registry().with(otel);
+    let registry = tracing_subscriber::registry().with(otel_layer(tracer));
     let res = if json {
         registry
             .with(
@@ -90,6 +85,27 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
     };
     res.map_err(|e| TelemetryError::Subscriber(e.to_string()))?;
     Ok(TelemetryGuard { provider })
+}
+
+/// The OpenTelemetry layer: spans and events at INFO and above, whatever `RUST_LOG` says, so the W3C trace
+/// context that goes into Kafka headers does not depend on the log level.
+///
+/// Its filter asks about every span (`Interest::sometimes`) instead of caching `always` per callsite: a
+/// callsite cached as `always` skips `enabled()` and reads the per-layer verdict the previous `enabled()` call
+/// left on the thread. rdkafka's `log_enabled!` question, asked for every client config made, leaves
+/// "disabled" there when no layer wants librdkafka's debug lines, and the next message span on that thread
+/// then had no OpenTelemetry span and no trace context (tokio-rs/tracing#2519).
+fn otel_layer<S>(tracer: opentelemetry_sdk::trace::SdkTracer) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let info_and_above = tracing_subscriber::filter::dynamic_filter_fn(|meta, _| {
+        *meta.level() <= tracing::Level::INFO
+    })
+    .with_max_level_hint(LevelFilter::INFO);
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(info_and_above)
 }
 
 /// TLS to an `https://` collector: the public CAs built in (Mozilla's, via webpki-roots: the image has no CA
@@ -164,4 +180,40 @@ pub fn set_parent(span: &tracing::Span, traceparent: &str, tracestate: &str) {
     }
     let cx = TraceContextPropagator::new().extract(&Carrier(traceparent, tracestate));
     let _ = span.set_parent(cx);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// rdkafka asks `log_enabled!(target: "librdkafka", DEBUG)` each time a client config is made (readiness
+    /// checks make them): an answer "no" from every layer must not take the trace context away from the next
+    /// message span on the same thread.
+    #[test]
+    fn a_refused_log_level_question_does_not_drop_the_next_span() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(otel_layer(provider.tracer("test")))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::sink)
+                    .with_filter(EnvFilter::new("info,hl7gw_runtime=debug")),
+            );
+        tracing::subscriber::with_default(subscriber, || {
+            for round in 0..3 {
+                let question = log::Metadata::builder()
+                    .level(log::Level::Debug)
+                    .target("librdkafka")
+                    .build();
+                // No event follows the question: what the layers answered stays on the thread.
+                let _ = log::Log::enabled(&tracing_log::LogTracer::new(), &question);
+                let span = tracing::info_span!("message", round);
+                let (traceparent, _) = trace_context(&span);
+                assert!(
+                    !traceparent.is_empty(),
+                    "round {round}: the span after a refused log level question has no trace context"
+                );
+            }
+        });
+    }
 }

@@ -156,7 +156,15 @@ impl Pipeline {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert!(!line.is_empty(), "{name} exited before listening");
+        if line.is_empty() {
+            // Its log says why (when it went to a file rather than to the test's output).
+            let log = self
+                .log_dir
+                .as_ref()
+                .and_then(|d| std::fs::read_to_string(d.join(format!("{name}.log"))).ok())
+                .unwrap_or_default();
+            panic!("{name} exited before listening\n{log}");
+        }
         let admin = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("admin="))
