@@ -126,7 +126,12 @@ pub async fn route_one<P: PluginCaller>(
     if let Some(tc) = &env.trace {
         hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
     }
+    // Every output continues the trace from this span (the egress's `deliver` becomes its child).
     let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
+    let trace = hl7gw_runtime::proto::v1::TraceContext {
+        traceparent,
+        tracestate,
+    };
     let started = Instant::now();
     let charset = Charset::from_msh18(env.charset.as_bytes()).unwrap_or(Charset::Utf8);
     let raw = env.raw.clone();
@@ -177,14 +182,7 @@ pub async fn route_one<P: PluginCaller>(
                     o.raw = applied.message.clone().into();
                     o.content_type = applied.content_type.to_owned();
                     o.key = key.clone();
-                    o.destination = dest.clone();
                     o.route = route.name.clone();
-                    // The egress continues the trace from the transformer's span.
-                    o.trace = Some(hl7gw_runtime::proto::v1::TraceContext {
-                        traceparent: traceparent.clone(),
-                        tracestate: tracestate.clone(),
-                    });
-                    envelope::push_stage(&mut o, "transformer");
                     metrics
                         .outputs
                         .get_or_create(&crate::metrics::OutputLabels {
@@ -192,12 +190,7 @@ pub async fn route_one<P: PluginCaller>(
                             destination: dest.clone(),
                         })
                         .inc();
-                    records.push(OutRecord {
-                        topic: cfg.out_topic(dest),
-                        key: key.clone(),
-                        envelope: o,
-                        traceparent: traceparent.clone(),
-                    });
+                    records.push(output_record(cfg, o, dest, &trace));
                 }
             }
             Err(e) => {
@@ -228,15 +221,7 @@ pub async fn route_one<P: PluginCaller>(
     } else if matched == 0 {
         match &cfg.default_destination {
             Some(dest) => {
-                let mut o = env.clone();
-                o.destination = dest.clone();
-                envelope::push_stage(&mut o, "transformer");
-                records.push(OutRecord {
-                    topic: cfg.out_topic(dest),
-                    key: env.key.clone(),
-                    envelope: o,
-                    traceparent,
-                });
+                records.push(output_record(cfg, env.clone(), dest, &trace));
                 outcome::DEFAULT
             }
             None => {
@@ -298,6 +283,25 @@ fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetric
         env.raw = Default::default();
     }
     *r = dlq(cfg, env, "too_large", metrics);
+}
+
+/// The record of one output for destination `dest`: the transformer's stage and trace context, the
+/// destination's topic, keyed by the envelope's key (routed or inbound).
+fn output_record(
+    cfg: &Config,
+    mut o: Envelope,
+    dest: &str,
+    trace: &hl7gw_runtime::proto::v1::TraceContext,
+) -> OutRecord {
+    o.destination = dest.to_owned();
+    o.trace = Some(trace.clone());
+    envelope::push_stage(&mut o, "transformer");
+    OutRecord {
+        topic: cfg.out_topic(dest),
+        key: o.key.clone(),
+        traceparent: trace.traceparent.clone(),
+        envelope: o,
+    }
 }
 
 /// Payload bytes of the records gathered so far.
