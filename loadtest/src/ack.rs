@@ -20,13 +20,8 @@ impl AckClass {
     /// A dense index, for counters.
     pub fn index(self) -> usize {
         match self {
-            Self::Code(AckCode::AA) => 0,
-            Self::Code(AckCode::AE) => 1,
-            Self::Code(AckCode::AR) => 2,
-            Self::Code(AckCode::CA) => 3,
-            Self::Code(AckCode::CE) => 4,
-            Self::Code(AckCode::CR) => 5,
-            Self::Invalid => 6,
+            Self::Code(c) => c.index(),
+            Self::Invalid => AckCode::ALL.len(),
         }
     }
 

@@ -10,8 +10,8 @@ use crate::tls;
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use hl7v2::ack::{AckCode, Outcome};
-use hl7v2::{Batch, Header, Message, MllpCodec};
+use hl7v2::ack::Outcome;
+use hl7v2::{Batch, Header, MllpCodec};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -200,13 +200,13 @@ where
                 .with_context(|| format!("{}: reading the ACK", m.label))?;
             sent += 1;
             print_ack(&ack)?;
-            let Some(code) = read_ack_code(&ack) else {
+            let Some((code, answered)) = hl7v2::ack::read_ack(&ack) else {
                 bail!(
                     "{}: the answer has no readable MSA-1 acknowledgment code",
                     m.label
                 );
             };
-            let answered = sanitise(read_msa2(&ack).unwrap_or_default());
+            let answered = sanitise(answered);
             if answered != control_id {
                 log(format_args!(
                     "{}: warning: ACK is for control id {answered}, sent {control_id}",
@@ -258,63 +258,9 @@ fn log(args: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "hl7gw send: {args}");
 }
 
-/// Field `n` of the first MSA segment of an ACK. Uses the parser when the ACK parses, and a plain scan
-/// otherwise, so that a minimal ACK from a lax receiver still counts.
-fn msa_field(ack: &[u8], n: usize) -> Option<&[u8]> {
-    if let Ok(m) = Message::parse(ack) {
-        return m.segment("MSA", 1)?.field(n).map(|v| v.raw());
-    }
-    let fs = *ack.get(3)?;
-    ack.split(|&b| b == b'\r' || b == b'\n')
-        .map(|s| s.trim_ascii_start())
-        .find(|s| s.starts_with(b"MSA") && s.get(3) == Some(&fs))
-        .and_then(|s| s.split(|&b| b == fs).nth(n))
-}
-
-/// MSA-1 of an ACK, when it is one of the six codes.
-fn read_ack_code(ack: &[u8]) -> Option<AckCode> {
-    AckCode::parse(msa_field(ack, 1)?.trim_ascii())
-}
-
-/// MSA-2: the control id the ACK answers.
-fn read_msa2(ack: &[u8]) -> Option<&[u8]> {
-    msa_field(ack, 2)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn classifies_acks() {
-        let ack = b"MSH|^~\\&|R|RF|S|SF|20260101||ACK^A01^ACK|X1|P|2.5.1\rMSA|AA|M1\r";
-        assert_eq!(read_ack_code(ack), Some(AckCode::AA));
-        assert_eq!(read_msa2(ack), Some(&b"M1"[..]));
-        for (code, outcome) in [
-            ("AA", Outcome::Accept),
-            ("CA", Outcome::Accept),
-            ("AE", Outcome::Error),
-            ("CE", Outcome::Error),
-            ("AR", Outcome::Reject),
-            ("CR", Outcome::Reject),
-        ] {
-            let a = format!("MSH|^~\\&|R|RF|S|SF|2026||ACK|X|P|2.5\rMSA|{code}|M\rERR|||207\r");
-            assert_eq!(
-                read_ack_code(a.as_bytes()).map(AckCode::outcome),
-                Some(outcome)
-            );
-        }
-    }
-
-    #[test]
-    fn reads_lax_acks_and_refuses_others() {
-        // Too short for the parser (fewer than 12 MSH fields), LF endings, other field separator.
-        assert_eq!(read_ack_code(b"MSH#^~\\&#R\nMSA#CE#1\n"), Some(AckCode::CE));
-        assert_eq!(read_ack_code(b"MSH|^~\\&\rMSA|XX|1\r"), None);
-        assert_eq!(read_ack_code(b"MSH|^~\\&\rPID|1\r"), None);
-        assert_eq!(read_ack_code(b""), None);
-        assert_eq!(read_ack_code(b"garbage"), None);
-    }
 
     #[test]
     fn host_and_port() {

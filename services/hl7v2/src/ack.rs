@@ -22,6 +22,14 @@ pub enum AckCode {
 }
 
 impl AckCode {
+    /// The six codes, in the order of [`AckCode::index`].
+    pub const ALL: [AckCode; 6] = [Self::AA, Self::AE, Self::AR, Self::CA, Self::CE, Self::CR];
+
+    /// A dense index (0..6), for counters kept per code.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The two letters.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -320,7 +328,7 @@ pub fn read_ack(bytes: &[u8]) -> Option<(AckCode, &[u8])> {
         .find(|l| l.starts_with(b"MSA") && l.get(3) == Some(&fs))
         .and_then(|msa| {
             let mut f = msa[4..].split(|&c| c == fs);
-            let code = AckCode::parse(f.next()?)?;
+            let code = AckCode::parse(f.next()?.trim_ascii())?;
             Some((code, f.next().unwrap_or_default()))
         })
 }
@@ -495,6 +503,21 @@ mod tests {
         );
         assert_eq!(read_ack(b"MSH|^~\\&\rMSA|XX|1"), None);
         assert_eq!(read_ack(b"garbage"), None);
+        // Other field separator, LF endings, a padded code (lax receivers).
+        assert_eq!(
+            read_ack(b"MSH#^~\\&#R\nMSA# CE #1\n"),
+            Some((AckCode::CE, &b"1"[..]))
+        );
+        assert_eq!(read_ack(b"MSH|^~\\&\rPID|1\r"), None);
+        assert_eq!(read_ack(b""), None);
+        for code in AckCode::ALL {
+            let a = format!(
+                "MSH|^~\\&|R|RF|S|SF|2026||ACK|X|P|2.5\rMSA|{}|M\rERR|||207\r",
+                code.as_str()
+            );
+            assert_eq!(read_ack(a.as_bytes()), Some((code, &b"M"[..])));
+            assert_eq!(AckCode::ALL[code.index()], code);
+        }
     }
 
     #[test]
