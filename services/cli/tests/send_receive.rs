@@ -12,9 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-#[path = "../../ingress/tests/support/pki.rs"]
-mod pki;
-use pki::pki;
+use hl7gw_testkit::pki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hl7gw");
 /// The longest any one child process may run.

@@ -201,13 +201,12 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
-        if self.kafka_brokers.trim().is_empty() {
-            return rule("kafka_brokers is empty".into());
-        }
-        self.grpc
-            .validate(Self::GRPC_METHODS)
-            .map_err(|e| ConfigError::Rule(e.to_string()))?;
-        self.kafka.validate()?;
+        hl7gw_runtime::config::validate_common(
+            &self.kafka_brokers,
+            &self.kafka,
+            &self.grpc,
+            Self::GRPC_METHODS,
+        )?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());
         }
@@ -218,15 +217,7 @@ impl Config {
             return rule("queue_bytes_per_partition must be at least 1".into());
         }
         for (name, d) in &self.destinations {
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            {
-                return rule(format!(
-                    "destination {name:?}: letters, digits, '.', '_' or '-'"
-                ));
-            }
+            hl7gw_runtime::config::check_destination_name(name).map_err(ConfigError::Rule)?;
             if !d.address.contains(':') {
                 return rule(format!("destinations.{name}.address: expected host:port"));
             }

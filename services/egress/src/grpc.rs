@@ -4,8 +4,7 @@ use crate::config::Config;
 use crate::deadletters::{self, Filter};
 use crate::deliver::DestCtx;
 use crate::metrics::{DestLabels, EgressMetrics};
-use hl7gw_runtime::admin::Health;
-use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
+use hl7gw_runtime::proto::v1::egress_server::Egress;
 use hl7gw_runtime::proto::v1::{
     DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, ReplayRequest,
     ReplayResponse, StatusRequest, StatusResponse,
@@ -13,8 +12,6 @@ use hl7gw_runtime::proto::v1::{
 use rdkafka::consumer::Consumer;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// The Egress service.
@@ -248,24 +245,4 @@ impl Egress for EgressService {
         });
         result
     }
-}
-
-/// Serves Egress, Health and reflection on `listener` until `stop`.
-pub async fn serve(
-    listener: TcpListener,
-    svc: EgressService,
-    health: Arc<Health>,
-    stop: CancellationToken,
-) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
-    let cfg = svc.cfg.clone();
-    hl7gw_runtime::grpc::serve_service(
-        hl7gw_runtime::compressed!(EgressServer::new(svc)),
-        health,
-        listener,
-        &cfg.grpc,
-        None,
-        hl7gw_runtime::grpc::MAX_CONNECTIONS,
-        stop,
-    )
-    .await
 }

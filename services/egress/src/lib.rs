@@ -13,9 +13,10 @@ use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::dedup::Dedup;
 use hl7gw_runtime::kafka::{Commit, consumer_config, consumer_lag, ensure_topics};
+use hl7gw_runtime::proto::v1::egress_server::EgressServer;
+use hl7gw_runtime::service::{AdminServer, Bound, GrpcServer};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::Producer;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -43,13 +44,8 @@ pub enum EgressError {
     /// A delivery worker died; the process exits so its messages are read again from committed offsets.
     #[error("a delivery worker failed; see the log")]
     WorkerFailed,
-}
-
-/// The addresses the egress listens on.
-#[derive(Debug, Clone, Copy)]
-pub struct Bound {
-    pub grpc: SocketAddr,
-    pub admin: SocketAddr,
+    #[error(transparent)]
+    Task(#[from] hl7gw_runtime::service::TaskError),
 }
 
 /// Runs the egress until `stop` is cancelled, then drains: deliveries in hand finish (or are left for the
@@ -110,17 +106,11 @@ pub async fn run(
 
     let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
     let health = Arc::new(Health::default());
-    let admin_stop = CancellationToken::new();
-    let (admin_addr, admin_task) = admin::serve(
-        cfg.admin_addr,
-        health.clone(),
-        Arc::new(registry),
-        admin_stop.clone(),
-    )
-    .await?;
+    let admin = AdminServer::start(cfg.admin_addr, health.clone(), registry).await?;
     let bound = Bound {
+        mllp: None,
         grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
-        admin: admin_addr,
+        admin: admin.addr,
     };
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
     on_bound(bound);
@@ -143,19 +133,23 @@ pub async fn run(
         metrics.clone(),
         side_stop.clone(),
     ));
-    let grpc_stop = CancellationToken::new();
-    let grpc_task = tokio::spawn(grpc::serve(
-        grpc,
-        grpc::EgressService {
-            auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
-            cfg: cfg.clone(),
-            dests: dests.clone(),
-            producer: producer.clone(),
-            metrics: metrics.clone(),
-        },
-        health.clone(),
-        grpc_stop.clone(),
-    ));
+    let grpc_server = GrpcServer::spawn(|stop| {
+        hl7gw_runtime::grpc::serve_service(
+            hl7gw_runtime::compressed!(EgressServer::new(grpc::EgressService {
+                auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
+                cfg: cfg.clone(),
+                dests: dests.clone(),
+                producer: producer.clone(),
+                metrics: metrics.clone(),
+            })),
+            health.clone(),
+            grpc,
+            cfg.grpc.clone(),
+            None,
+            hl7gw_runtime::grpc::MAX_CONNECTIONS,
+            stop,
+        )
+    });
 
     let deliver_stop = CancellationToken::new();
     let failed = CancellationToken::new();
@@ -176,8 +170,7 @@ pub async fn run(
         tracing::warn!("drain timeout: undelivered messages stay uncommitted for the next owner");
     }
     side_stop.cancel();
-    grpc_stop.cancel();
-    let _ = grpc_task.await;
+    let grpc_result = grpc_server.stop().await;
     for d in &dests {
         let c = d.consumer.clone();
         let _ = tokio::task::spawn_blocking(move || {
@@ -189,16 +182,15 @@ pub async fn run(
     drop(dests);
     let p = producer.get();
     let _ = tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
-    admin_stop.cancel();
-    let _ = admin_task.await;
+    admin.stop().await;
     tracing::info!("egress stopped");
     if failed.is_cancelled() {
         return Err(EgressError::WorkerFailed);
     }
-    Ok(())
+    grpc_result.map_err(EgressError::from)
 }
 
-/// Every 2 s: readiness (Kafka answers) and consumer lag per destination.
+/// Readiness (Kafka answers, the producer is not being recreated) and consumer lag per destination.
 async fn housekeeping(
     dests: Vec<Arc<deliver::DestCtx>>,
     producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
@@ -206,7 +198,7 @@ async fn housekeeping(
     metrics: metrics::EgressMetrics,
     stop: CancellationToken,
 ) {
-    loop {
+    hl7gw_runtime::service::readiness_loop(health, stop, || async {
         producer.recover_if_fatal();
         let broken = producer.is_broken();
         let p = producer.get();
@@ -217,13 +209,6 @@ async fn housekeeping(
         })
         .await
         .unwrap_or(false);
-        health.set_dependency(if broken {
-            Err("kafka producer failed for good and is being recreated".to_owned())
-        } else if !ok {
-            Err(hl7gw_runtime::kafka::unreachable_reason())
-        } else {
-            Ok(())
-        });
         for d in &dests {
             let c = d.consumer.clone();
             let lag = tokio::task::spawn_blocking(move || {
@@ -242,9 +227,13 @@ async fn housekeeping(
                     .set(lag);
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            _ = stop.cancelled() => return,
+        if broken {
+            Err("kafka producer failed for good and is being recreated".to_owned())
+        } else if !ok {
+            Err(hl7gw_runtime::kafka::unreachable_reason())
+        } else {
+            Ok(())
         }
-    }
+    })
+    .await;
 }

@@ -26,21 +26,12 @@ fn run() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        cfg.grpc.check_files()?;
-        let kafka = hl7gw_runtime::kafka::check_config(&cfg.kafka_brokers, &cfg.kafka)?;
-        for w in kafka.iter().chain(&cfg.grpc.warnings()) {
-            eprintln!("warning: {w}");
-        }
+        hl7gw_runtime::service::check_config(&cfg.kafka_brokers, &cfg.kafka, &cfg.grpc)?;
         println!("configuration is valid");
         return Ok(());
     }
     hl7gw_runtime::shutdown::block_on("hl7gw-egress", cfg.log_json, |stop| {
-        hl7gw_egress::run(cfg, stop, |b| {
-            hl7gw_runtime::shutdown::print_listening(format_args!(
-                "hl7gw-egress listening grpc={} admin={}",
-                b.grpc, b.admin
-            ))
-        })
+        hl7gw_egress::run(cfg, stop, |b| b.print("hl7gw-egress"))
     })?;
     Ok(())
 }

@@ -134,23 +134,14 @@ pub struct DestMetrics {
     pub connections_active: Gauge,
     pub delivery_duration: Histogram,
     pub end_to_end: Histogram,
-    /// By MSA-1: AA, AE, AR, CA, CE, CR.
+    /// By MSA-1, in the order of `AckCode::ALL`.
     acks: [Counter; 6],
 }
 
 impl DestMetrics {
     /// Counts a receiver's answer.
     pub fn ack(&self, code: hl7v2::AckCode) {
-        use hl7v2::AckCode::*;
-        let i = match code {
-            AA => 0,
-            AE => 1,
-            AR => 2,
-            CA => 3,
-            CE => 4,
-            CR => 5,
-        };
-        self.acks[i].inc();
+        self.acks[code.index()].inc();
     }
 }
 
@@ -160,11 +151,11 @@ impl EgressMetrics {
         let d = DestLabels {
             destination: name.to_owned(),
         };
-        let ack = |code: &'static str| {
+        let ack = |code: hl7v2::AckCode| {
             self.acks
                 .get_or_create(&AckLabels {
                     destination: name.to_owned(),
-                    code,
+                    code: code.as_str(),
                 })
                 .clone()
         };
@@ -175,7 +166,7 @@ impl EgressMetrics {
             connections_active: self.connections_active.get_or_create(&d).clone(),
             delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
             end_to_end: self.end_to_end.get_or_create(&d).clone(),
-            acks: ["AA", "AE", "AR", "CA", "CE", "CR"].map(ack),
+            acks: hl7v2::AckCode::ALL.map(ack),
         }
     }
 }

@@ -5,8 +5,7 @@
 //! The failure matrix it prints is the table in docs/BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 mod common;
 

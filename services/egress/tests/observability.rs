@@ -7,8 +7,7 @@
 //!   of the three services after that traffic (`scripts/chart/check-metrics.py --scrape`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 mod common;
 

@@ -4,8 +4,7 @@
 //! SIGKILLs of the transformer and the egress.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 mod common;
 

@@ -3,8 +3,7 @@
 //! order at the receiver; the duplicates an egress crash causes are counted and printed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 mod common;
 

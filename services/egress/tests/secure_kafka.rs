@@ -3,8 +3,7 @@
 //! transformer's transactions and the egress's dead letters and their listing included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 mod common;
 

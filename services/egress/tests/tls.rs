@@ -3,8 +3,7 @@
 //! a client without it or with a certificate from another CA.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 use hl7gw_egress::client::{MllpClient, Tls};
 use hl7gw_egress::config::{ClientTls, Destination, RetryPolicy};

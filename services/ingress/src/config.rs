@@ -206,12 +206,12 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        if self.kafka_brokers.trim().is_empty() {
-            return rule("kafka_brokers is empty");
-        }
-        self.grpc
-            .validate(Self::GRPC_METHODS)
-            .map_err(|e| ConfigError::Rule(e.to_string()))?;
+        hl7gw_runtime::config::validate_common(
+            &self.kafka_brokers,
+            &self.kafka,
+            &self.grpc,
+            Self::GRPC_METHODS,
+        )?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() {
             return rule("inbound_topic and dlq_topic must be set");
         }
@@ -221,7 +221,6 @@ impl Config {
         if self.max_frame_bytes < 64 {
             return rule("max_frame_bytes must be at least 64");
         }
-        self.kafka.validate()?;
         if self.max_frame_bytes + ENVELOPE_HEADROOM > self.kafka.max_message_bytes {
             return Err(ConfigError::Rule(format!(
                 "max_frame_bytes ({}) plus {ENVELOPE_HEADROOM} bytes of envelope must fit kafka.max_message_bytes ({}): \

@@ -187,7 +187,7 @@ pub async fn serve(
         hl7gw_runtime::compressed!(svc),
         health,
         listener,
-        &cfg.grpc,
+        cfg.grpc.clone(),
         Some(cfg.grpc_max_concurrent_streams),
         cfg.grpc_max_connections,
         stop,

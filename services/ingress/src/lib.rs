@@ -15,8 +15,8 @@ pub mod tls;
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::kafka::ensure_topics;
+use hl7gw_runtime::service::{AdminServer, Bound, GrpcServer};
 use rdkafka::producer::Producer;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -35,14 +35,8 @@ pub enum IngressError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Bind(#[from] hl7gw_runtime::admin::BindError),
-}
-
-/// The addresses the ingress listens on (useful when the config asked for port 0).
-#[derive(Debug, Clone, Copy)]
-pub struct Bound {
-    pub mllp: SocketAddr,
-    pub grpc: SocketAddr,
-    pub admin: SocketAddr,
+    #[error(transparent)]
+    Task(#[from] hl7gw_runtime::service::TaskError),
 }
 
 /// Runs the ingress until `stop` is cancelled, then drains within `drain_timeout`. `on_bound` is called once
@@ -70,20 +64,13 @@ pub async fn run(
     let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
     let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
     let health = Arc::new(Health::default());
-    let admin_stop = CancellationToken::new();
-    let (admin_addr, admin_task) = admin::serve(
-        cfg.admin_addr,
-        health.clone(),
-        Arc::new(registry),
-        admin_stop.clone(),
-    )
-    .await?;
+    let admin = AdminServer::start(cfg.admin_addr, health.clone(), registry).await?;
     let bound = Bound {
-        mllp: mllp.local_addr().unwrap_or(cfg.mllp_addr),
+        mllp: Some(mllp.local_addr().unwrap_or(cfg.mllp_addr)),
         grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
-        admin: admin_addr,
+        admin: admin.addr,
     };
-    tracing::info!(mllp = %bound.mllp, grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
+    tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
     on_bound(bound);
 
     let probe_stop = CancellationToken::new();
@@ -109,15 +96,12 @@ pub async fn run(
         stop.clone(),
         tracker.clone(),
     ));
-    let grpc_task = tokio::spawn(grpc::serve(
-        grpc,
-        pipe.clone(),
-        cfg.clone(),
-        health.clone(),
-        stop.clone(),
-    ));
+    let grpc_server = GrpcServer::spawn(|stop| {
+        grpc::serve(grpc, pipe.clone(), cfg.clone(), health.clone(), stop)
+    });
 
     stop.cancelled().await;
+    grpc_server.cancel();
     let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
     health.set_draining();
     tracing::info!("draining: listener closed, answering messages in flight");
@@ -129,7 +113,13 @@ pub async fn run(
     {
         tracing::warn!("drain timeout: closing connections with messages still in flight");
     }
-    let _ = tokio::time::timeout_at(deadline, grpc_task).await;
+    let grpc_result = match tokio::time::timeout_at(deadline, grpc_server.stop()).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!("drain timeout: gRPC streams still open");
+            Ok(())
+        }
+    };
     probe_stop.cancel();
     let left = deadline
         .saturating_duration_since(tokio::time::Instant::now())
@@ -139,10 +129,14 @@ pub async fn run(
     if !matches!(flushed, Ok(Ok(()))) {
         tracing::warn!("producer flush incomplete at shutdown");
     }
-    admin_stop.cancel();
-    let _ = admin_task.await;
+    admin.stop().await;
     tracing::info!("ingress stopped");
-    Ok(())
+    grpc_result.map_err(IngressError::from)
+}
+
+/// The MLLP address in the listening log line.
+fn mllp_addr(b: &Bound) -> String {
+    b.mllp.map(|a| a.to_string()).unwrap_or_default()
 }
 
 /// Creates the topics when missing and keeps readiness in step with Kafka's answers.
@@ -152,8 +146,8 @@ async fn probe_kafka(
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
-    let mut topics_ready = false;
-    loop {
+    let topics_ready = std::sync::atomic::AtomicBool::new(false);
+    hl7gw_runtime::service::readiness_loop(health, stop, || async {
         // A producer broken for good is replaced here too, should no message come to notice it.
         producer.recover_if_fatal();
         let broken = producer.is_broken();
@@ -177,7 +171,7 @@ async fn probe_kafka(
         .await
         .unwrap_or((false, false));
         // Topics are created once a broker answers (an admin request to no broker only waits).
-        if answered && !topics_ready {
+        if answered && !topics_ready.load(std::sync::atomic::Ordering::Relaxed) {
             match ensure_topics(
                 &cfg.kafka_brokers,
                 &cfg.kafka,
@@ -185,32 +179,22 @@ async fn probe_kafka(
             )
             .await
             {
-                Ok(()) => topics_ready = true,
+                Ok(()) => topics_ready.store(true, std::sync::atomic::Ordering::Relaxed),
                 Err(e) => tracing::warn!(error = %e, "cannot create topics yet"),
             }
         }
-        let status = if broken {
+        if broken {
             Err("kafka producer failed for good and is being recreated".to_owned())
         } else if !answered {
             Err(hl7gw_runtime::kafka::unreachable_reason())
-        } else if !ok || !topics_ready {
+        } else if !ok || !topics_ready.load(std::sync::atomic::Ordering::Relaxed) {
             Err(format!(
                 "topics {} / {} not created yet",
                 cfg.inbound_topic, cfg.dlq_topic
             ))
         } else {
             Ok(())
-        };
-        if status.is_ok() != health.is_ready() && !health.is_draining() {
-            match &status {
-                Ok(()) => tracing::info!("ready"),
-                Err(reason) => tracing::warn!(reason = %reason, "not ready"),
-            }
         }
-        health.set_dependency(status);
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(if ok { 2 } else { 1 })) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
+    })
+    .await;
 }

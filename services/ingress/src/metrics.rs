@@ -8,22 +8,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-pub use hl7gw_runtime::metrics::MsgType;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct MessageLabels {
-    pub message_type: MsgType,
-    pub outcome: &'static str,
-}
+pub use hl7gw_runtime::metrics::{MessageLabels, MsgType, ReasonLabels};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -187,12 +176,7 @@ impl IngressMetrics {
 
     /// Counts a message's outcome.
     pub fn message(&self, t: MsgType, outcome: &'static str) {
-        self.messages
-            .get_or_create(&MessageLabels {
-                message_type: t,
-                outcome,
-            })
-            .inc();
+        hl7gw_runtime::metrics::count_message(&self.messages, t, outcome);
     }
 
     /// Counts an ACK sent.

@@ -1,7 +1,7 @@
 //! End-to-end tests of the ingress binary against a real Kafka broker started by scripts/kafka.sh.
 #![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
 
-mod support;
+use hl7gw_testkit as support;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

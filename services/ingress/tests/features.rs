@@ -6,7 +6,7 @@
 //! Every test starts its own ingress on ephemeral 127.0.0.1 ports, uses its own topics, and bounds every wait.
 #![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
 
-mod support;
+use hl7gw_testkit as support;
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};

@@ -2,7 +2,7 @@
 //! then check that every control id the harness recorded as ACKed is in the topic.
 #![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
 
-mod support;
+use hl7gw_testkit as support;
 
 use std::time::Duration;
 use support::*;

@@ -2,7 +2,7 @@
 //! the same ingress recovers without a restart. Runs its own broker (port 29192), which it stops and starts.
 #![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
 
-mod support;
+use hl7gw_testkit as support;
 
 use std::time::Duration;
 use support::*;

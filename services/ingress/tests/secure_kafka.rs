@@ -3,7 +3,7 @@
 //! certificate the broker does not trust never yield an accept ACK, keep the process up and not ready with the
 //! reason, and the service recovers by itself once the credentials are right.
 
-mod support;
+use hl7gw_testkit as support;
 
 use std::time::{Duration, Instant};
 use support::*;

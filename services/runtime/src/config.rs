@@ -25,6 +25,37 @@ pub enum ConfigError {
     Rule(String),
 }
 
+/// The rules every service's config shares: brokers set, the gRPC settings sound for the service's
+/// `grpc_methods`, the Kafka settings sound.
+pub fn validate_common(
+    kafka_brokers: &str,
+    kafka: &crate::kafka::KafkaSettings,
+    grpc: &crate::grpc::GrpcSettings,
+    grpc_methods: &[&str],
+) -> Result<(), ConfigError> {
+    if kafka_brokers.trim().is_empty() {
+        return Err(ConfigError::Rule("kafka_brokers is empty".into()));
+    }
+    grpc.validate(grpc_methods)
+        .map_err(|e| ConfigError::Rule(e.to_string()))?;
+    kafka.validate()
+}
+
+/// Longest destination name: it becomes a topic name after a prefix (`hl7.out.`), and Kafka's limit is 249.
+pub const MAX_DESTINATION_NAME: usize = 200;
+
+/// The one rule for destination names (egress `destinations`, routes, `default_destination`): 1 to
+/// [`MAX_DESTINATION_NAME`] letters, digits, `.`, `_` or `-`, as they become part of a topic name.
+pub fn check_destination_name(name: &str) -> Result<(), String> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    if name.is_empty() || name.len() > MAX_DESTINATION_NAME || !name.bytes().all(allowed) {
+        return Err(format!(
+            "destination {name:?}: 1 to {MAX_DESTINATION_NAME} letters, digits, '.', '_' or '-'"
+        ));
+    }
+    Ok(())
+}
+
 /// Loads a service config: `T::default()`, overlaid by the YAML file, by `HL7GW_` environment variables
 /// (`HL7GW_MLLP_ADDR` sets `mllp_addr`, `HL7GW_TLS__CERT` sets `tls.cert`), and by `flags` (only the fields
 /// that are `Some` there; serialize them with `skip_serializing_if = "Option::is_none"`).
@@ -121,6 +152,27 @@ pub struct CommonFlags {
 mod tests {
     use super::*;
     use serde::Deserialize;
+
+    #[test]
+    fn one_rule_for_destination_names() {
+        for ok in [
+            "lab",
+            "a",
+            "ris-2.main_x",
+            &"d".repeat(MAX_DESTINATION_NAME),
+        ] {
+            assert!(check_destination_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "lab/x",
+            "läb",
+            &"d".repeat(MAX_DESTINATION_NAME + 1),
+        ] {
+            assert!(check_destination_name(bad).is_err(), "{bad}");
+        }
+    }
 
     #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
     #[serde(deny_unknown_fields, default)]

@@ -634,7 +634,7 @@ pub async fn serve_service<S>(
     svc: S,
     readiness: Arc<Health>,
     listener: TcpListener,
-    settings: &GrpcSettings,
+    settings: GrpcSettings,
     max_concurrent_streams: Option<u32>,
     max_connections: usize,
     stop: CancellationToken,
@@ -654,7 +654,7 @@ where
     let router = builder(max_concurrent_streams)
         .add_service(health(readiness, S::NAME, stop.clone()))
         .add_service(svc);
-    serve(router, listener, settings, max_connections, stop).await
+    serve(router, listener, &settings, max_connections, stop).await
 }
 
 /// A generated tonic server accepting and sending gzip and zstd (every hl7gw service does).

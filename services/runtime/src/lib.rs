@@ -27,6 +27,7 @@ pub mod kafka;
 pub mod memory;
 pub mod metrics;
 pub mod producer;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 

@@ -22,6 +22,36 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// `message_type` and `outcome`: the labels of the ingress's and the transformer's `messages_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct MessageLabels {
+    pub message_type: MsgType,
+    pub outcome: &'static str,
+}
+
+/// `reason`: a bounded reason kind (DLQ writes, rejects, failures).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// Counts one message of type `t` with `outcome` in a `messages_total` family.
+pub fn count_message(
+    family: &prometheus_client::metrics::family::Family<
+        MessageLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    t: MsgType,
+    outcome: &'static str,
+) {
+    family
+        .get_or_create(&MessageLabels {
+            message_type: t,
+            outcome,
+        })
+        .inc();
+}
+
 /// Latency buckets in seconds, from 50 µs to 10 s.
 pub fn latency_buckets() -> impl Iterator<Item = f64> {
     [

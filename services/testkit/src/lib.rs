@@ -1,6 +1,8 @@
-//! Test support: a real Kafka broker started by the project's script, the real ingress binary, an MLLP
-//! client, and a Kafka reader to check what the topic holds. The egress's pipeline tests share this file.
-#![allow(dead_code)]
+//! hl7gw-testkit: what the integration tests of every crate share: a real Kafka broker (or a 3-broker
+//! cluster, or a secured one) started by the project's script, the PKI, the workspace's binaries started and
+//! killed on drop, an MLLP client, and a Kafka reader to check what a topic holds.
+// A test kit: a step that fails is a failed test, so unwrap and expect are its way of saying so.
+#![allow(clippy::unwrap_used, missing_debug_implementations)]
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
@@ -19,9 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
-#[path = "pki.rs"]
-mod pki;
-#[allow(unused_imports)] // not every test file uses the PKI
+pub mod pki;
 pub use pki::{Pki, pki};
 
 pub fn repo_root() -> PathBuf {
@@ -626,4 +626,85 @@ impl SecureBroker {
             ),
         ]
     }
+}
+
+/// A service run in-process on port 0, as mini-redis's `start_server` does: its task, the token that stops
+/// it and the addresses it bound.
+pub struct InProcess<E> {
+    pub bound: hl7gw_runtime::service::Bound,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), E>>,
+}
+
+impl<E: Send + 'static> InProcess<E> {
+    /// Spawns `run` (a service's `run(cfg, stop, on_bound)`, given the stop token and where to send the
+    /// bound addresses) and waits until it has bound its ports.
+    pub async fn start<Fut>(
+        run: impl FnOnce(
+            tokio_util::sync::CancellationToken,
+            tokio::sync::oneshot::Sender<hl7gw_runtime::service::Bound>,
+        ) -> Fut,
+    ) -> Self
+    where
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(run(stop.clone(), tx));
+        let bound = tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .expect("the service bound its ports within 30 s")
+            .expect("the service started (it returned before binding)");
+        Self { bound, stop, task }
+    }
+
+    /// Waits until `/readyz` answers 200 (within `limit`); the last answer otherwise.
+    pub async fn ready(&self, limit: Duration) -> Result<(), String> {
+        let admin = self.bound.admin;
+        let deadline = Instant::now() + limit;
+        loop {
+            let (status, body) = tokio::task::spawn_blocking(move || http_get(admin, "/readyz"))
+                .await
+                .unwrap();
+            if status == 200 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{status} {body}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `GET path` on the admin server.
+    pub async fn admin_get(&self, path: &'static str) -> (u16, String) {
+        let admin = self.bound.admin;
+        tokio::task::spawn_blocking(move || http_get(admin, path))
+            .await
+            .unwrap()
+    }
+
+    /// Cancels the stop token and waits for the service to drain and return.
+    pub async fn stop(self, limit: Duration) -> Result<(), E> {
+        self.stop.cancel();
+        tokio::time::timeout(limit, self.task)
+            .await
+            .expect("the service drained in time")
+            .expect("the service task did not panic")
+    }
+}
+
+/// A service config from YAML, as the service would load it from its file (defaults under it, no `HL7GW_`
+/// variables over it).
+pub fn config<T>(yaml: &str) -> T
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + Default,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let no_flags = std::collections::BTreeMap::<String, String>::new();
+    let no_env = figment::providers::Env::prefixed("HL7GW_TESTKIT_NOTHING_");
+    hl7gw_runtime::config::load_with_env(Some(&file), &no_flags, no_env)
+        .unwrap_or_else(|e| panic!("config {yaml}: {e}"))
 }

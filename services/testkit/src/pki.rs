@@ -1,7 +1,5 @@
 //! TLS material generated at test time: a CA, a server certificate for localhost/127.0.0.1, a client
-//! certificate from the same CA, and a client certificate from another CA. Shared by the ingress, egress and
-//! CLI tests (included by path).
-#![allow(dead_code, clippy::unwrap_used)]
+//! certificate from the same CA, and a client certificate from another CA.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,

@@ -150,13 +150,12 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        if self.kafka_brokers.trim().is_empty() {
-            return rule("kafka_brokers is empty");
-        }
-        self.grpc
-            .validate(Self::GRPC_METHODS)
-            .map_err(|e| ConfigError::Rule(e.to_string()))?;
-        self.kafka.validate()?;
+        hl7gw_runtime::config::validate_common(
+            &self.kafka_brokers,
+            &self.kafka,
+            &self.grpc,
+            Self::GRPC_METHODS,
+        )?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
             return rule("inbound_topic, dlq_topic and group_id must be set");
         }
@@ -184,13 +183,9 @@ impl Config {
         if self.routes.reload_interval.is_zero() {
             return rule("routes.reload_interval must be more than 0");
         }
-        if let Some(d) = &self.default_destination
-            && (d.is_empty()
-                || !d
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')))
-        {
-            return rule("default_destination: letters, digits, '.', '_' or '-'");
+        if let Some(d) = &self.default_destination {
+            hl7gw_runtime::config::check_destination_name(d)
+                .map_err(|e| ConfigError::Rule(format!("default_destination: {e}")))?;
         }
         Ok(())
     }

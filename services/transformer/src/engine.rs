@@ -118,15 +118,6 @@ pub trait PluginCaller: Send + Sync {
     ) -> impl Future<Output = Result<(Vec<u8>, String), String>> + Send;
 }
 
-/// True when `name` is a usable destination: it becomes part of a topic name.
-fn valid_destination(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 200
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
 fn path(s: &str) -> Result<Path, String> {
     Path::parse(s).map_err(|e| e.to_string())
 }
@@ -145,10 +136,8 @@ impl Route {
         if spec.destinations.is_empty() {
             return Err(RouteError::Destination("at least one is required".into()));
         }
-        if let Some(d) = spec.destinations.iter().find(|d| !valid_destination(d)) {
-            return Err(RouteError::Destination(format!(
-                "{d:?}: use 1-200 letters, digits, '.', '_' or '-'"
-            )));
+        for d in &spec.destinations {
+            hl7gw_runtime::config::check_destination_name(d).map_err(RouteError::Destination)?;
         }
         let m = &spec.matches;
         let mut matcher = Matcher {

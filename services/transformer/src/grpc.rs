@@ -4,16 +4,13 @@
 use crate::config::Config;
 use crate::engine::PluginCaller;
 use crate::source::LiveRoutes;
-use hl7gw_runtime::admin::Health;
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::proto::v1::transform_server::{Transform, TransformServer};
+use hl7gw_runtime::proto::v1::transform_server::Transform;
 use hl7gw_runtime::proto::v1::{
     Envelope, RouteMiss, TransformOutput, TransformRequest, TransformResponse,
 };
 use hl7v2::{Charset, Message};
 use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// The dry-run service.
@@ -95,24 +92,4 @@ impl<P: PluginCaller + 'static> DryRun<P> {
         }
         Ok(Response::new(resp))
     }
-}
-
-/// Serves Transform, Health and reflection on `listener` until `stop`.
-pub async fn serve<P: PluginCaller + 'static>(
-    listener: TcpListener,
-    svc: DryRun<P>,
-    health: Arc<Health>,
-    stop: CancellationToken,
-) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
-    let cfg = svc.cfg.clone();
-    hl7gw_runtime::grpc::serve_service(
-        hl7gw_runtime::compressed!(TransformServer::new(svc)),
-        health,
-        listener,
-        &cfg.grpc,
-        None,
-        hl7gw_runtime::grpc::MAX_CONNECTIONS,
-        stop,
-    )
-    .await
 }

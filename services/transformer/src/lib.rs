@@ -19,9 +19,10 @@ use hl7gw_runtime::kafka::{
     Commit, KafkaContext, consumer_config, consumer_lag, ensure_topics,
     transactional_producer_config,
 };
+use hl7gw_runtime::proto::v1::transform_server::TransformServer;
+use hl7gw_runtime::service::{AdminServer, Bound, GrpcServer};
 use rdkafka::consumer::Consumer;
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -49,13 +50,8 @@ pub enum TransformerError {
     Bind(#[from] hl7gw_runtime::admin::BindError),
     #[error(transparent)]
     PluginTls(#[from] plugin::PluginTlsError),
-}
-
-/// The addresses the transformer listens on.
-#[derive(Debug, Clone, Copy)]
-pub struct Bound {
-    pub grpc: SocketAddr,
-    pub admin: SocketAddr,
+    #[error(transparent)]
+    Task(#[from] hl7gw_runtime::service::TaskError),
 }
 
 /// Runs the transformer until `stop` is cancelled.
@@ -129,17 +125,11 @@ pub async fn run(
 
     let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
     let health = Arc::new(Health::default());
-    let admin_stop = CancellationToken::new();
-    let (admin_addr, admin_task) = admin::serve(
-        cfg.admin_addr,
-        health.clone(),
-        Arc::new(registry),
-        admin_stop.clone(),
-    )
-    .await?;
+    let admin = AdminServer::start(cfg.admin_addr, health.clone(), registry).await?;
     let bound = Bound {
+        mllp: None,
         grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
-        admin: admin_addr,
+        admin: admin.addr,
     };
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
     on_bound(bound);
@@ -157,18 +147,22 @@ pub async fn run(
         side_stop.clone(),
     ));
 
-    let grpc_stop = CancellationToken::new();
-    let grpc_task = tokio::spawn(grpc::serve(
-        grpc,
-        grpc::DryRun {
-            auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
-            cfg: cfg.clone(),
-            live: live.clone(),
-            plugins: plugins.clone(),
-        },
-        health.clone(),
-        grpc_stop.clone(),
-    ));
+    let grpc_server = GrpcServer::spawn(|stop| {
+        hl7gw_runtime::grpc::serve_service(
+            hl7gw_runtime::compressed!(TransformServer::new(grpc::DryRun {
+                auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
+                cfg: cfg.clone(),
+                live: live.clone(),
+                plugins: plugins.clone(),
+            })),
+            health.clone(),
+            grpc,
+            cfg.grpc.clone(),
+            None,
+            hl7gw_runtime::grpc::MAX_CONNECTIONS,
+            stop,
+        )
+    });
 
     let worker_stop = CancellationToken::new();
     let mut worker_task = tokio::spawn(
@@ -210,15 +204,13 @@ pub async fn run(
     };
     health.set_draining();
     side_stop.cancel();
-    grpc_stop.cancel();
-    let _ = grpc_task.await;
+    let grpc_result = grpc_server.stop().await;
     let c = consumer.clone();
     let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
     drop(consumer);
-    admin_stop.cancel();
-    let _ = admin_task.await;
+    admin.stop().await;
     tracing::info!("transformer stopped");
-    result
+    result.and(grpc_result.map_err(TransformerError::from))
 }
 
 /// The producer's `transactional.id`: the configured one, else `hl7gw-transformer-<POD_NAME or HOSTNAME>` (stable
@@ -284,8 +276,8 @@ pub(crate) async fn ensure_destinations(
     }
 }
 
-/// Every 2 s: readiness (Kafka answers, routes are loaded, the worker is not recovering), new destination
-/// topics, consumer lag.
+/// Readiness (Kafka answers, routes are loaded, the worker is not recovering), new destination topics,
+/// consumer lag.
 async fn housekeeping(
     cfg: Arc<Config>,
     consumer: Arc<worker::Consumer_>,
@@ -295,9 +287,9 @@ async fn housekeeping(
     metrics: metrics::TransformerMetrics,
     stop: CancellationToken,
 ) {
-    let mut known = BTreeSet::new();
-    loop {
-        let topics_ok = ensure_destinations(&cfg, &live, &mut known).await;
+    let known = tokio::sync::Mutex::new(BTreeSet::new());
+    hl7gw_runtime::service::readiness_loop(health, stop, || async {
+        let topics_ok = ensure_destinations(&cfg, &live, &mut *known.lock().await).await;
         let c = consumer.clone();
         let (kafka_ok, lag) = tokio::task::spawn_blocking(move || {
             let ok = c.fetch_metadata(None, Duration::from_secs(2)).is_ok();
@@ -309,7 +301,7 @@ async fn housekeeping(
         if let Some(lag) = lag {
             metrics.consumer_lag.set(lag);
         }
-        health.set_dependency(if !kafka_ok {
+        if !kafka_ok {
             Err(hl7gw_runtime::kafka::unreachable_reason())
         } else if !live.is_loaded() {
             Err("routes not loaded".to_owned())
@@ -319,10 +311,7 @@ async fn housekeeping(
             Err("destination topics not created yet".to_owned())
         } else {
             Ok(())
-        });
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            _ = stop.cancelled() => return,
         }
-    }
+    })
+    .await;
 }

@@ -1,19 +1,13 @@
 //! The transformer's metrics. Labels are bounded: message type codes, outcomes, destination and route names
 //! (from configuration), reason kinds. No label carries message content.
 
-use hl7gw_runtime::metrics::MsgType;
+pub use hl7gw_runtime::metrics::{MessageLabels, MsgType, ReasonLabels};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct MessageLabels {
-    pub message_type: MsgType,
-    pub outcome: &'static str,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct OutputLabels {
@@ -24,11 +18,6 @@ pub struct OutputLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -165,11 +154,6 @@ impl TransformerMetrics {
 
     /// Counts an inbound message's outcome.
     pub fn message(&self, t: MsgType, outcome: &'static str) {
-        self.messages
-            .get_or_create(&MessageLabels {
-                message_type: t,
-                outcome,
-            })
-            .inc();
+        hl7gw_runtime::metrics::count_message(&self.messages, t, outcome);
     }
 }

@@ -5,8 +5,7 @@
 //! checked with a TokenReview, the call with a SubjectAccessReview on `dryruns.hl7gw.io` (issue 11).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 use hl7gw_runtime::proto::v1::transform_client::TransformClient;
 use hl7gw_runtime::proto::v1::{Envelope, TransformRequest};

@@ -5,8 +5,7 @@
 //! patient ids in the flat view, per-patient order, DLQ reasons.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -3,8 +3,7 @@
 //! DLQ, a slow batch commits before its transaction times out, a broker outage is recovered in-process.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../ingress/tests/support/mod.rs"]
-mod support;
+use hl7gw_testkit as support;
 
 use hl7gw_runtime::proto::v1::Envelope;
 use rdkafka::ClientConfig;

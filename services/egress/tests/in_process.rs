@@ -1,0 +1,32 @@
+//! The egress started in-process on port 0 against the test broker: it binds, gets ready, serves its gRPC
+//! health and drains when told to stop.
+
+use hl7gw_testkit::{self as support, InProcess};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_process_on_port_0() {
+    let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
+    let id = support::unique_topic("inproc");
+    let cfg: hl7gw_egress::config::Config = support::config(&format!(
+        "grpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\nkafka_brokers: {brokers}\n\
+         out_topic_prefix: {id}.out.\ndlq_topic: {id}.dlq\ngroup_prefix: {id}\n\
+         destinations: {{lab: {{address: '127.0.0.1:{}'}}}}\n",
+        support::free_port()
+    ));
+    let egress = InProcess::start(|stop, bound| {
+        hl7gw_egress::run(cfg, stop, move |b| {
+            let _ = bound.send(b);
+        })
+    })
+    .await;
+    assert!(egress.bound.mllp.is_none());
+    assert_eq!(egress.admin_get("/healthz").await.0, 200);
+    egress.ready(Duration::from_secs(60)).await.unwrap();
+    let (_, metrics) = egress.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("hl7gw_egress_connections_active{destination=\"lab\"}"),
+        "{metrics}"
+    );
+    egress.stop(Duration::from_secs(30)).await.unwrap();
+}

@@ -1,0 +1,33 @@
+//! The ingress started in-process on port 0 against the test broker: it binds, gets ready, answers AA once
+//! Kafka holds a message, and drains when told to stop.
+
+use hl7gw_testkit::{self as support, InProcess, Mllp};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_process_on_port_0() {
+    let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
+    let cfg: hl7gw_ingress::config::Config = support::config(&format!(
+        "mllp_addr: 127.0.0.1:0\ngrpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n\
+         kafka_brokers: {brokers}\ninbound_topic: {}\ndlq_topic: {}\n",
+        support::unique_topic("inproc.in"),
+        support::unique_topic("inproc.dlq"),
+    ));
+    let ingress = InProcess::start(|stop, bound| {
+        hl7gw_ingress::run(cfg, stop, move |b| {
+            let _ = bound.send(b);
+        })
+    })
+    .await;
+    assert_eq!(ingress.admin_get("/healthz").await.0, 200);
+    ingress.ready(Duration::from_secs(60)).await.unwrap();
+    let mllp = ingress.bound.mllp.expect("the ingress bound MLLP");
+    let mut c = Mllp::connect(mllp).await;
+    let ack = c
+        .call(&support::adt("INPROC-1", "P1"))
+        .await
+        .expect("an ACK");
+    assert_eq!(support::ack_code(&ack), "AA");
+    drop(c);
+    ingress.stop(Duration::from_secs(30)).await.unwrap();
+}

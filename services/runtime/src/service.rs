@@ -1,0 +1,211 @@
+//! What every service has around its own work: the addresses it prints once bound, the admin server, the
+//! readiness loop, `--check-config`'s shared checks and the end of its gRPC task. Each service's `run` wires
+//! these and keeps only what it alone does.
+
+use crate::admin::{BindError, Health};
+use crate::grpc::{GrpcError, GrpcServeError, GrpcSettings};
+use crate::kafka::{ClientConfigError, KafkaSettings};
+use crate::metrics::Registry;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The addresses a service listens on (the ones the OS gave where the config asked for port 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The ingress's MLLP listener; the workers have none.
+    pub mllp: Option<SocketAddr>,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Bound {
+    /// The one stdout line a service prints once bound, which tests and scripts wait for:
+    /// `<service> listening [mllp=ADDR] grpc=ADDR admin=ADDR`.
+    pub fn listening_line(&self, service: &str) -> String {
+        let mllp = self.mllp.map(|a| format!(" mllp={a}")).unwrap_or_default();
+        format!(
+            "{service} listening{mllp} grpc={} admin={}",
+            self.grpc, self.admin
+        )
+    }
+
+    /// Prints [`Bound::listening_line`] to stdout.
+    pub fn print(&self, service: &str) {
+        crate::shutdown::print_listening(format_args!("{}", self.listening_line(service)));
+    }
+}
+
+/// The admin HTTP server (`/healthz`, `/readyz`, `/metrics`), serving until [`AdminServer::stop`], which a
+/// service calls last so that probes and scrapes see the whole drain.
+#[derive(Debug)]
+pub struct AdminServer {
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AdminServer {
+    /// Binds `addr` and serves `health` and `registry`.
+    pub async fn start(
+        addr: SocketAddr,
+        health: Arc<Health>,
+        registry: Registry,
+    ) -> Result<Self, BindError> {
+        let stop = CancellationToken::new();
+        let (addr, task) =
+            crate::admin::serve(addr, health, Arc::new(registry), stop.clone()).await?;
+        Ok(Self { addr, stop, task })
+    }
+
+    /// Stops serving and waits for the server to close.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Probes a service's dependencies every 2 s (every second while not ready) until `stop`, recording each
+/// verdict in `health` and logging each change (`ready`, `not ready` with the reason).
+pub async fn readiness_loop<F, Fut>(health: Arc<Health>, stop: CancellationToken, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    loop {
+        let status = probe().await;
+        let ok = status.is_ok();
+        if ok != health.is_ready() && !health.is_draining() {
+            match &status {
+                Ok(()) => tracing::info!("ready"),
+                Err(reason) => tracing::warn!(reason = %reason, "not ready"),
+            }
+        }
+        health.set_dependency(status);
+        let period = Duration::from_secs(if ok { 2 } else { 1 });
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Why `--check-config` refused a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Grpc(#[from] GrpcError),
+    #[error(transparent)]
+    Kafka(#[from] ClientConfigError),
+}
+
+/// `--check-config`'s checks every service shares: the gRPC TLS files are read and every Kafka client role's
+/// settings are built (secret files read, nothing connected). Prints the warnings of both to stderr.
+pub fn check_config(
+    kafka_brokers: &str,
+    kafka: &KafkaSettings,
+    grpc: &GrpcSettings,
+) -> Result<(), CheckError> {
+    grpc.check_files()?;
+    let kafka = crate::kafka::check_config(kafka_brokers, kafka)?;
+    for w in kafka.iter().chain(&grpc.warnings()) {
+        eprintln!("warning: {w}");
+    }
+    Ok(())
+}
+
+/// How a service's gRPC task ended, when it did not end well.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error(transparent)]
+    Grpc(#[from] GrpcServeError),
+    #[error("the gRPC server task failed: {0}")]
+    Panicked(String),
+}
+
+/// A service's gRPC server task and the token that stops it.
+#[derive(Debug)]
+pub struct GrpcServer {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), GrpcServeError>>,
+}
+
+impl GrpcServer {
+    /// Spawns `serve`, handing it the token that [`GrpcServer::cancel`] and [`GrpcServer::stop`] cancel.
+    pub fn spawn<Fut>(serve: impl FnOnce(CancellationToken) -> Fut) -> Self
+    where
+        Fut: Future<Output = Result<(), GrpcServeError>> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(stop.clone()));
+        Self { stop, task }
+    }
+
+    /// Stops taking new calls and connections; calls in progress go on.
+    pub fn cancel(&self) {
+        self.stop.cancel();
+    }
+
+    /// Cancels and waits for the server to end; its error, if any, is logged and returned (the service has
+    /// drained by then: an error here changes only the exit status).
+    pub async fn stop(self) -> Result<(), TaskError> {
+        self.stop.cancel();
+        let result = match self.task.await {
+            Ok(r) => r.map_err(TaskError::from),
+            Err(e) => Err(TaskError::Panicked(e.to_string())),
+        };
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "the gRPC server stopped with an error");
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listening_line_names_every_address() {
+        let b = Bound {
+            mllp: Some(([127, 0, 0, 1], 2575).into()),
+            grpc: ([127, 0, 0, 1], 50051).into(),
+            admin: ([127, 0, 0, 1], 9464).into(),
+        };
+        assert_eq!(
+            b.listening_line("hl7gw-ingress"),
+            "hl7gw-ingress listening mllp=127.0.0.1:2575 grpc=127.0.0.1:50051 admin=127.0.0.1:9464"
+        );
+        let w = Bound { mllp: None, ..b };
+        assert_eq!(
+            w.listening_line("hl7gw-egress"),
+            "hl7gw-egress listening grpc=127.0.0.1:50051 admin=127.0.0.1:9464"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_readiness_loop_records_each_verdict() {
+        let health = Arc::new(Health::default());
+        let stop = CancellationToken::new();
+        let verdicts = std::sync::Mutex::new(vec![Ok(()), Err("kafka down".to_owned())]);
+        let task = tokio::spawn(readiness_loop(health.clone(), stop.clone(), move || {
+            let next = verdicts.lock().unwrap().pop().unwrap_or(Ok(()));
+            async move { next }
+        }));
+        // The first verdict (not ready), then, a second later, the next (ready).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while health.reason() != "kafka down" {
+            assert!(tokio::time::Instant::now() < deadline, "no first verdict");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!health.is_ready());
+        while !health.is_ready() {
+            assert!(tokio::time::Instant::now() < deadline, "no second verdict");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+    }
+}

@@ -1,0 +1,40 @@
+//! The transformer started in-process on port 0 against the test broker: it binds, loads its routes, gets
+//! ready (topics created, transactions initialised) and drains when told to stop.
+
+use hl7gw_testkit::{self as support, InProcess};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_process_on_port_0() {
+    let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: adt}\n\
+         spec:\n  match: {messageTypes: ['ADT^A01']}\n  destinations: [lab]\n",
+    )
+    .unwrap();
+    let id = support::unique_topic("inproc");
+    let cfg: hl7gw_transformer::config::Config = support::config(&format!(
+        "grpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\nkafka_brokers: {brokers}\n\
+         inbound_topic: {id}.in\ndlq_topic: {id}.dlq\nout_topic_prefix: {id}.out.\ngroup_id: {id}\n\
+         transactional_id: {id}\nroutes: {{file: {}}}\n",
+        routes.display()
+    ));
+    let transformer = InProcess::start(|stop, bound| {
+        hl7gw_transformer::run(cfg, stop, move |b| {
+            let _ = bound.send(b);
+        })
+    })
+    .await;
+    assert!(transformer.bound.mllp.is_none());
+    assert_eq!(transformer.admin_get("/healthz").await.0, 200);
+    transformer.ready(Duration::from_secs(60)).await.unwrap();
+    let (_, metrics) = transformer.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("hl7gw_transformer_routes_active 1"),
+        "{metrics}"
+    );
+    transformer.stop(Duration::from_secs(30)).await.unwrap();
+}
