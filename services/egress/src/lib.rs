@@ -22,31 +22,22 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Why the egress could not start.
+/// Why the egress could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
     #[error(transparent)]
-    Grpc(#[from] hl7gw_runtime::grpc::GrpcError),
-    #[error(transparent)]
-    Config(#[from] hl7gw_runtime::config::ConfigError),
+    Common(hl7gw_runtime::service::CommonError),
     #[error("destination {destination}: {source}")]
     Tls {
         destination: String,
         #[source]
         source: hl7gw_tls::TlsError,
     },
-    #[error("Kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
-    #[error(transparent)]
-    KafkaConfig(#[from] hl7gw_runtime::kafka::ClientConfigError),
-    #[error(transparent)]
-    Bind(#[from] hl7gw_runtime::admin::BindError),
     /// A delivery worker died; the process exits so its messages are read again from committed offsets.
     #[error("a delivery worker failed; see the log")]
     WorkerFailed,
-    #[error(transparent)]
-    Task(#[from] hl7gw_runtime::service::TaskError),
 }
+hl7gw_runtime::common_error_from!(EgressError);
 
 /// Runs the egress until `stop` is cancelled, then drains: deliveries in hand finish (or are left for the
 /// next owner), stored offsets are committed and the consumer groups are left.

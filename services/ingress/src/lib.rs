@@ -22,22 +22,15 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Why the ingress could not start.
+/// Why the ingress could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum IngressError {
     #[error(transparent)]
-    Grpc(#[from] hl7gw_runtime::grpc::GrpcError),
-    #[error(transparent)]
-    Config(#[from] hl7gw_runtime::config::ConfigError),
+    Common(hl7gw_runtime::service::CommonError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
-    #[error("Kafka producer: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
-    #[error(transparent)]
-    Bind(#[from] hl7gw_runtime::admin::BindError),
-    #[error(transparent)]
-    Task(#[from] hl7gw_runtime::service::TaskError),
 }
+hl7gw_runtime::common_error_from!(IngressError);
 
 /// Runs the ingress until `stop` is cancelled, then drains within `drain_timeout`. `on_bound` is called once
 /// every port is bound.

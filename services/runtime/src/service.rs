@@ -116,6 +116,46 @@ pub fn check_config(
     Ok(())
 }
 
+/// What can stop any service from starting or end it with an error: the causes every service shares. Each
+/// service's error type wraps it as `Common` (see [`common_error_from`](crate::common_error_from)) and adds
+/// what is its own.
+#[derive(Debug, thiserror::Error)]
+pub enum CommonError {
+    #[error(transparent)]
+    Grpc(#[from] GrpcError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("Kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    KafkaConfig(#[from] ClientConfigError),
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Task(#[from] TaskError),
+}
+
+/// Implements `From` for each of [`CommonError`]'s causes on a service's error type that has a
+/// `Common(CommonError)` variant, so that `?` works on them in the service's code.
+#[macro_export]
+macro_rules! common_error_from {
+    ($t:ty) => {
+        $crate::common_error_from!(@one $t, $crate::grpc::GrpcError);
+        $crate::common_error_from!(@one $t, $crate::config::ConfigError);
+        $crate::common_error_from!(@one $t, rdkafka::error::KafkaError);
+        $crate::common_error_from!(@one $t, $crate::kafka::ClientConfigError);
+        $crate::common_error_from!(@one $t, $crate::admin::BindError);
+        $crate::common_error_from!(@one $t, $crate::service::TaskError);
+    };
+    (@one $t:ty, $source:ty) => {
+        impl From<$source> for $t {
+            fn from(e: $source) -> Self {
+                Self::Common(e.into())
+            }
+        }
+    };
+}
+
 /// How a service's gRPC task ended, when it did not end well.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {

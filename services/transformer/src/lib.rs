@@ -27,19 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Why the transformer could not start or stopped.
+/// Why the transformer could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum TransformerError {
     #[error(transparent)]
-    Grpc(#[from] hl7gw_runtime::grpc::GrpcError),
-    #[error(transparent)]
-    Config(#[from] hl7gw_runtime::config::ConfigError),
+    Common(hl7gw_runtime::service::CommonError),
     #[error(transparent)]
     Routes(#[from] source::SourceError),
-    #[error("Kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
-    #[error(transparent)]
-    KafkaConfig(#[from] hl7gw_runtime::kafka::ClientConfigError),
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
     /// The worker task panicked: the process exits with an error so the pod restarts (its batch was not
@@ -47,12 +41,9 @@ pub enum TransformerError {
     #[error("the worker task failed: {0}")]
     WorkerPanicked(String),
     #[error(transparent)]
-    Bind(#[from] hl7gw_runtime::admin::BindError),
-    #[error(transparent)]
     PluginTls(#[from] plugin::PluginTlsError),
-    #[error(transparent)]
-    Task(#[from] hl7gw_runtime::service::TaskError),
 }
+hl7gw_runtime::common_error_from!(TransformerError);
 
 /// Runs the transformer until `stop` is cancelled.
 pub async fn run(
