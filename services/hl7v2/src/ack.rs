@@ -296,18 +296,7 @@ fn write_code(out: &mut Vec<u8>, d: &Delimiters, code: ErrorCode, sep: u8) {
 }
 
 fn push_num(out: &mut Vec<u8>, n: usize) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// MSA-1 and MSA-2 of an acknowledgment, read leniently: a receiver's ACK need not be a message that

@@ -12,7 +12,7 @@ use std::time::Duration;
 pub const ENVELOPE_HEADROOM: usize = 64 * 1024;
 
 /// When the sender gets its accept ACK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AckMode {
     /// AA/CA only after Kafka confirmed the write (acks=all). The default.

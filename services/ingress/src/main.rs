@@ -23,17 +23,9 @@ struct Flags {
     #[serde(skip_serializing_if = "Option::is_none")]
     inbound_topic: Option<String>,
     /// durable (ACK after Kafka confirmed) or fast (ACK after parse).
-    #[arg(long, value_parser = parse_mode)]
+    #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ack_mode: Option<AckMode>,
-}
-
-fn parse_mode(s: &str) -> Result<AckMode, String> {
-    match s {
-        "durable" => Ok(AckMode::Durable),
-        "fast" => Ok(AckMode::Fast),
-        _ => Err("expected durable or fast".into()),
-    }
 }
 
 fn main() -> std::process::ExitCode {

@@ -173,20 +173,11 @@ impl Pipeline {
 
     fn next_ack_id(&self, out: &mut [u8; 28]) -> usize {
         out[..8].copy_from_slice(&self.ack_prefix);
-        let mut n = self.ack_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let len = digits.len() - i;
-        out[8..8 + len].copy_from_slice(&digits[i..]);
-        8 + len
+        let n = self.ack_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(n).as_bytes();
+        out[8..8 + digits.len()].copy_from_slice(digits);
+        8 + digits.len()
     }
 }
 
