@@ -426,9 +426,10 @@ status() {
 controller() {
   local deadline=$((SECONDS + 30)) leader
   while :; do
+    # A quorum that is still electing makes the tool fail: that is a retry, not the end (set -e).
     leader=$(tool org.apache.kafka.tools.MetadataQuorumCommand --bootstrap-controller "$(controllers)" \
       --command-config "$KAFKA_DATA_DIR/tools.properties" describe --status 2>/dev/null |
-      sed -n 's/^LeaderId:[[:space:]]*\([0-9][0-9]*\)[[:space:]]*$/\1/p')
+      sed -n 's/^LeaderId:[[:space:]]*\([0-9][0-9]*\)[[:space:]]*$/\1/p') || leader=""
     if [ -n "$leader" ] && [ "$leader" -ge 1 ] && [ "$leader" -le "$KAFKA_NODES" ]; then
       at "$leader"
       if running && port_open "$cport"; then echo "$leader"; return; fi
