@@ -4,7 +4,7 @@
 
 use crate::client::{MllpClient, SendError, Tls};
 use crate::config::{Config, Destination};
-use crate::metrics::{DestMetrics, EgressMetrics, ReasonLabels};
+use crate::metrics::{DestMetrics, EgressMetrics};
 use hl7gw_runtime::dedup::{Dedup, Seen};
 use hl7gw_runtime::envelope;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection};
@@ -366,8 +366,7 @@ impl DestCtx {
         if let Some(key) = key
             && self.dedup.lookup(key, 0, Instant::now()) != Seen::New
         {
-            self.m.duplicates_suppressed.inc();
-            tracing::info!(parent: &span, "delivered within the duplicate window: not sent again");
+            self.m.duplicate_suppressed(&span);
             return Done::Settled;
         }
         let out = outgoing(&env.raw, &self.dest.ack_policy);
@@ -389,7 +388,7 @@ impl DestCtx {
                 Ok(frame) => match hl7v2::read_ack(&frame) {
                     Some((code, _)) => {
                         let code_str = code.as_str();
-                        self.m.ack(code);
+                        self.m.answered(code);
                         set(&self.state.last_ack_code, code_str);
                         if let Ok(mut t) = self.state.last_ack_at.lock() {
                             *t = Some(SystemTime::now());
@@ -419,12 +418,7 @@ impl DestCtx {
                                         self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                                     }
                                     env.attempts = attempt;
-                                    tracing::warn!(
-                                        parent: &span,
-                                        code = code_str,
-                                        error,
-                                        "receiver refused the message for good: DLQ"
-                                    );
+                                    self.m.refused(&span, code_str, error);
                                     let detail = match error {
                                         Some(e) => {
                                             format!("receiver answered {code_str} (ERR {e})")
@@ -455,7 +449,7 @@ impl DestCtx {
                 Err(e) => {
                     reason = e.kind();
                     if !matches!(e, SendError::Connect(_) | SendError::ConnectTimeout) {
-                        tracing::info!(parent: &span, error = %e, "delivery attempt failed");
+                        self.m.attempt_failed(&span, &e);
                     }
                 }
             }
@@ -467,7 +461,7 @@ impl DestCtx {
                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                 }
                 env.attempts = attempt;
-                tracing::warn!(parent: &span, reason, attempts = tries, "giving up: DLQ");
+                self.m.gave_up(&span, reason, tries);
                 return self
                     .dead_letter(
                         env,
@@ -481,13 +475,7 @@ impl DestCtx {
             if tries == 1 {
                 self.state.retrying.fetch_add(1, Ordering::Relaxed);
             }
-            self.metrics
-                .retries
-                .get_or_create(&ReasonLabels {
-                    destination: self.name.clone(),
-                    reason,
-                })
-                .inc();
+            self.m.retrying(reason);
             let wait = retry.backoff(tries, rand_unit());
             let moved = self.consumer.context().changed.notified();
             if generation != self.consumer.context().generation() {
@@ -510,19 +498,12 @@ impl DestCtx {
     }
 
     fn accepted(&self, env: &Envelope, started: Instant) {
-        self.m.delivered.inc();
         self.state.delivered.fetch_add(1, Ordering::Relaxed);
-        self.m
-            .delivery_duration
-            .observe(started.elapsed().as_secs_f64());
-        if let Some(t) = env
+        let received_at = env
             .received_at
             .as_ref()
-            .and_then(|t| SystemTime::try_from(*t).ok())
-            && let Ok(d) = SystemTime::now().duration_since(t)
-        {
-            self.m.end_to_end.observe(d.as_secs_f64());
-        }
+            .and_then(|t| SystemTime::try_from(*t).ok());
+        self.m.delivered(started, received_at);
     }
 
     /// Writes the message to the DLQ (retrying until Kafka confirms, or shutdown).
@@ -569,7 +550,7 @@ impl DestCtx {
                     if hl7gw_runtime::producer::is_fatal(&e) {
                         self.producer.recover_if_fatal();
                     }
-                    tracing::warn!(destination = %self.name, error = %e, "DLQ write failed; retrying");
+                    self.m.dlq_write_failed(&e);
                     tokio::select! {
                         _ = stop.cancelled() => return Done::Abandoned,
                         _ = tokio::time::sleep(wait) => {}
@@ -578,13 +559,7 @@ impl DestCtx {
                 }
             }
         }
-        self.metrics
-            .dlq_writes
-            .get_or_create(&ReasonLabels {
-                destination: self.name.clone(),
-                reason,
-            })
-            .inc();
+        self.m.dead_lettered(reason);
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
         Done::Settled
     }

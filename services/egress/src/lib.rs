@@ -6,6 +6,7 @@ pub mod client;
 pub mod config;
 pub mod deadletters;
 pub mod deliver;
+pub mod events;
 pub mod grpc;
 pub mod metrics;
 

@@ -125,24 +125,21 @@ impl EgressMetrics {
     }
 }
 
-/// One destination's per-message metric handles, resolved once so a delivery allocates no labels.
+/// One destination's metric handles, resolved once so a delivery allocates no labels; its events (what each
+/// logs and counts) are in [`crate::events`].
 #[derive(Debug, Clone)]
 pub struct DestMetrics {
-    pub delivered: Counter,
-    pub duplicates_suppressed: Counter,
+    pub(crate) name: String,
+    pub(crate) delivered: Counter,
+    pub(crate) duplicates_suppressed: Counter,
     pub unmatched_acks: Counter,
     pub connections_active: Gauge,
-    pub delivery_duration: Histogram,
-    pub end_to_end: Histogram,
+    pub(crate) delivery_duration: Histogram,
+    pub(crate) end_to_end: Histogram,
     /// By MSA-1, in the order of `AckCode::ALL`.
-    acks: [Counter; 6],
-}
-
-impl DestMetrics {
-    /// Counts a receiver's answer.
-    pub fn ack(&self, code: hl7v2::AckCode) {
-        self.acks[code.index()].inc();
-    }
+    pub(crate) acks: [Counter; 6],
+    pub(crate) retries: Family<ReasonLabels, Counter>,
+    pub(crate) dlq_writes: Family<ReasonLabels, Counter>,
 }
 
 impl EgressMetrics {
@@ -160,6 +157,7 @@ impl EgressMetrics {
                 .clone()
         };
         DestMetrics {
+            name: name.to_owned(),
             delivered: self.delivered.get_or_create(&d).clone(),
             duplicates_suppressed: self.duplicates_suppressed.get_or_create(&d).clone(),
             unmatched_acks: self.unmatched_acks.get_or_create(&d).clone(),
@@ -167,6 +165,8 @@ impl EgressMetrics {
             delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
             end_to_end: self.end_to_end.get_or_create(&d).clone(),
             acks: hl7v2::AckCode::ALL.map(ack),
+            retries: self.retries.clone(),
+            dlq_writes: self.dlq_writes.clone(),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod events;
 pub mod grpc;
 pub mod metrics;
 pub mod plugin;

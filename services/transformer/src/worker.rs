@@ -94,7 +94,7 @@ pub async fn route_one<P: PluginCaller>(
     let env = match envelope::decode(payload) {
         Ok(e) => e,
         Err(e) => {
-            tracing::warn!(error = %e, "inbound record is not an Envelope: DLQ");
+            metrics.not_an_envelope(&e);
             let env = Envelope {
                 id: envelope::new_id(),
                 received_at: Some(envelope::timestamp(std::time::SystemTime::now())),
@@ -107,7 +107,6 @@ pub async fn route_one<P: PluginCaller>(
                 }),
                 ..Envelope::default()
             };
-            metrics.message(MsgType::OTHER, outcome::FAILED);
             return Routed {
                 records: vec![dlq(cfg, env, "bad_envelope", metrics)],
                 outcome: outcome::FAILED,
@@ -138,7 +137,7 @@ pub async fn route_one<P: PluginCaller>(
     let msg = match Hl7Message::parse(&raw) {
         Ok(m) => m,
         Err(e) => {
-            tracing::warn!(parent: &span, error = %e, "inbound message does not parse: DLQ");
+            metrics.unparsable(&span, t, &e);
             let mut bad = env.clone();
             bad.rejection = Some(Rejection {
                 stage: "transformer".into(),
@@ -146,7 +145,6 @@ pub async fn route_one<P: PluginCaller>(
                 detail: e.to_string(),
                 ..Rejection::default()
             });
-            metrics.message(t, outcome::FAILED);
             return Routed {
                 records: vec![dlq(cfg, bad, "parse", metrics)],
                 outcome: outcome::FAILED,
@@ -167,14 +165,7 @@ pub async fn route_one<P: PluginCaller>(
             .await
         {
             Ok(applied) => {
-                if applied.plugins_skipped > 0 {
-                    metrics
-                        .plugin_skips
-                        .get_or_create(&crate::metrics::RouteLabels {
-                            route: route.name.clone(),
-                        })
-                        .inc_by(applied.plugins_skipped as u64);
-                }
+                metrics.plugins_skipped(&route.name, applied.plugins_skipped);
                 // The route's own key (e.g. from a hashed id) or the inbound key.
                 let key = applied.key.unwrap_or_else(|| env.key.clone());
                 for dest in &route.destinations {
@@ -183,24 +174,12 @@ pub async fn route_one<P: PluginCaller>(
                     o.content_type = applied.content_type.to_owned();
                     o.key = key.clone();
                     o.route = route.name.clone();
-                    metrics
-                        .outputs
-                        .get_or_create(&crate::metrics::OutputLabels {
-                            route: route.name.clone(),
-                            destination: dest.clone(),
-                        })
-                        .inc();
+                    metrics.output(&route.name, dest);
                     records.push(output_record(cfg, o, dest, &trace));
                 }
             }
             Err(e) => {
-                tracing::warn!(
-                    parent: &span,
-                    route = %route.name,
-                    step = e.step,
-                    kind = e.kind,
-                    "transform failed: DLQ"
-                );
+                metrics.transform_failed(&span, &route.name, e.step, e.kind);
                 failed = true;
                 let mut bad = env.clone();
                 bad.route = route.name.clone();
@@ -263,12 +242,7 @@ fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetric
     if size <= max {
         return;
     }
-    tracing::warn!(
-        size,
-        max,
-        route = %r.envelope.route,
-        "an output is larger than kafka.max_message_bytes: DLQ"
-    );
+    metrics.output_too_large(&r.envelope.route, size, max);
     let mut env = std::mem::take(&mut r.envelope);
     env.rejection = Some(Rejection {
         stage: "transformer".into(),
@@ -323,10 +297,7 @@ fn dlq(
     metrics: &TransformerMetrics,
 ) -> OutRecord {
     envelope::push_stage(&mut env, "transformer");
-    metrics
-        .dlq_writes
-        .get_or_create(&crate::metrics::ReasonLabels { reason })
-        .inc();
+    metrics.dead_lettered(reason);
     let traceparent = env
         .trace
         .as_ref()
@@ -448,22 +419,13 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     if done < batch.len() {
                         // The batch reached its time budget: what was routed is committed, the rest is read
                         // again.
-                        self.metrics.batches_cut.inc();
-                        tracing::info!(
-                            committed = done,
-                            again = batch.len() - done,
-                            "batch time budget reached: committed what was done"
-                        );
+                        self.metrics.batch_cut(done, batch.len() - done);
                         self.rewind(&batch[done..]).await;
                     }
                 }
                 Err(e) => {
-                    self.metrics
-                        .transactions
-                        .get_or_create(&crate::metrics::ResultLabels { result: "aborted" })
-                        .inc();
+                    self.metrics.aborted(&e);
                     self.set_recovering(true);
-                    tracing::warn!(error = %e, "transaction failed: aborting and reading the batch again");
                     let aborted = if is_fatal(&e) {
                         false
                     } else {
@@ -719,22 +681,8 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let offsets_at = started.elapsed();
         self.retrying("commit_transaction", |p, _, t| p.commit_transaction(t))
             .await?;
-        tracing::debug!(
-            messages = done,
-            routed_ms = routed_at.as_secs_f64() * 1e3,
-            offsets_ms = offsets_at.as_secs_f64() * 1e3,
-            committed_ms = started.elapsed().as_secs_f64() * 1e3,
-            "transaction committed"
-        );
         self.metrics
-            .transactions
-            .get_or_create(&crate::metrics::ResultLabels {
-                result: "committed",
-            })
-            .inc();
-        self.metrics
-            .batch_duration
-            .observe(started.elapsed().as_secs_f64());
+            .committed(done, started.elapsed(), routed_at, offsets_at);
         Ok(done)
     }
 
