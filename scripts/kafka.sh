@@ -265,7 +265,9 @@ wait_listening() {
 wait_unfenced() {
   local deadline=$1 i got missing; shift
   while :; do
-    got=$(unfenced) missing=()
+    # A tool that fails while a node restarts is a retry, not the end of the script (set -e).
+    got=$(unfenced) || got=""
+    missing=()
     for i; do grep -qx "$i" <<<"$got" || missing+=("$i"); done
     [ ${#missing[@]} -eq 0 ] && return 0
     if [ $SECONDS -ge "$deadline" ]; then log "node(s) ${missing[*]} not unfenced brokers in time"; return 1; fi
