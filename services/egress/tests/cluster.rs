@@ -7,7 +7,7 @@
 
 use hl7gw_testkit as support;
 
-mod common;
+use hl7gw_testkit::pipeline as common;
 
 use common::{Pipeline, received, wait_delivered};
 use std::collections::HashMap;

@@ -5,7 +5,7 @@
 
 use hl7gw_testkit as support;
 
-mod common;
+use hl7gw_testkit::pipeline as common;
 
 use common::Pipeline;
 use hl7gw_runtime::proto::v1::egress_client::EgressClient;

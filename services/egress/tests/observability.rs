@@ -9,7 +9,7 @@
 
 use hl7gw_testkit as support;
 
-mod common;
+use hl7gw_testkit::pipeline as common;
 
 use common::{Pipeline, wait_delivered};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{

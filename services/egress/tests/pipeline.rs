@@ -6,7 +6,7 @@
 
 use hl7gw_testkit as support;
 
-mod common;
+use hl7gw_testkit::pipeline as common;
 
 use common::{Pipeline, check_delivery, received, wait_delivered};
 use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest, StatusRequest};

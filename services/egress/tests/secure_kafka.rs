@@ -5,7 +5,7 @@
 
 use hl7gw_testkit as support;
 
-mod common;
+use hl7gw_testkit::pipeline as common;
 
 use common::{Pipeline, check_delivery};
 use std::time::Duration;

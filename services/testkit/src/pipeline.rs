@@ -1,9 +1,7 @@
-//! The pipeline of real processes shared by the egress's integration tests (`pipeline.rs`,
-//! `observability.rs`): ingress → transformer → egress → `hl7gw receive` against the test broker, each
-//! test with its own topics, consumer groups and folder.
-#![allow(dead_code)]
+//! The pipeline of real processes the end-to-end tests share: ingress → transformer → egress →
+//! `hl7gw receive` against the test broker, each test with its own topics, consumer groups and folder.
 
-use crate::support::{KillOnDrop, bin, broker, free_port, recorded};
+use crate::{KillOnDrop, bin, broker, free_port, recorded};
 use hl7gw_runtime::proto::v1::egress_client::EgressClient;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
