@@ -1,6 +1,6 @@
 //! The egress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
 
-use hl7gw_runtime::config::ConfigError;
+use hl7gw_runtime::config::{ConfigError, validate_common};
 use hl7gw_runtime::kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -201,12 +201,7 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
-        hl7gw_runtime::config::validate_common(
-            &self.kafka_brokers,
-            &self.kafka,
-            &self.grpc,
-            Self::GRPC_METHODS,
-        )?;
+        validate_common(&self.kafka_brokers, &self.kafka, &self.grpc, Self::GRPC_METHODS)?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());
         }

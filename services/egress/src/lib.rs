@@ -125,23 +125,19 @@ pub async fn run(
         metrics.clone(),
         side_stop.clone(),
     ));
-    let grpc_server = GrpcServer::spawn(|stop| {
-        hl7gw_runtime::grpc::serve_service(
-            hl7gw_runtime::compressed!(EgressServer::new(grpc::EgressService {
-                auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
-                cfg: cfg.clone(),
-                dests: dests.clone(),
-                producer: producer.clone(),
-                metrics: metrics.clone(),
-            })),
-            health.clone(),
-            grpc,
-            cfg.grpc.clone(),
-            None,
-            hl7gw_runtime::grpc::MAX_CONNECTIONS,
-            stop,
-        )
+    let service = EgressServer::new(grpc::EgressService {
+        auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
+        cfg: cfg.clone(),
+        dests: dests.clone(),
+        producer: producer.clone(),
+        metrics: metrics.clone(),
     });
+    let grpc_server = GrpcServer::serve(
+        hl7gw_runtime::compressed!(service),
+        health.clone(),
+        grpc,
+        cfg.grpc.clone(),
+    );
 
     let deliver_stop = CancellationToken::new();
     let failed = CancellationToken::new();

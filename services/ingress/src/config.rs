@@ -1,7 +1,7 @@
 //! The ingress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables and
 //! the main ones by flags. Read and validated before any port is bound.
 
-use hl7gw_runtime::config::ConfigError;
+use hl7gw_runtime::config::{ConfigError, validate_common};
 use hl7gw_runtime::kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -206,12 +206,7 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        hl7gw_runtime::config::validate_common(
-            &self.kafka_brokers,
-            &self.kafka,
-            &self.grpc,
-            Self::GRPC_METHODS,
-        )?;
+        validate_common(&self.kafka_brokers, &self.kafka, &self.grpc, Self::GRPC_METHODS)?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() {
             return rule("inbound_topic and dlq_topic must be set");
         }

@@ -183,6 +183,39 @@ impl GrpcServer {
         Self { stop, task }
     }
 
+    /// Serves one generated tonic service, with health and reflection, on `listener` with the default limits
+    /// (no stream limit, [`crate::grpc::MAX_CONNECTIONS`] connections).
+    pub fn serve<S>(
+        svc: S,
+        health: Arc<Health>,
+        listener: tokio::net::TcpListener,
+        settings: GrpcSettings,
+    ) -> Self
+    where
+        S: tonic::codegen::Service<
+                axum::http::Request<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + tonic::server::NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        Self::spawn(|stop| {
+            crate::grpc::serve_service(
+                svc,
+                health,
+                listener,
+                settings,
+                None,
+                crate::grpc::MAX_CONNECTIONS,
+                stop,
+            )
+        })
+    }
+
     /// Stops taking new calls and connections; calls in progress go on.
     pub fn cancel(&self) {
         self.stop.cancel();

@@ -1,6 +1,6 @@
 //! The transformer configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
 
-use hl7gw_runtime::config::ConfigError;
+use hl7gw_runtime::config::{ConfigError, validate_common};
 use hl7gw_runtime::kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -150,12 +150,7 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        hl7gw_runtime::config::validate_common(
-            &self.kafka_brokers,
-            &self.kafka,
-            &self.grpc,
-            Self::GRPC_METHODS,
-        )?;
+        validate_common(&self.kafka_brokers, &self.kafka, &self.grpc, Self::GRPC_METHODS)?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
             return rule("inbound_topic, dlq_topic and group_id must be set");
         }

@@ -139,22 +139,18 @@ pub async fn run(
         side_stop.clone(),
     ));
 
-    let grpc_server = GrpcServer::spawn(|stop| {
-        hl7gw_runtime::grpc::serve_service(
-            hl7gw_runtime::compressed!(TransformServer::new(grpc::DryRun {
-                auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
-                cfg: cfg.clone(),
-                live: live.clone(),
-                plugins: plugins.clone(),
-            })),
-            health.clone(),
-            grpc,
-            cfg.grpc.clone(),
-            None,
-            hl7gw_runtime::grpc::MAX_CONNECTIONS,
-            stop,
-        )
+    let service = TransformServer::new(grpc::DryRun {
+        auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
+        cfg: cfg.clone(),
+        live: live.clone(),
+        plugins: plugins.clone(),
     });
+    let grpc_server = GrpcServer::serve(
+        hl7gw_runtime::compressed!(service),
+        health.clone(),
+        grpc,
+        cfg.grpc.clone(),
+    );
 
     let worker_stop = CancellationToken::new();
     let mut worker_task = tokio::spawn(
