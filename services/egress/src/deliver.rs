@@ -21,59 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Tracks the consumer's assignment: a generation bumped on every rebalance, the partitions held, and a wake-up
-/// for workers waiting out a backoff so they drop the work of a partition that moved.
-#[derive(Debug, Default)]
-pub struct Assignment {
-    generation: AtomicU64,
-    partitions: Mutex<BTreeSet<i32>>,
-    changed: tokio::sync::Notify,
-}
-
-impl Assignment {
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// The partitions held now.
-    pub fn partitions(&self) -> Vec<i32> {
-        self.partitions
-            .lock()
-            .map(|p| p.iter().copied().collect())
-            .unwrap_or_default()
-    }
-}
-
-impl ClientContext for Assignment {
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        hl7gw_runtime::kafka::client_error(&error, reason);
-    }
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        hl7gw_runtime::kafka::client_log(level, fac, message);
-    }
-    fn stats_raw(&self, statistics: &[u8]) {
-        hl7gw_runtime::kafka::stats::record(statistics);
-    }
-}
-
-impl ConsumerContext for Assignment {
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
-        if let Ok(mut p) = self.partitions.lock() {
-            match r {
-                Rebalance::Assign(tpl) => {
-                    p.clear();
-                    p.extend(tpl.elements().iter().map(|e| e.partition()));
-                }
-                Rebalance::Revoke(_) => p.clear(),
-                Rebalance::Error(_) => {}
-            }
-        }
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.changed.notify_waiters();
-    }
-}
-
-pub type DestConsumer = StreamConsumer<Assignment>;
+pub type DestConsumer = StreamConsumer<hl7gw_runtime::kafka::Assignment>;
 
 /// What an operator sees of a destination (gRPC `Status`).
 #[derive(Debug, Default)]
@@ -477,7 +425,7 @@ impl DestCtx {
             }
             self.m.retrying(reason);
             let wait = retry.backoff(tries, rand_unit());
-            let moved = self.consumer.context().changed.notified();
+            let moved = self.consumer.context().changed();
             if generation != self.consumer.context().generation() {
                 self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                 return Done::Abandoned;

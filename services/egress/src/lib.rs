@@ -74,7 +74,7 @@ pub async fn run(
             &cfg.kafka,
             Commit::StoredEvery(Duration::from_millis(500)),
         )?
-        .create_with_context(deliver::Assignment::default())?;
+        .create_with_context(hl7gw_runtime::kafka::Assignment::default())?;
         dests.push(Arc::new(deliver::DestCtx {
             name: name.clone(),
             topic: cfg.topic(name),

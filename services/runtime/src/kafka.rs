@@ -2,8 +2,11 @@
 //! producer, consumer, DLQ reader, admin) that applies `kafka.security` and `kafka.properties` the same way for
 //! all of them, topic creation, and what a client's errors say for readiness.
 
+pub mod assignment;
 pub mod security;
 pub mod stats;
+
+pub use assignment::Assignment;
 pub use security::KafkaSecurity;
 
 use rdkafka::ClientConfig;

@@ -112,7 +112,7 @@ pub async fn run(
             &cfg.kafka,
             Commit::Manual,
         )?
-        .create_with_context(worker::RebalanceCounter::default())?,
+        .create_with_context(hl7gw_runtime::kafka::Assignment::default())?,
     );
 
     let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;

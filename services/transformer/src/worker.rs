@@ -25,47 +25,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// Counts rebalances, so a batch gathered across one is dropped (its partitions restart from committed offsets).
-#[derive(Debug, Default)]
-pub struct RebalanceCounter {
-    generation: AtomicU64,
-}
-
-impl RebalanceCounter {
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-}
-
-impl ClientContext for RebalanceCounter {
-    fn error(&self, error: KafkaError, reason: &str) {
-        hl7gw_runtime::kafka::client_error(&error, reason);
-    }
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        hl7gw_runtime::kafka::client_log(level, fac, message);
-    }
-    fn stats_raw(&self, statistics: &[u8]) {
-        hl7gw_runtime::kafka::stats::record(statistics);
-    }
-}
-
-impl ConsumerContext for RebalanceCounter {
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, r: &Rebalance<'_>) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        match r {
-            Rebalance::Assign(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions assigned")
-            }
-            Rebalance::Revoke(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions revoked")
-            }
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
-        }
-    }
-}
-
 /// The consumer type the transformer uses.
-pub type Consumer_ = StreamConsumer<RebalanceCounter>;
+/// (A batch gathered across a rebalance is dropped: its partitions restart from the committed offsets.)
+pub type Consumer_ = StreamConsumer<hl7gw_runtime::kafka::Assignment>;
 
 /// One record to produce inside the transaction.
 #[derive(Debug)]
