@@ -96,6 +96,10 @@ pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
     ),
     ("isolation.level", "consumers read committed records only"),
     (
+        "partitioner",
+        "murmur2_random (the Java client's): one key, one partition, whoever produces",
+    ),
+    (
         "enable.auto.commit",
         "offsets are committed only after the work is done",
     ),
@@ -346,7 +350,10 @@ fn producer_settings(c: &mut ClientConfig, s: &KafkaSettings, delivery_timeout: 
             "message.timeout.ms",
             delivery_timeout.as_millis().max(1).to_string(),
         )
-        .set("queue.buffering.max.messages", "200000");
+        .set("queue.buffering.max.messages", "200000")
+        // The Java client's partitioner (murmur2 of the key; keyless records at random): a key lands in the
+        // partition a Java producer would choose, so mixed producers keep "one key, one partition".
+        .set("partitioner", "murmur2_random");
 }
 
 /// The transformer's producer: [`producer_config`] plus a transactional id; a transaction not committed
