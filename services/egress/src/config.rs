@@ -201,7 +201,12 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
-        validate_common(&self.kafka_brokers, &self.kafka, &self.grpc, Self::GRPC_METHODS)?;
+        validate_common(
+            &self.kafka_brokers,
+            &self.kafka,
+            &self.grpc,
+            Self::GRPC_METHODS,
+        )?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());
         }

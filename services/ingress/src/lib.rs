@@ -146,17 +146,17 @@ async fn probe_kafka(
         let broken = producer.is_broken();
         let p = producer.get();
         let topic = cfg.inbound_topic.clone();
-        // (a broker answered, the inbound topic has partitions)
+        // (a broker answered, the inbound topic has partitions). All topics are asked for, not the inbound
+        // one by name: a producer's metadata request for a missing topic has the broker create it with its
+        // own default partition count, before `ensure_topics` could create it with
+        // `kafka.create_topics_partitions`.
         let (answered, ok) = tokio::task::spawn_blocking(move || {
-            match p
-                .client()
-                .fetch_metadata(Some(&topic), Duration::from_secs(2))
-            {
+            match p.client().fetch_metadata(None, Duration::from_secs(2)) {
                 Ok(m) => (
                     true,
-                    m.topics()
-                        .iter()
-                        .any(|t| t.error().is_none() && !t.partitions().is_empty()),
+                    m.topics().iter().any(|t| {
+                        t.name() == topic && t.error().is_none() && !t.partitions().is_empty()
+                    }),
                 ),
                 Err(_) => (false, false),
             }

@@ -1200,6 +1200,19 @@ async fn kafka_requests_per_broker_and_api_are_metrics() {
     }
 }
 
+/// The number of partitions of `topic`.
+fn partitions_of(brokers: &str, topic: &str) -> usize {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    md.topics()[0].partitions().len()
+}
+
 /// Kafka's murmur2 (the Java client's `Utils.murmur2`), for the partition a Java producer picks for a key.
 fn java_murmur2(data: &[u8]) -> u32 {
     const M: u32 = 0x5bd1_e995;
@@ -1240,12 +1253,15 @@ async fn keys_land_in_the_partition_a_java_producer_would_choose() {
         let ack = c.call(&adt(&format!("PART{i}"), &format!("MRN{i}"))).await;
         assert_eq!(ack_code(&ack.unwrap()), "AA");
     }
+    let records_topic = inbound.clone();
     let records = tokio::task::spawn_blocking(move || {
         read_topic(broker(), &inbound, 24, Duration::from_secs(30))
     })
     .await
     .unwrap();
     assert_eq!(records.len(), 24);
+    // The ingress created the topic with kafka.create_topics_partitions (not the broker's default of 3).
+    assert_eq!(partitions_of(broker(), &records_topic), 6);
     let mut used = HashSet::new();
     for r in &records {
         let key = r.key.as_deref().expect("a key");
@@ -1270,6 +1286,11 @@ fn java_murmur2_matches_the_java_client() {
         (b"a-little-bit-long-string", -985981536),
     ];
     for (data, java) in cases {
-        assert_eq!(java_murmur2(data) as i32, java, "{:?}", String::from_utf8_lossy(data));
+        assert_eq!(
+            java_murmur2(data) as i32,
+            java,
+            "{:?}",
+            String::from_utf8_lossy(data)
+        );
     }
 }

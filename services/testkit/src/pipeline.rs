@@ -46,7 +46,14 @@ pub struct Pipeline {
     pub receiver: Option<KillOnDrop>,
 }
 
+impl Default for Pipeline {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Pipeline {
+    /// Fresh topics, groups and folder, nothing started yet.
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let id = uuid::Uuid::now_v7().simple().to_string();

@@ -150,7 +150,12 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        validate_common(&self.kafka_brokers, &self.kafka, &self.grpc, Self::GRPC_METHODS)?;
+        validate_common(
+            &self.kafka_brokers,
+            &self.kafka,
+            &self.grpc,
+            Self::GRPC_METHODS,
+        )?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
             return rule("inbound_topic, dlq_topic and group_id must be set");
         }

@@ -63,8 +63,12 @@ impl ConsumerContext for Assignment {
             }
         }
         match r {
-            Rebalance::Assign(tpl) => tracing::info!(partitions = tpl.count(), "partitions assigned"),
-            Rebalance::Revoke(tpl) => tracing::info!(partitions = tpl.count(), "partitions revoked"),
+            Rebalance::Assign(tpl) => {
+                tracing::info!(partitions = tpl.count(), "partitions assigned")
+            }
+            Rebalance::Revoke(tpl) => {
+                tracing::info!(partitions = tpl.count(), "partitions revoked")
+            }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
