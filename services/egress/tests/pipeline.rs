@@ -263,17 +263,11 @@ async fn dead_letters(egress: &mut Egress) -> Vec<(String, String)> {
 }
 
 /// Two routes that both lead to `lab`, as an integration engineer writes when one feed needs two shapes.
-const TWO_ROUTES: &str = "\
-apiVersion: hl7gw.io/v1alpha1
-kind: HL7Route
-metadata: {name: adt-to-lab}
-spec:
-  match: {messageTypes: ['ADT^A*']}
-  transforms:
-    - set: {path: MSH-5, value: LAB}
-    - mask: {path: PID-5}
-  destinations: [lab]
----
+fn two_routes() -> String {
+    format!(
+        "{}---\n{}",
+        common::ROUTES,
+        "\
 apiVersion: hl7gw.io/v1alpha1
 kind: HL7Route
 metadata: {name: adt-copy-to-lab}
@@ -284,7 +278,9 @@ spec:
     - set: {path: MSH-6, value: COPY}
     - mask: {path: PID-5}
   destinations: [lab]
-";
+"
+    )
+}
 
 /// An ADT^A01 from `app` at facility `FAC`.
 fn adt_from(app: &str, control_id: &str, patient: &str) -> Vec<u8> {
@@ -303,7 +299,7 @@ fn adt_from(app: &str, control_id: &str, patient: &str) -> Vec<u8> {
 fn two_senders_of_one_facility_and_two_routes_to_one_destination_all_arrive() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut p = Pipeline::new();
-    std::fs::write(p.dir.path().join("routes.yaml"), TWO_ROUTES).unwrap();
+    std::fs::write(p.dir.path().join("routes.yaml"), two_routes()).unwrap();
     p.start_all(None);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

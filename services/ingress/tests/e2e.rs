@@ -558,14 +558,7 @@ async fn grpc_ingest_follows_the_same_rules() {
 #[test]
 fn bad_config_is_refused_before_any_port_is_bound() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
-        .args([
-            "--mllp-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
+        .args(support::INGRESS_ON_PORT_0)
         .env("HL7GW_ACK_TIMEOUT", "soon")
         .output()
         .unwrap();

@@ -83,6 +83,16 @@ pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
 }
 
+/// `hl7gw-ingress` flags for every listener on a free port of 127.0.0.1 (the service prints the ones it got).
+pub const INGRESS_ON_PORT_0: [&str; 6] = [
+    "--mllp-addr",
+    "127.0.0.1:0",
+    "--grpc-addr",
+    "127.0.0.1:0",
+    "--admin-addr",
+    "127.0.0.1:0",
+];
+
 /// A running `hl7gw-ingress` process, killed on drop.
 pub struct Ingress {
     pub child: Child,
@@ -99,18 +109,11 @@ impl Ingress {
 
     pub fn start_with(env: &[(&str, String)], args: &[&str], wait_ready: bool) -> Self {
         let mut cmd = Command::new(bin("hl7gw-ingress"));
-        cmd.args([
-            "--mllp-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        cmd.args(INGRESS_ON_PORT_0)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
         }

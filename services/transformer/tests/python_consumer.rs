@@ -487,14 +487,7 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
     ]);
     let (_secure_ingress, addrs) = start_service(
         &bin("hl7gw-ingress"),
-        &[
-            "--mllp-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ],
+        &support::INGRESS_ON_PORT_0,
         &secure_env,
     );
     let (code, _) = msa(&Mllp::connect(addrs["mllp"]).call(&adt("PYC-SEC-1", "A01", "SEC-P1")));
