@@ -873,6 +873,41 @@ mod tests {
         );
     }
 
+    /// Routed outputs and default-destination copies continue the trace alike: the envelope carries the same
+    /// context as the record's `traceparent` header (the transform span's), not the ingress's.
+    #[tokio::test]
+    async fn every_output_carries_the_transform_spans_trace_context() {
+        let ingress_tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut env = envelope::decode(&inbound(ADT)).unwrap();
+        env.trace = Some(hl7gw_runtime::proto::v1::TraceContext {
+            traceparent: ingress_tp.into(),
+            tracestate: String::new(),
+        });
+        let mut payload = Vec::new();
+        envelope::encode_into(&env, &mut payload);
+        let routed = [route(
+            "a",
+            "{match: {messageTypes: [ADT]}, destinations: [lab]}",
+        )];
+        let with_default = Config {
+            default_destination: Some("catchall".into()),
+            ..Config::default()
+        };
+        for (cfg, routes, topic) in [
+            (Config::default(), &routed[..], "hl7.out.lab"),
+            (with_default, &[][..], "hl7.out.catchall"),
+        ] {
+            let (r, _) = run(&cfg, routes, &payload).await;
+            let [o] = &r.records[..] else {
+                panic!("one output: {:?}", r.records)
+            };
+            assert_eq!(o.topic, topic);
+            let trace = o.envelope.trace.as_ref().expect("a trace context");
+            assert_eq!(trace.traceparent, o.traceparent, "{topic}");
+            assert_ne!(trace.traceparent, ingress_tp, "{topic}");
+        }
+    }
+
     /// Issue 9, item 9: an output over the record limit is a dead letter, not a transaction that fails forever.
     #[tokio::test]
     async fn an_output_larger_than_the_record_limit_goes_to_the_dlq() {
