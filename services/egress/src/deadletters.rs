@@ -57,6 +57,35 @@ pub enum DeadLetterError {
     Timeout(Duration),
 }
 
+/// How long `list` waits before asking again while the DLQ's partitions have no leader (a new topic, a failover).
+const LEADERSHIP_RETRY: Duration = Duration::from_millis(250);
+
+/// The DLQ's non-empty partitions: where each starts (to assign) and where it ends now.
+fn extent(
+    consumer: &BaseConsumer<hl7gw_runtime::kafka::KafkaContext>,
+    topic: &str,
+) -> Result<(TopicPartitionList, Vec<(i32, i64)>), rdkafka::error::KafkaError> {
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for t in md.topics() {
+        match t.error().map(rdkafka::types::RDKafkaErrorCode::from) {
+            // No DLQ yet (a cluster that does not create topics on demand): nothing dead-lettered.
+            Some(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition) => continue,
+            Some(code) => return Err(rdkafka::error::KafkaError::MetadataFetch(code)),
+            None => {}
+        }
+        for p in t.partitions() {
+            let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(5))?;
+            if high > low {
+                tpl.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
+                ends.push((p.id(), high));
+            }
+        }
+    }
+    Ok((tpl, ends))
+}
+
 /// Reads the DLQ from the start (or from `since`) to its current end and returns the egress's dead letters
 /// that pass `filter`, oldest first, with their envelopes. Blocking: run it on a blocking thread.
 pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
@@ -70,19 +99,18 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         )
         .map_err(rdkafka::error::KafkaError::from)?
         .create_with_context(hl7gw_runtime::kafka::KafkaContext)?;
-    let md = consumer.fetch_metadata(Some(&cfg.dlq_topic), Duration::from_secs(5))?;
-    let mut tpl = TopicPartitionList::new();
-    let mut ends = Vec::new();
-    for t in md.topics() {
-        for p in t.partitions() {
-            let (low, high) =
-                consumer.fetch_watermarks(&cfg.dlq_topic, p.id(), Duration::from_secs(5))?;
-            if high > low {
-                tpl.add_partition_offset(&cfg.dlq_topic, p.id(), Offset::Offset(low))?;
-                ends.push((p.id(), high));
+    let deadline = std::time::Instant::now() + budget;
+    let (mut tpl, mut ends) = loop {
+        match extent(&consumer, &cfg.dlq_topic) {
+            Err(e)
+                if hl7gw_runtime::kafka::leadership_moving(&e)
+                    && std::time::Instant::now() + LEADERSHIP_RETRY < deadline =>
+            {
+                std::thread::sleep(LEADERSHIP_RETRY);
             }
+            found => break found?,
         }
-    }
+    };
     if let Some(since) = filter.since_ms {
         let mut times = TopicPartitionList::new();
         for (p, _) in &ends {
@@ -100,7 +128,6 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     consumer.assign(&tpl)?;
     let limit = page_limit(filter.limit);
     let mut bytes = 0usize;
-    let deadline = std::time::Instant::now() + budget;
     let mut out = Vec::new();
     let mut done: Vec<(i32, i64)> = Vec::new();
     while done.len() < ends.len() {

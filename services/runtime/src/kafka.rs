@@ -538,6 +538,25 @@ struct ClientErrors {
 
 static CLIENT_ERRORS: std::sync::Mutex<Option<ClientErrors>> = std::sync::Mutex::new(None);
 
+/// Partition leadership in motion (a topic just created, a broker failing over, a leader election): the same
+/// metadata or offsets request succeeds once the cluster has settled, so callers retry it for a while.
+pub fn leadership_moving(error: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownLeaderEpoch
+                | RDKafkaErrorCode::FencedLeaderEpoch
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::OperationTimedOut
+        )
+    )
+}
+
 /// One log line per kind of client error per this long (librdkafka reports each failed connection attempt).
 const CLIENT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
 
