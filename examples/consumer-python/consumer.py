@@ -48,8 +48,18 @@ def text(value):
     return value.decode("utf-8", "replace")
 
 
-def summarise(msg):
-    """One record as a small JSON-ready dict."""
+def schema_validator(path):
+    """A validator of the canonical JSON form's JSON Schema (proto/hl7gw/v1/canonical.schema.json)."""
+    import jsonschema
+
+    with open(path, encoding="utf-8") as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+def summarise(msg, validator=None):
+    """One record as a small JSON-ready dict; with `validator`, canonical JSON records are checked against it."""
     headers = {}
     for name, value in msg.headers() or []:
         headers[name] = text(value)
@@ -119,6 +129,10 @@ def summarise(msg):
             "segments": doc.get("segments"),
             "pid3": flat.get(PID3_KEY),
         }
+        if validator is not None:
+            out["json"]["schema_errors"] = [
+                "%s: %s" % ("/".join(map(str, e.absolute_path)), e.message) for e in validator.iter_errors(doc)
+            ]
     return out
 
 
@@ -155,6 +169,12 @@ def main(argv=None):
     )
     sec.add_argument("--username", help="sasl.username")
     sec.add_argument("--password-file", help="file holding sasl.password (a mounted Secret)")
+    p.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="check canonical JSON records against this JSON Schema (proto/hl7gw/v1/canonical.schema.json); "
+        "the summary lists what does not conform under json.schema_errors",
+    )
     p.add_argument(
         "-X",
         dest="props",
@@ -196,6 +216,7 @@ def main(argv=None):
             p.error("-X wants KEY=VALUE, got %r" % prop)
         conf[key] = value
 
+    validator = schema_validator(args.schema) if args.schema else None
     consumer = Consumer(conf)
     consumer.subscribe(args.topics)
     deadline = time.monotonic() + args.timeout
@@ -219,7 +240,7 @@ def main(argv=None):
                 if err.code() != KafkaError._PARTITION_EOF:
                     print("consumer: %s" % err, file=sys.stderr)
                 continue
-            print(json.dumps(summarise(msg), ensure_ascii=False), flush=True)
+            print(json.dumps(summarise(msg, validator), ensure_ascii=False), flush=True)
             consumer.store_offsets(message=msg)
             seen += 1
     except KeyboardInterrupt:

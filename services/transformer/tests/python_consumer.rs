@@ -216,7 +216,7 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
         Path::new(env!("CARGO_BIN_EXE_hl7gw-transformer")),
         &ports,
         &[
-            ("HL7GW_KAFKA_BROKERS", brokers.clone()),
+            ("HL7GW_KAFKA__BROKERS", brokers.clone()),
             ("HL7GW_ROUTES__FILE", routes.display().to_string()),
             ("HL7GW_INBOUND_TOPIC", inbound.clone()),
             ("HL7GW_DLQ_TOPIC", dlq.clone()),
@@ -231,7 +231,7 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
         &bin("hl7gw-ingress"),
         &ingress_args,
         &[
-            ("HL7GW_KAFKA_BROKERS", brokers.clone()),
+            ("HL7GW_KAFKA__BROKERS", brokers.clone()),
             ("HL7GW_INBOUND_TOPIC", inbound.clone()),
             ("HL7GW_DLQ_TOPIC", dlq.clone()),
         ],
@@ -291,6 +291,10 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
     eprintln!("python environment ready after {setup_secs:.1}s: {python}");
 
     let want = 2 * sent.len();
+    let schema = repo_root()
+        .join("proto/hl7gw/v1/canonical.schema.json")
+        .display()
+        .to_string();
     let started = Instant::now();
     let count = want.to_string();
     let (out, lines) = run_consumer(
@@ -302,6 +306,8 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
             &count,
             "--timeout",
             "90",
+            "--schema",
+            &schema,
             &inbound,
             &out_topic,
         ],
@@ -384,6 +390,11 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
             "{j}"
         );
         let doc = &j["json"];
+        assert_eq!(
+            doc["schema_errors"],
+            serde_json::json!([]),
+            "the canonical JSON conforms to proto/hl7gw/v1/canonical.schema.json: {j}"
+        );
         assert_eq!(s(doc, "format"), "hl7gw.canonical.v1", "{j}");
         assert_eq!(s(doc, "messageType"), "ADT", "{j}");
         assert_eq!(s(doc, "triggerEvent"), m.trigger, "{j}");
