@@ -5,7 +5,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct DestLabels {
@@ -24,104 +23,30 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-/// Every egress metric.
-#[derive(Debug, Clone)]
-pub struct EgressMetrics {
-    pub delivered: Family<DestLabels, Counter>,
-    pub acks: Family<AckLabels, Counter>,
-    pub retries: Family<ReasonLabels, Counter>,
-    pub dlq_writes: Family<ReasonLabels, Counter>,
-    pub duplicates_suppressed: Family<DestLabels, Counter>,
-    pub unmatched_acks: Family<DestLabels, Counter>,
-    pub replayed: Family<DestLabels, Counter>,
-    pub connections_active: Family<DestLabels, Gauge>,
-    pub consumer_lag: Family<DestLabels, Gauge>,
-    pub delivery_duration: Family<DestLabels, Histogram>,
-    pub end_to_end: Family<DestLabels, Histogram>,
-    pub producer_recoveries: Counter,
-}
-
-fn histogram() -> Histogram {
-    Histogram::new(hl7gw_runtime::metrics::latency_buckets())
-}
-
-impl EgressMetrics {
-    /// Creates the metrics and registers them under `hl7gw_egress_`.
-    pub fn register(r: &mut Registry) -> Self {
-        let m = Self {
-            delivered: Family::default(),
-            acks: Family::default(),
-            retries: Family::default(),
-            dlq_writes: Family::default(),
-            duplicates_suppressed: Family::default(),
-            unmatched_acks: Family::default(),
-            replayed: Family::default(),
-            connections_active: Family::default(),
-            consumer_lag: Family::default(),
-            delivery_duration: Family::new_with_constructor(histogram),
-            end_to_end: Family::new_with_constructor(histogram),
-            producer_recoveries: Counter::default(),
-        };
-        let r = r.sub_registry_with_prefix("egress");
-        r.register(
-            "delivered",
-            "Messages the receiver accepted (AA/CA)",
-            m.delivered.clone(),
-        );
-        r.register("acks", "Receivers' answers by MSA-1 code", m.acks.clone());
-        r.register(
-            "retries",
-            "Delivery attempts that will be retried, by reason",
-            m.retries.clone(),
-        );
-        r.register(
-            "dlq_writes",
-            "Messages sent to the DLQ (rejected by the receiver or given up), by reason",
-            m.dlq_writes.clone(),
-        );
-        r.register(
-            "duplicates_suppressed",
-            "Messages not sent again because they were delivered within the duplicate window",
-            m.duplicates_suppressed.clone(),
-        );
-        r.register(
-            "unmatched_acks",
-            "Receivers' answers whose MSA-2 named another message than the one sent: discarded",
-            m.unmatched_acks.clone(),
-        );
-        r.register(
-            "replayed",
-            "Dead letters sent back to their destination topic",
-            m.replayed.clone(),
-        );
-        r.register(
-            "connections_active",
-            "Open connections to receivers",
-            m.connections_active.clone(),
-        );
-        r.register(
-            "consumer_lag",
-            "Destination messages not yet delivered by this consumer (sum over its partitions)",
-            m.consumer_lag.clone(),
-        );
-        r.register_with_unit(
-            "delivery_duration",
+hl7gw_runtime::metric_set! {
+    /// Every egress metric.
+    pub struct EgressMetrics under "egress" {
+        pub delivered: Family<DestLabels, Counter> = "Messages the receiver accepted (AA/CA)";
+        pub acks: Family<AckLabels, Counter> = "Receivers' answers by MSA-1 code";
+        pub retries: Family<ReasonLabels, Counter> = "Delivery attempts that will be retried, by reason";
+        pub dlq_writes: Family<ReasonLabels, Counter> =
+            "Messages sent to the DLQ (rejected by the receiver or given up), by reason";
+        pub duplicates_suppressed: Family<DestLabels, Counter> =
+            "Messages not sent again because they were delivered within the duplicate window";
+        pub unmatched_acks: Family<DestLabels, Counter> =
+            "Receivers' answers whose MSA-2 named another message than the one sent: discarded";
+        pub replayed: Family<DestLabels, Counter> = "Dead letters sent back to their destination topic";
+        pub connections_active: Family<DestLabels, Gauge> = "Open connections to receivers";
+        pub consumer_lag: Family<DestLabels, Gauge> =
+            "Destination messages not yet delivered by this consumer (sum over its partitions)";
+        pub delivery_duration: Family<DestLabels, Histogram> =
             "Time from sending a message to the receiver's ACK (last attempt)",
-            Unit::Seconds,
-            m.delivery_duration.clone(),
-        );
-        r.register_with_unit(
-            "end_to_end",
+            unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::latency_histogram);
+        pub end_to_end: Family<DestLabels, Histogram> =
             "Time from the ingress receiving a message to the receiver's ACK",
-            Unit::Seconds,
-            m.end_to_end.clone(),
-        );
-        r.register(
-            "producer_recoveries",
-            "Kafka producers (DLQ writes, replays) recreated in-process after a fatal error",
-            m.producer_recoveries.clone(),
-        );
-        m
+            unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::latency_histogram);
+        pub producer_recoveries: Counter =
+            "Kafka producers (DLQ writes, replays) recreated in-process after a fatal error";
     }
 }
 

@@ -6,7 +6,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Registry, Unit};
 
 pub use hl7gw_runtime::metrics::{MessageLabels, MsgType, ReasonLabels};
 
@@ -28,152 +27,42 @@ pub mod outcome {
     pub const UNAVAILABLE: &str = "unavailable";
 }
 
-/// Every ingress metric.
-#[derive(Debug, Clone)]
-pub struct IngressMetrics {
-    pub connections_active: Gauge,
-    pub connections: Family<ProtocolLabels, Counter>,
-    pub connections_refused: Family<ReasonLabels, Counter>,
-    pub frames: Counter,
-    pub bytes_received: Counter,
-    pub bytes_skipped: Counter,
-    pub messages: Family<MessageLabels, Counter>,
-    pub acks: Family<CodeLabels, Counter>,
-    pub rejects: Family<ReasonLabels, Counter>,
-    pub framing_errors: Family<ReasonLabels, Counter>,
-    pub dlq_writes: Family<ReasonLabels, Counter>,
-    pub dlq_failures: Counter,
-    pub publish_failures: Family<ReasonLabels, Counter>,
-    pub publish_duration: Histogram,
-    pub in_flight: Gauge,
-    pub control_id_reused: Counter,
-    pub write_timeouts: Counter,
-    pub batches: Counter,
-    pub idle_closes: Counter,
-    pub producer_recoveries: Counter,
+hl7gw_runtime::metric_set! {
+    /// Every ingress metric.
+    pub struct IngressMetrics under "ingress" {
+        pub connections_active: Gauge = "Open MLLP connections and gRPC streams";
+        pub connections: Family<ProtocolLabels, Counter> =
+            "MLLP connections and gRPC SendStream streams accepted";
+        pub connections_refused: Family<ReasonLabels, Counter> =
+            "Connections closed before any frame (TLS handshake, PROXY header)";
+        pub frames: Counter = "Complete MLLP frames read";
+        pub bytes_received as "received": Counter = "Bytes read from senders", unit Bytes;
+        pub bytes_skipped as "skipped": Counter = "Bytes outside MLLP frames, skipped", unit Bytes;
+        pub messages: Family<MessageLabels, Counter> = "Messages by type and outcome";
+        pub acks: Family<CodeLabels, Counter> = "ACKs sent by MSA-1 code";
+        pub rejects: Family<ReasonLabels, Counter> = "Messages rejected, by reason";
+        pub framing_errors: Family<ReasonLabels, Counter> = "MLLP framing violations, by kind";
+        pub dlq_writes: Family<ReasonLabels, Counter> =
+            "Rejected messages written to the DLQ topic, by reason";
+        pub dlq_failures: Counter = "DLQ writes Kafka did not confirm";
+        pub publish_failures: Family<ReasonLabels, Counter> =
+            "Publishes to the inbound topic that failed, by reason";
+        pub publish_duration: Histogram =
+            "Time from publish to Kafka's confirmation",
+            unit Seconds, new hl7gw_runtime::metrics::latency_histogram();
+        pub in_flight: Gauge = "Messages waiting for Kafka's confirmation";
+        pub control_id_reused: Counter = "Messages whose (MSH-3, MSH-4, MSH-10) was seen within the duplicate window with other content: \
+            published as new messages";
+        pub write_timeouts: Counter =
+            "Connections closed because the sender did not read its ACKs within write_timeout";
+        pub batches: Counter = "FHS/BHS batches received (each message in them is counted in messages_total)";
+        pub idle_closes: Counter = "MLLP connections closed after idle_timeout without a frame";
+        pub producer_recoveries: Counter =
+            "Kafka producers recreated in-process after a fatal error (messages in flight got AR/CR 207)";
+    }
 }
 
 impl IngressMetrics {
-    /// Creates the metrics and registers them (names get the registry's `hl7gw_` prefix).
-    pub fn register(r: &mut Registry) -> Self {
-        let m = Self {
-            connections_active: Gauge::default(),
-            connections: Family::default(),
-            connections_refused: Family::default(),
-            frames: Counter::default(),
-            bytes_received: Counter::default(),
-            bytes_skipped: Counter::default(),
-            messages: Family::default(),
-            acks: Family::default(),
-            rejects: Family::default(),
-            framing_errors: Family::default(),
-            dlq_writes: Family::default(),
-            dlq_failures: Counter::default(),
-            publish_failures: Family::default(),
-            publish_duration: Histogram::new(hl7gw_runtime::metrics::latency_buckets()),
-            in_flight: Gauge::default(),
-            control_id_reused: Counter::default(),
-            write_timeouts: Counter::default(),
-            batches: Counter::default(),
-            idle_closes: Counter::default(),
-            producer_recoveries: Counter::default(),
-        };
-        let r = r.sub_registry_with_prefix("ingress");
-        r.register(
-            "connections_active",
-            "Open MLLP connections and gRPC streams",
-            m.connections_active.clone(),
-        );
-        r.register(
-            "connections",
-            "MLLP connections and gRPC SendStream streams accepted",
-            m.connections.clone(),
-        );
-        r.register(
-            "connections_refused",
-            "Connections closed before any frame (TLS handshake, PROXY header)",
-            m.connections_refused.clone(),
-        );
-        r.register("frames", "Complete MLLP frames read", m.frames.clone());
-        r.register_with_unit(
-            "received",
-            "Bytes read from senders",
-            Unit::Bytes,
-            m.bytes_received.clone(),
-        );
-        r.register_with_unit(
-            "skipped",
-            "Bytes outside MLLP frames, skipped",
-            Unit::Bytes,
-            m.bytes_skipped.clone(),
-        );
-        r.register(
-            "messages",
-            "Messages by type and outcome",
-            m.messages.clone(),
-        );
-        r.register("acks", "ACKs sent by MSA-1 code", m.acks.clone());
-        r.register("rejects", "Messages rejected, by reason", m.rejects.clone());
-        r.register(
-            "framing_errors",
-            "MLLP framing violations, by kind",
-            m.framing_errors.clone(),
-        );
-        r.register(
-            "dlq_writes",
-            "Rejected messages written to the DLQ topic, by reason",
-            m.dlq_writes.clone(),
-        );
-        r.register(
-            "dlq_failures",
-            "DLQ writes Kafka did not confirm",
-            m.dlq_failures.clone(),
-        );
-        r.register(
-            "publish_failures",
-            "Publishes to the inbound topic that failed, by reason",
-            m.publish_failures.clone(),
-        );
-        r.register_with_unit(
-            "publish_duration",
-            "Time from publish to Kafka's confirmation",
-            Unit::Seconds,
-            m.publish_duration.clone(),
-        );
-        r.register(
-            "in_flight",
-            "Messages waiting for Kafka's confirmation",
-            m.in_flight.clone(),
-        );
-        r.register(
-            "control_id_reused",
-            "Messages whose (MSH-3, MSH-4, MSH-10) was seen within the duplicate window with other content: \
-             published as new messages",
-            m.control_id_reused.clone(),
-        );
-        r.register(
-            "write_timeouts",
-            "Connections closed because the sender did not read its ACKs within write_timeout",
-            m.write_timeouts.clone(),
-        );
-        r.register(
-            "batches",
-            "FHS/BHS batches received (each message in them is counted in messages_total)",
-            m.batches.clone(),
-        );
-        r.register(
-            "idle_closes",
-            "MLLP connections closed after idle_timeout without a frame",
-            m.idle_closes.clone(),
-        );
-        r.register(
-            "producer_recoveries",
-            "Kafka producers recreated in-process after a fatal error (messages in flight got AR/CR 207)",
-            m.producer_recoveries.clone(),
-        );
-        m
-    }
-
     /// Counts a message's outcome.
     pub fn message(&self, t: MsgType, outcome: &'static str) {
         hl7gw_runtime::metrics::count_message(&self.messages, t, outcome);

@@ -1,7 +1,7 @@
 //! Prometheus metrics: one registry per process, encoded in the text format for `/metrics`.
 
 use prometheus_client::encoding::text::encode;
-pub use prometheus_client::registry::Registry;
+pub use prometheus_client::registry::{Registry, Unit};
 
 /// The `hl7gw` prefix every metric name carries.
 pub const PREFIX: &str = "hl7gw";
@@ -20,6 +20,70 @@ pub fn render(registry: &Registry) -> String {
     // Writing into a String cannot fail.
     let _ = encode(&mut out, registry);
     out
+}
+
+/// Declares a service's metrics struct and its `register` from one table, so a metric is named, described and
+/// registered in one place. Each row: the field (`as "name"` when the metric is named otherwise), its type,
+/// its help text, then optionally `unit Seconds` (a [`Unit`] variant) and `new <expr>` (how it is made;
+/// default: `Default`). `register` puts every metric under `hl7gw_<prefix>_`.
+#[macro_export]
+macro_rules! metric_set {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident under $prefix:literal {
+            $(
+                $(#[$fmeta:meta])*
+                $fvis:vis $field:ident $(as $metric:literal)? : $ty:ty = $help:literal
+                    $(, unit $unit:ident)? $(, new $make:expr)?;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone)]
+        $vis struct $name {
+            $( $(#[$fmeta])* $fvis $field: $ty, )*
+        }
+
+        impl $name {
+            /// A process's registry ([`registry`](crate::metrics::registry)) holding these metrics.
+            pub fn registered() -> ($crate::metrics::Registry, Self) {
+                let mut r = $crate::metrics::registry();
+                let m = Self::register(&mut r);
+                (r, m)
+            }
+
+            /// Creates the metrics and registers them under `hl7gw_<prefix>_`.
+            pub fn register(r: &mut $crate::metrics::Registry) -> Self {
+                let m = Self {
+                    $( $field: $crate::metric_set!(@make $ty $(, $make)?), )*
+                };
+                let r = r.sub_registry_with_prefix($prefix);
+                $(
+                    $crate::metric_set!(
+                        @register r,
+                        $crate::metric_set!(@name $field $(, $metric)?),
+                        $help,
+                        m.$field.clone()
+                        $(, $unit)?
+                    );
+                )*
+                m
+            }
+        }
+    };
+    (@make $ty:ty) => { <$ty>::default() };
+    (@make $ty:ty, $make:expr) => { $make };
+    (@name $field:ident) => { stringify!($field) };
+    (@name $field:ident, $metric:literal) => { $metric };
+    (@register $r:ident, $n:expr, $h:expr, $m:expr) => { $r.register($n, $h, $m) };
+    (@register $r:ident, $n:expr, $h:expr, $m:expr, $unit:ident) => {
+        $r.register_with_unit($n, $h, $crate::metrics::Unit::$unit, $m)
+    };
+}
+
+/// A histogram with [`latency_buckets`]: what every duration metric uses.
+pub fn latency_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    prometheus_client::metrics::histogram::Histogram::new(latency_buckets())
 }
 
 /// `message_type` and `outcome`: the labels of the ingress's and the transformer's `messages_total`.
