@@ -209,18 +209,27 @@ fn check_recorded(ids: &[String], log: &SharedLog) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clients_all_accepted() {
-    let server = Server::start(Policy::AcceptAll).await;
+/// `hl7gw-load --to <server> <args> --json --record-acked <file>` against a server answering by `policy`,
+/// expected to exit with `code`: the run, the ids it recorded (each unique and answered AA by the server) and
+/// the server.
+async fn recorded_run(policy: Policy, args: &str, code: i32) -> (Run, Vec<String>, Server) {
+    let server = Server::start(policy).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("acked.txt");
-    let to = server.to();
-    let run = load(&argv(
-        "--to {} --clients 2 --messages 200 --json --record-acked {}",
-        &[&to, file.to_str().expect("utf-8")],
-    ))
-    .await;
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let mut line = vec!["--to".to_owned(), server.to()];
+    line.extend(args.split_whitespace().map(str::to_owned));
+    line.extend(["--json", "--record-acked"].map(str::to_owned));
+    line.push(file.to_str().expect("utf-8").to_owned());
+    let run = load(&line).await;
+    assert_eq!(run.code, code, "{}\n{}", run.stdout, run.stderr);
+    let ids = recorded(&file);
+    check_recorded(&ids, &server.log);
+    (run, ids, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_all_accepted() {
+    let (run, ids, server) = recorded_run(Policy::AcceptAll, "--clients 2 --messages 200", 0).await;
     let j = &run.json;
     assert_eq!(j["clients"], 2);
     assert_eq!(j["messages"], 400);
@@ -236,9 +245,7 @@ async fn two_clients_all_accepted() {
     assert!(p("p50") <= p("p90") && p("p90") <= p("p95") && p("p95") <= p("p99"));
     assert!(p("p99") <= p("p999") && p("p999") <= p("max") && p("p50") >= 1);
 
-    let ids = recorded(&file);
     assert_eq!(ids.len(), 400);
-    check_recorded(&ids, &server.log);
     let run_id = j["run_id"].as_str().expect("run id");
     for client in 0..2 {
         for seq in [0, 199] {
@@ -254,16 +261,8 @@ async fn two_clients_all_accepted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_messages_fail_the_run_and_are_not_recorded() {
-    let server = Server::start(Policy::RejectEvery(10)).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("acked.txt");
-    let to = server.to();
-    let run = load(&argv(
-        "--to {} --clients 2 --messages 200 --json --record-acked {}",
-        &[&to, file.to_str().expect("utf-8")],
-    ))
-    .await;
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let (run, ids, server) =
+        recorded_run(Policy::RejectEvery(10), "--clients 2 --messages 200", 1).await;
     let j = &run.json;
     let (aa, ar) = (j["acks"]["AA"].as_u64(), j["acks"]["AR"].as_u64());
     let (aa, ar) = (aa.expect("AA"), ar.expect("AR"));
@@ -271,9 +270,7 @@ async fn rejected_messages_fail_the_run_and_are_not_recorded() {
     assert!((35..=45).contains(&ar), "{ar} AR");
     assert_eq!(j["errors"], 0);
 
-    let ids = recorded(&file);
     assert_eq!(ids.len() as u64, aa);
-    check_recorded(&ids, &server.log);
     let rejected: Vec<String> = server
         .log
         .lock()
@@ -291,16 +288,12 @@ async fn rejected_messages_fail_the_run_and_are_not_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_connections_are_errors_and_the_run_goes_on() {
-    let server = Server::start(Policy::DropEvery(50)).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("acked.txt");
-    let to = server.to();
-    let run = load(&argv(
-        "--to {} --clients 2 --messages 300 --warmup 0 --json --record-acked {}",
-        &[&to, file.to_str().expect("utf-8")],
-    ))
+    let (run, ids, _server) = recorded_run(
+        Policy::DropEvery(50),
+        "--clients 2 --messages 300 --warmup 0",
+        1,
+    )
     .await;
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     let j = &run.json;
     assert_eq!(j["messages"], 600);
     assert_eq!(j["errors"], 12, "one in 50 of 600: {}", run.stdout);
@@ -313,48 +306,36 @@ async fn dropped_connections_are_errors_and_the_run_goes_on() {
     let reconnects = j["reconnects"].as_u64().expect("reconnects");
     assert!((11..=12).contains(&reconnects), "{reconnects}");
     assert_eq!(j["acks"]["AA"], 588);
-    let ids = recorded(&file);
     assert_eq!(ids.len(), 588);
-    check_recorded(&ids, &server.log);
 }
 
 /// `--in-flight 4`: each connection writes 4 messages before it needs an ACK (the server answers only in
 /// fours), ACKs are matched in order, and every recorded id was answered AA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_clients_keep_n_messages_in_flight() {
-    let server = Server::start(Policy::Batches(4)).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("acked.txt");
-    let to = server.to();
-    let run = load(&argv(
-        "--to {} --clients 2 --messages 200 --warmup 0 --in-flight 4 --timeout 5 --json --record-acked {}",
-        &[&to, file.to_str().expect("utf-8")],
-    ))
+    let (run, ids, _server) = recorded_run(
+        Policy::Batches(4),
+        "--clients 2 --messages 200 --warmup 0 --in-flight 4 --timeout 5",
+        0,
+    )
     .await;
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let j = &run.json;
     assert_eq!(j["in_flight"], 4);
     assert_eq!(j["messages"], 400);
     assert_eq!(j["acks"]["AA"], 400);
     assert_eq!(j["mismatches"], 0);
-    let ids = recorded(&file);
     assert_eq!(ids.len(), 400);
-    check_recorded(&ids, &server.log);
 }
 
 /// A connection dropped with messages in flight: each of them is an error, the client reconnects and goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_messages_in_flight_on_a_dropped_connection_are_errors() {
-    let server = Server::start(Policy::DropEvery(50)).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("acked.txt");
-    let to = server.to();
-    let run = load(&argv(
-        "--to {} --messages 300 --warmup 0 --in-flight 4 --json --record-acked {}",
-        &[&to, file.to_str().expect("utf-8")],
-    ))
+    let (run, ids, _server) = recorded_run(
+        Policy::DropEvery(50),
+        "--messages 300 --warmup 0 --in-flight 4",
+        1,
+    )
     .await;
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     let j = &run.json;
     assert_eq!(j["messages"], 300);
     let errors = j["errors"].as_u64().expect("errors");
@@ -362,9 +343,7 @@ async fn pipelined_messages_in_flight_on_a_dropped_connection_are_errors() {
     assert!(errors >= 1 && aa + errors == 300, "{}", run.stdout);
     assert!(j["reconnects"].as_u64().expect("reconnects") >= 1);
     assert_eq!(j["mismatches"], 0);
-    let ids = recorded(&file);
     assert_eq!(ids.len() as u64, aa);
-    check_recorded(&ids, &server.log);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
