@@ -35,9 +35,10 @@ kafka-cluster-up: ## a 3-node KRaft cluster for failover tests on 127.0.0.1:9092
 kafka-cluster-down: ## stop the local Kafka cluster
 	@KAFKA_NODES=$${KAFKA_NODES:-3} scripts/kafka.sh down
 
-lint: ## cargo fmt --check and clippy with -D warnings
+lint: ## cargo fmt --check, clippy with -D warnings, no unused dependency (cargo-machete), licences/bans/sources (cargo-deny, deny.toml)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@scripts/deps-check.sh
 
 fmt: ## format the code
 	$(CARGO) fmt --all

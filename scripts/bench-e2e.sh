@@ -20,7 +20,7 @@ results=target/bench-e2e.jsonl
 : >"$results"
 for mode in fast durable; do
   topic="bench.$mode.$(date +%s)"
-  HL7GW_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
+  HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
   HL7GW_ACK_MODE=$mode RUST_LOG=warn target/release/hl7gw-ingress \
     --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
   ingress_pid=$!

@@ -15,7 +15,7 @@ cargo build --release -p hl7gw-ingress -p hl7gw-load --bins >&2
 scripts/kafka.sh up >&2
 broker=$(cat "$KAFKA_DATA_DIR/kafka.pid")
 topic="bench.ingress.$label.$(date +%s%N)"
-env "$@" HL7GW_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
+env "$@" HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
   HL7GW_KAFKA__STATISTICS_INTERVAL=1s RUST_LOG=warn target/release/hl7gw-ingress \
   --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
 ingress=$!

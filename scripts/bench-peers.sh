@@ -40,7 +40,7 @@ start() {
   case $1 in
     echo) target/release/examples/fixed_ack_server "$port" 2 >/dev/null & ;;
     hl7gw-fast | hl7gw-durable)
-      HL7GW_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
+      HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
         HL7GW_ACK_MODE=${1#hl7gw-} RUST_LOG=warn target/release/hl7gw-ingress \
         --mllp-addr 127.0.0.1:$port --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 >/dev/null & ;;
     camel-ff | camel-sync)

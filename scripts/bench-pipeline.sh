@@ -41,7 +41,7 @@ cleanup() {
 trap cleanup EXIT
 run="bench$(date +%s)"
 # librdkafka statistics every second: the Kafka requests per delivered message, by service and API, come from them.
-export HL7GW_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT RUST_LOG=warn HL7GW_KAFKA__STATISTICS_INTERVAL=1s
+export HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT RUST_LOG=warn HL7GW_KAFKA__STATISTICS_INTERVAL=1s
 cat >"$out/egress.yaml" <<YAML
 destinations:
   lab:

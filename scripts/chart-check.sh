@@ -200,7 +200,7 @@ offline() {
   done
   log "  $i renders (chart values files, k8s/base, k8s/overlays/dev, k8s/overlays/keda): every service accepts its config"
   # The example routes (chart exampleRoutes = k8s/routes) compile.
-  printf 'kafka_brokers: 127.0.0.1:9092\nroutes:\n  file: %s\n' "$root/k8s/routes/hl7routes.yaml" >"$tmp/routes-check.yaml"
+  printf 'kafka:\n  brokers: 127.0.0.1:9092\nroutes:\n  file: %s\n' "$root/k8s/routes/hl7routes.yaml" >"$tmp/routes-check.yaml"
   env -i PATH=/usr/bin:/bin "$(bin hl7gw-transformer)" --config "$tmp/routes-check.yaml" --check-config >"$tmp/check.out" 2>&1 ||
     { cat "$tmp/check.out" >&2; die "the example HL7Routes do not compile"; }
   log "  $(grep -c accepted "$tmp/check.out") example routes accepted"

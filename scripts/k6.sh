@@ -67,7 +67,7 @@ stop_ingress() {
 # start_ingress BIN BROKERS TOPIC MODE OUTDIR: on ephemeral loopback ports; sets mllp_addr, grpc_addr, admin_addr.
 start_ingress() {
   local bin=$1 brokers=$2 topic=$3 mode=$4 out=$5 line=""
-  HL7GW_KAFKA_BROKERS=$brokers HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq HL7GW_ACK_MODE=$mode \
+  HL7GW_KAFKA__BROKERS=$brokers HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq HL7GW_ACK_MODE=$mode \
     RUST_LOG=${RUST_LOG:-warn} "$bin" --mllp-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
     >"$out/ingress.out" 2>"$out/ingress.log" &
   ingress_pid=$!

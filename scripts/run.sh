@@ -21,7 +21,7 @@ trap cleanup EXIT
 trap 'exit 0' INT TERM
 
 scripts/kafka.sh up
-export HL7GW_KAFKA_BROKERS=127.0.0.1:9092
+export HL7GW_KAFKA__BROKERS=127.0.0.1:9092
 "$bin/hl7gw" receive --listen 127.0.0.1:2576 --out "$received" >"$log/receiver.out" 2>"$log/receiver.log" &
 pids+=($!)
 "$bin/hl7gw-ingress" --mllp-addr 127.0.0.1:2575 --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9464 \

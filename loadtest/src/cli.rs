@@ -59,25 +59,8 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value = "600", value_parser = parse_secs)]
     pub max_seconds: Duration,
 
-    /// Connect with TLS (needs --ca).
-    #[arg(long, requires = "ca")]
-    pub tls: bool,
-
-    /// PEM file of the CA(s) to trust (no system store is used).
-    #[arg(long, value_name = "PEM", requires = "tls")]
-    pub ca: Option<PathBuf>,
-
-    /// Client certificate chain (PEM), for mutual TLS.
-    #[arg(long, value_name = "PEM", requires_all = ["tls", "key"])]
-    pub cert: Option<PathBuf>,
-
-    /// Client private key (PEM), for mutual TLS.
-    #[arg(long, value_name = "PEM", requires = "cert")]
-    pub key: Option<PathBuf>,
-
-    /// Name to check the server certificate against (default: the host of --to).
-    #[arg(long, value_name = "NAME", requires = "tls")]
-    pub server_name: Option<String>,
+    #[command(flatten)]
+    pub tls: hl7gw_tls::ClientFlags,
 
     /// Mark the fixture messages as test traffic: MSH-3 `HL7GW-TEST`, MSH-11 `T`. The transformer routes
     /// them only through routes that name that sending application (`helm test` uses this).
@@ -158,7 +141,7 @@ mod tests {
         assert_eq!(a.timeout, Duration::from_secs(30));
         assert_eq!(a.max_seconds, Duration::from_secs(600));
         assert_eq!(a.fixture, Fixture::Adt);
-        assert!(!a.json && !a.tls);
+        assert!(!a.json && !a.tls.enabled);
         assert_eq!(a.in_flight, 1);
     }
 
@@ -199,7 +182,7 @@ mod tests {
         assert_eq!(a.warmup, 0);
         assert_eq!(a.threads, Some(1));
         assert_eq!(a.in_flight, 16);
-        assert_eq!(a.server_name.as_deref(), Some("gw.local"));
+        assert_eq!(a.tls.server_name.as_deref(), Some("gw.local"));
         let s =
             parse(&["--to", "gw:2575", "--scenario", "rs7", "--fixture", "mix"]).expect("parses");
         assert_eq!(s.scenario, Some(Scenario::Rs7));

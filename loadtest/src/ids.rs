@@ -6,7 +6,6 @@
 //! meet (the gateway suppresses duplicates by sender and MSH-10) and sort by start time. A 1 × 10,000 run's
 //! ids are at most 19 characters, within HL7 v2.5's 20-character MSH-10.
 
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,11 +24,7 @@ pub fn new_run_id() -> String {
         })
         .unwrap_or(now);
     let millis = now.max(prev + 1);
-    // std's RandomState is seeded from the OS: a random number without another dependency.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(millis);
-    h.write_u32(std::process::id());
-    let random = h.finish();
+    let random = fastrand::u64(..);
     let mut id = Vec::with_capacity(12);
     push_base36(&mut id, millis, 8);
     push_base36(&mut id, random, 4);

@@ -18,4 +18,3 @@ pub mod messages;
 pub mod record;
 pub mod run;
 pub mod stats;
-pub mod tls;

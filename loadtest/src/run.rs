@@ -6,7 +6,6 @@ use crate::ids::new_run_id;
 use crate::messages::MessageSet;
 use crate::record::Recorder;
 use crate::stats::{ClientStats, RunInfo, Summary, table};
-use crate::tls;
 use anyhow::{Context, anyhow, bail};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,23 +63,11 @@ impl Settings {
         } else {
             MessageSet::from_files(&a.files)?
         };
-        let tls = match (a.tls, &a.ca) {
-            (false, _) => None,
-            (true, None) => bail!("--tls needs --ca"),
-            (true, Some(ca)) => {
-                let identity = match (&a.cert, &a.key) {
-                    (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-                    (None, None) => None,
-                    _ => bail!("--cert and --key go together"),
-                };
-                let connector = tls::connector(ca, identity)?;
-                let name = a
-                    .server_name
-                    .as_deref()
-                    .unwrap_or_else(|| tls::host_of(&a.to));
-                Some((connector, tls::server_name(name)?))
-            }
-        };
+        let tls = a
+            .tls
+            .client(&a.to)
+            .context("client TLS")?
+            .map(|(config, name)| (tokio_rustls::TlsConnector::from(config), name));
         Ok(Self {
             target: Target {
                 addr: a.to.clone(),

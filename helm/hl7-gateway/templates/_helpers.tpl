@@ -190,7 +190,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $sec "password_file" "/etc/hl7gw/kafka/sasl/password" -}}
 {{- end -}}
 {{- end -}}
-{{- toYaml (dict "create_topics_partitions" (int $k.createTopicsPartitions) "replication_factor" (int $k.replicationFactor) "min_insync_replicas" (int $k.minInsyncReplicas) "max_message_bytes" (int $k.maxMessageBytes) "properties" $k.properties "security" $sec) -}}
+{{- toYaml (dict "brokers" $k.brokers "create_topics_partitions" (int $k.createTopicsPartitions) "replication_factor" (int $k.replicationFactor) "min_insync_replicas" (int $k.minInsyncReplicas) "max_message_bytes" (int $k.maxMessageBytes) "properties" $k.properties "security" $sec) -}}
 {{- end -}}
 
 {{/* The `grpc` block of a service's config (TLS, static tokens, Kubernetes auth, who may call what); empty when
@@ -216,19 +216,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (eq .Values.probes.readiness "grpc") (not .Values.grpc.tls.secretName) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The service: section every service's config has (listeners, drain, logs). */}}
+{{- define "hl7gw.serviceConfig" -}}
+{{- $v := .root.Values -}}
+{{- toYaml (dict
+  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
+  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
+  "drain_timeout" (printf "%vs" (index $v .component).drainTimeoutSeconds)
+  "log_json" $v.logging.json) -}}
+{{- end -}}
+
 {{/* Service configs: what the chart sets, then <component>.config over it. -------------------------------------- */}}
 
 {{- define "hl7gw.config.ingress" -}}
 {{- $v := .Values -}}
 {{- $c := dict
   "mllp_addr" (printf "0.0.0.0:%v" $v.ports.mllp)
-  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
-  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
-  "kafka_brokers" $v.kafka.brokers
   "inbound_topic" $v.kafka.topics.inbound
   "dlq_topic" $v.kafka.topics.dlq
-  "drain_timeout" (printf "%vs" $v.ingress.drainTimeoutSeconds)
-  "log_json" $v.logging.json
+  "service" (include "hl7gw.serviceConfig" (dict "root" . "component" "ingress") | fromYaml)
   "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "ingress") | fromYaml)
 -}}
 {{- with $v.ingress.tls -}}
@@ -247,15 +253,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- $routes := dict "kubernetes" (eq $v.transformer.routes.source "kubernetes") -}}
 {{- if eq $v.transformer.routes.source "file" }}{{ $routes = dict "file" "/etc/hl7gw/routes/routes.yaml" }}{{ end -}}
 {{- $c := dict
-  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
-  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
-  "kafka_brokers" $v.kafka.brokers
   "inbound_topic" $v.kafka.topics.inbound
   "dlq_topic" $v.kafka.topics.dlq
   "out_topic_prefix" $v.kafka.topics.outPrefix
   "routes" $routes
-  "drain_timeout" (printf "%vs" $v.transformer.drainTimeoutSeconds)
-  "log_json" $v.logging.json
+  "service" (include "hl7gw.serviceConfig" (dict "root" . "component" "transformer") | fromYaml)
   "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "transformer") | fromYaml)
 -}}
 {{- if $v.transformer.defaultDestination }}{{ $_ := set $c "default_destination" $v.transformer.defaultDestination }}{{ end -}}
@@ -280,15 +282,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $dests $name $out -}}
 {{- end -}}
 {{- $c := dict
-  "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
-  "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
-  "kafka_brokers" $v.kafka.brokers
   "out_topic_prefix" $v.kafka.topics.outPrefix
   "dlq_topic" $v.kafka.topics.dlq
   "inbound_topic" $v.kafka.topics.inbound
   "destinations" $dests
-  "drain_timeout" (printf "%vs" $v.egress.drainTimeoutSeconds)
-  "log_json" $v.logging.json
+  "service" (include "hl7gw.serviceConfig" (dict "root" . "component" "egress") | fromYaml)
   "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "egress") | fromYaml)
 -}}
 {{- with include "hl7gw.grpcConfig" (dict "root" . "component" "egress") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}

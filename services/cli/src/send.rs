@@ -6,7 +6,6 @@
 //! connection, a timeout, an unreadable ACK or the arguments failed.
 
 use crate::sanitise::sanitise;
-use crate::tls;
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -46,21 +45,8 @@ pub struct SendArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub repeat: u64,
-    /// Connect with TLS (needs --ca).
-    #[arg(long, requires = "ca")]
-    pub tls: bool,
-    /// PEM file of the CA certificate(s) the receiver's certificate must chain to; nothing else is trusted.
-    #[arg(long, value_name = "PEM", requires = "tls")]
-    pub ca: Option<PathBuf>,
-    /// PEM certificate (chain) to present for mutual TLS.
-    #[arg(long, value_name = "PEM", requires_all = ["tls", "key"])]
-    pub cert: Option<PathBuf>,
-    /// PEM private key of --cert.
-    #[arg(long, value_name = "PEM", requires_all = ["tls", "cert"])]
-    pub key: Option<PathBuf>,
-    /// Name the receiver's certificate is checked against, also sent as SNI [default: the host of --to].
-    #[arg(long, value_name = "NAME", requires = "tls")]
-    pub server_name: Option<String>,
+    #[command(flatten)]
+    pub tls: hl7gw_tls::ClientFlags,
 }
 
 /// One message to send and the name it goes by in the log.
@@ -91,16 +77,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
             messages.push(Outgoing { label, payload });
         }
     }
-    let tls = match (&args.tls, &args.ca) {
-        (true, Some(ca)) => {
-            let identity = args.cert.as_deref().zip(args.key.as_deref());
-            let config = tls::client_config(ca, identity)?;
-            let name = tls::server_name(args.server_name.as_deref().unwrap_or(host))?;
-            Some((config, name))
-        }
-        (true, None) => bail!("--tls needs --ca"),
-        _ => None,
-    };
+    let tls = args.tls.client(&args.to)?;
     let t = Duration::from_secs(args.timeout);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -2,4 +2,4 @@
 //! given (no system store); a receiver asks for client certificates only when given a client CA, and then
 //! requires one.
 
-pub use hl7gw_tls::{client_config, server_config, server_name};
+pub use hl7gw_tls::server_config;

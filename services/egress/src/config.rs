@@ -1,10 +1,9 @@
 //! The egress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
 
-use hl7gw_runtime::config::{ConfigError, validate_common};
+use hl7gw_runtime::config::{ConfigError, ServiceSettings, validate_common};
 use hl7gw_runtime::kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -135,11 +134,8 @@ fn default_response_timeout() -> Duration {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// gRPC (Egress + health) address.
-    pub grpc_addr: SocketAddr,
-    /// Admin HTTP (`/healthz`, `/readyz`, `/metrics`) address.
-    pub admin_addr: SocketAddr,
-    pub kafka_brokers: String,
+    /// Listeners, drain and logs: the section every service has.
+    pub service: ServiceSettings,
     /// Destination topics are `<prefix><destination>`.
     pub out_topic_prefix: String,
     /// Where rejected and given-up deliveries go.
@@ -163,20 +159,16 @@ pub struct Config {
     /// messages this, not `queue_per_partition`, bounds the egress's memory (partitions x this per destination,
     /// plus the consumer's `kafka.consumer_prefetch_bytes`).
     pub queue_bytes_per_partition: usize,
-    #[serde(with = "humantime_serde")]
-    pub drain_timeout: Duration,
-    pub log_json: bool,
+    /// The brokers, how to reach them, and the tuning of the consumers and the DLQ producer.
     pub kafka: KafkaSettings,
-    /// The gRPC listener's TLS and who may call which method (admin methods: nobody unless allowed).
+    /// The gRPC listener's TLS and who may call Status, ListDeadLetters and Replay (nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            grpc_addr: ([0, 0, 0, 0], 50051).into(),
-            admin_addr: ([0, 0, 0, 0], 9464).into(),
-            kafka_brokers: "127.0.0.1:9092".into(),
+            service: ServiceSettings::default(),
             out_topic_prefix: "hl7.out.".into(),
             dlq_topic: "hl7.dlq".into(),
             inbound_topic: "hl7.inbound".into(),
@@ -186,8 +178,6 @@ impl Default for Config {
             duplicate_capacity: 200_000,
             queue_per_partition: 64,
             queue_bytes_per_partition: 4 << 20,
-            drain_timeout: Duration::from_secs(20),
-            log_json: false,
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }
@@ -201,12 +191,7 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
-        validate_common(
-            &self.kafka_brokers,
-            &self.kafka,
-            &self.grpc,
-            Self::GRPC_METHODS,
-        )?;
+        validate_common(&self.kafka, &self.grpc, Self::GRPC_METHODS)?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());
         }

@@ -92,7 +92,6 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     let budget = Duration::from_secs(30);
     let consumer: BaseConsumer<hl7gw_runtime::kafka::KafkaContext> =
         hl7gw_runtime::kafka::reader_config(
-            &cfg.kafka_brokers,
             &format!("{}.dlq-reader", cfg.group_prefix),
             "hl7gw-egress-dlq-reader",
             &cfg.kafka,

@@ -423,7 +423,7 @@ impl DestCtx {
                 self.state.retrying.fetch_add(1, Ordering::Relaxed);
             }
             self.m.retrying(reason);
-            let wait = retry.backoff(tries, rand_unit());
+            let wait = retry.backoff(tries, fastrand::f64());
             let moved = self.consumer.context().changed();
             if generation != self.consumer.context().generation() {
                 self.state.retrying.fetch_sub(1, Ordering::Relaxed);
@@ -537,16 +537,4 @@ fn err_code(ack: &[u8]) -> Option<u16> {
         .iter()
         .find_map(|p| m.get(p).filter(|v| !v.is_empty()))
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
-}
-
-/// A number in [0, 1) for backoff jitter (no cryptographic need: spreads retries of many pods apart).
-fn rand_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::deadletters::{self, Filter};
 use crate::deliver::DestCtx;
 use crate::metrics::{DestLabels, EgressMetrics};
-use hl7gw_runtime::proto::v1::egress_server::Egress;
+use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
 use hl7gw_runtime::proto::v1::{
     DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, ReplayRequest,
     ReplayResponse, StatusRequest, StatusResponse,
@@ -63,6 +63,24 @@ fn millis(t: Option<&prost_types::Timestamp>) -> Option<i64> {
 }
 
 impl EgressService {
+    /// The Egress gRPC server over the destinations, gzip and zstd both ways. Every method is an admin
+    /// method: nobody may call it unless `grpc.allow` says.
+    pub fn server(
+        cfg: Arc<Config>,
+        dests: Vec<Arc<DestCtx>>,
+        producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+        metrics: EgressMetrics,
+    ) -> EgressServer<Self> {
+        let service = Self {
+            auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
+            cfg,
+            dests,
+            producer,
+            metrics,
+        };
+        hl7gw_runtime::compressed!(EgressServer::new(service))
+    }
+
     async fn list(&self, filter: Filter) -> Result<deadletters::Page, Status> {
         let cfg = self.cfg.clone();
         tokio::task::spawn_blocking(move || deadletters::list(&cfg, &filter))

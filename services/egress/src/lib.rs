@@ -11,11 +11,10 @@ pub mod grpc;
 pub mod metrics;
 
 use config::Config;
-use hl7gw_runtime::admin::{self, Health};
+use hl7gw_runtime::admin::Health;
 use hl7gw_runtime::dedup::Dedup;
 use hl7gw_runtime::kafka::{Commit, consumer_config, consumer_lag, ensure_topics};
-use hl7gw_runtime::proto::v1::egress_server::EgressServer;
-use hl7gw_runtime::service::{AdminServer, Bound, GrpcServer};
+use hl7gw_runtime::service::{Bound, Listening};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::Producer;
 use std::sync::Arc;
@@ -48,12 +47,9 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), EgressError> {
     cfg.validate()?;
-    cfg.grpc.check_start()?;
     let cfg = Arc::new(cfg);
-    let mut registry = hl7gw_runtime::metrics::registry();
-    let metrics = metrics::EgressMetrics::register(&mut registry);
+    let (registry, metrics) = metrics::EgressMetrics::registered();
     let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
-        cfg.kafka_brokers.clone(),
         "hl7gw-egress",
         cfg.kafka.clone(),
         Duration::from_secs(30),
@@ -68,7 +64,6 @@ pub async fn run(
         })?;
         // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
         let consumer: deliver::DestConsumer = consumer_config(
-            &cfg.kafka_brokers,
             &cfg.group(name),
             "hl7gw-egress",
             &cfg.kafka,
@@ -96,21 +91,19 @@ pub async fn run(
         }));
     }
 
-    let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
-    let health = Arc::new(Health::default());
-    let admin = AdminServer::start(cfg.admin_addr, health.clone(), registry).await?;
-    let bound = Bound {
-        mllp: None,
-        grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
-        admin: admin.addr,
-    };
+    let Listening {
+        grpc: grpc_listener,
+        admin,
+        health,
+        bound,
+    } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
     on_bound(bound);
 
     let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
     topics.push(cfg.dlq_topic.clone());
     let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    if let Err(e) = ensure_topics(&cfg.kafka_brokers, &cfg.kafka, &topic_refs).await {
+    if let Err(e) = ensure_topics(&cfg.kafka, &topic_refs).await {
         tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");
     }
     for d in &dests {
@@ -125,19 +118,12 @@ pub async fn run(
         metrics.clone(),
         side_stop.clone(),
     ));
-    let service = EgressServer::new(grpc::EgressService {
-        auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
-        cfg: cfg.clone(),
-        dests: dests.clone(),
-        producer: producer.clone(),
-        metrics: metrics.clone(),
-    });
-    let grpc_server = GrpcServer::serve(
-        hl7gw_runtime::compressed!(service),
-        health.clone(),
-        grpc,
-        cfg.grpc.clone(),
-    );
+    let grpc_server = grpc_listener.serve(grpc::EgressService::server(
+        cfg.clone(),
+        dests.clone(),
+        producer.clone(),
+        metrics.clone(),
+    ));
 
     let deliver_stop = CancellationToken::new();
     let failed = CancellationToken::new();
@@ -154,7 +140,10 @@ pub async fn run(
     tracing::info!("draining: finishing deliveries in hand");
     deliver_stop.cancel();
     let all = futures_util::future::join_all(tasks);
-    if tokio::time::timeout(cfg.drain_timeout, all).await.is_err() {
+    if tokio::time::timeout(cfg.service.drain_timeout, all)
+        .await
+        .is_err()
+    {
         tracing::warn!("drain timeout: undelivered messages stay uncommitted for the next owner");
     }
     side_stop.cancel();

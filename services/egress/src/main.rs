@@ -26,11 +26,11 @@ fn run() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        hl7gw_runtime::service::check_config(&cfg.kafka_brokers, &cfg.kafka, &cfg.grpc)?;
+        hl7gw_runtime::service::check_config(&cfg.kafka, &cfg.grpc)?;
         println!("configuration is valid");
         return Ok(());
     }
-    hl7gw_runtime::shutdown::block_on("hl7gw-egress", cfg.log_json, |stop| {
+    hl7gw_runtime::shutdown::block_on("hl7gw-egress", cfg.service.log_json, |stop| {
         hl7gw_egress::run(cfg, stop, |b| b.print("hl7gw-egress"))
     })?;
     Ok(())

@@ -208,8 +208,8 @@ fn broker_failures_and_rolling_restarts_lose_nothing_and_stop_no_service() {
     let cluster = Cluster::up(PORT);
     let brokers = cluster.brokers();
     let mut p = Pipeline::new();
-    p.env.retain(|(k, _)| *k != "HL7GW_KAFKA_BROKERS");
-    p.env.push(("HL7GW_KAFKA_BROKERS", brokers.clone()));
+    p.env.retain(|(k, _)| *k != "HL7GW_KAFKA__BROKERS");
+    p.env.push(("HL7GW_KAFKA__BROKERS", brokers.clone()));
     p.env.push(("HL7GW_KAFKA__REPLICATION_FACTOR", "3".into()));
     p.env.push(("HL7GW_KAFKA__MIN_INSYNC_REPLICAS", "2".into()));
     // The services' own lifecycle lines (rebalances, recoveries), without librdkafka's connection noise.

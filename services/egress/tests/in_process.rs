@@ -8,12 +8,14 @@ use std::time::Duration;
 async fn runs_in_process_on_port_0() {
     let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
     let id = support::unique_topic("inproc");
-    let cfg: hl7gw_egress::config::Config = support::config(&format!(
-        "grpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\nkafka_brokers: {brokers}\n\
-         out_topic_prefix: {id}.out.\ndlq_topic: {id}.dlq\ngroup_prefix: {id}\n\
+    let cfg: hl7gw_egress::config::Config = support::config_on_port_0(
+        brokers,
+        &format!(
+            "out_topic_prefix: {id}.out.\ndlq_topic: {id}.dlq\ngroup_prefix: {id}\n\
          destinations: {{lab: {{address: '127.0.0.1:{}'}}}}\n",
-        support::free_port()
-    ));
+            support::free_port()
+        ),
+    );
     let egress = InProcess::start(|stop, bound| {
         hl7gw_egress::run(cfg, stop, move |b| {
             let _ = bound.send(b);

@@ -22,7 +22,7 @@ fn run(mode: &str) {
         "sasl" => b.sasl_env(&b.file("password")),
         _ => b.mtls_env("client", "ca.crt"),
     };
-    p.env.retain(|(k, _)| *k != "HL7GW_KAFKA_BROKERS");
+    p.env.retain(|(k, _)| *k != "HL7GW_KAFKA__BROKERS");
     p.env.extend(security);
     p.env.push(("HL7GW_KAFKA__COMPRESSION", "zstd".into()));
     // Every 10th message is refused by the receiver and dead-lettered at once.

@@ -1,7 +1,7 @@
 //! The ingress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables and
 //! the main ones by flags. Read and validated before any port is bound.
 
-use hl7gw_runtime::config::{ConfigError, validate_common};
+use hl7gw_runtime::config::{ConfigError, ServiceSettings, validate_common};
 use hl7gw_runtime::kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -50,12 +50,8 @@ pub struct TlsConfig {
 pub struct Config {
     /// MLLP listener address.
     pub mllp_addr: SocketAddr,
-    /// gRPC (Ingest + health) listener address.
-    pub grpc_addr: SocketAddr,
-    /// Admin HTTP (`/healthz`, `/readyz`, `/metrics`) address.
-    pub admin_addr: SocketAddr,
-    /// Kafka bootstrap servers.
-    pub kafka_brokers: String,
+    /// Listeners, drain and logs: the section every service has.
+    pub service: ServiceSettings,
     /// Topic for accepted messages.
     pub inbound_topic: String,
     /// Topic for rejected input, with the reason.
@@ -121,14 +117,9 @@ pub struct Config {
     pub versions: Vec<String>,
     /// MSH-11.1 processing ids accepted (empty: any).
     pub processing_ids: Vec<String>,
-    /// Longest a SIGTERM drain may take before the process exits anyway.
-    #[serde(with = "humantime_serde")]
-    pub drain_timeout: Duration,
     /// Name of the MLLP listener in envelopes and metrics.
     pub listener_name: String,
-    /// Log lines as JSON.
-    pub log_json: bool,
-    /// Kafka tuning.
+    /// The brokers, how to reach them, and the client tuning.
     pub kafka: KafkaSettings,
     /// The gRPC listener's TLS and who may call which method (admin methods: nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
@@ -138,9 +129,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             mllp_addr: ([0, 0, 0, 0], 2575).into(),
-            grpc_addr: ([0, 0, 0, 0], 50051).into(),
-            admin_addr: ([0, 0, 0, 0], 9464).into(),
-            kafka_brokers: "127.0.0.1:9092".into(),
+            service: ServiceSettings::default(),
             inbound_topic: "hl7.inbound".into(),
             dlq_topic: "hl7.dlq".into(),
             ack_mode: AckMode::Durable,
@@ -171,9 +160,7 @@ impl Default for Config {
             .map(String::from)
             .to_vec(),
             processing_ids: vec!["P".into(), "D".into(), "T".into()],
-            drain_timeout: Duration::from_secs(20),
             listener_name: "mllp".into(),
-            log_json: false,
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }
@@ -206,12 +193,7 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        validate_common(
-            &self.kafka_brokers,
-            &self.kafka,
-            &self.grpc,
-            Self::GRPC_METHODS,
-        )?;
+        validate_common(&self.kafka, &self.grpc, Self::GRPC_METHODS)?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() {
             return rule("inbound_topic and dlq_topic must be set");
         }
@@ -291,8 +273,8 @@ mod tests {
         let c = Config::default();
         c.validate().unwrap();
         assert_eq!(c.mllp_addr.port(), 2575);
-        assert_eq!(c.grpc_addr.port(), 50051);
-        assert_eq!(c.admin_addr.port(), 9464);
+        assert_eq!(c.service.grpc_addr.port(), 50051);
+        assert_eq!(c.service.admin_addr.port(), 9464);
         assert_eq!(c.ack_mode, AckMode::Durable);
         assert_eq!(c.inbound_topic, "hl7.inbound");
     }

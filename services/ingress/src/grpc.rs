@@ -7,10 +7,8 @@ use hl7gw_runtime::proto::v1::ingest_server::{Ingest, IngestServer};
 use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 /// The Ingest service.
@@ -165,32 +163,18 @@ pub fn default_ingest_policy(cfg: &Config) -> &'static [&'static str] {
     }
 }
 
-/// Serves Ingest, Health and reflection on `listener` until `stop`; health reports SERVING while ready.
-pub async fn serve(
-    listener: TcpListener,
-    pipe: Arc<Pipeline>,
-    cfg: Arc<Config>,
-    health: Arc<hl7gw_runtime::admin::Health>,
-    stop: CancellationToken,
-) -> Result<(), hl7gw_runtime::grpc::GrpcServeError> {
+/// The Ingest service over `pipe`, accepting messages up to `max_frame_bytes` (plus room for the request's
+/// other fields), gzip and zstd both ways.
+pub fn service(pipe: Arc<Pipeline>, cfg: Arc<Config>) -> IngestServer<IngestService> {
     let max = cfg.max_frame_bytes + 4096;
     let auth =
         hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[("Ingest", default_ingest_policy(&cfg))]);
     let svc = IngestServer::new(IngestService {
         pipe,
-        cfg: cfg.clone(),
+        cfg,
         streams: AtomicU64::new(0),
         auth,
     })
     .max_decoding_message_size(max);
-    hl7gw_runtime::grpc::serve_service(
-        hl7gw_runtime::compressed!(svc),
-        health,
-        listener,
-        cfg.grpc.clone(),
-        Some(cfg.grpc_max_concurrent_streams),
-        cfg.grpc_max_connections,
-        stop,
-    )
-    .await
+    hl7gw_runtime::compressed!(svc)
 }

@@ -15,7 +15,7 @@ pub mod tls;
 use config::Config;
 use hl7gw_runtime::admin::{self, Health};
 use hl7gw_runtime::kafka::ensure_topics;
-use hl7gw_runtime::service::{AdminServer, Bound, GrpcServer};
+use hl7gw_runtime::service::{Bound, Listening};
 use rdkafka::producer::Producer;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub enum IngressError {
 }
 hl7gw_runtime::common_error_from!(IngressError);
 
-/// Runs the ingress until `stop` is cancelled, then drains within `drain_timeout`. `on_bound` is called once
+/// Runs the ingress until `stop` is cancelled, then drains within `service.drain_timeout`. `on_bound` is called once
 /// every port is bound.
 pub async fn run(
     cfg: Config,
@@ -40,29 +40,25 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), IngressError> {
     cfg.validate()?;
-    cfg.grpc.check_start()?;
     let key_salt = cfg.read_key_salt()?;
     let cfg = Arc::new(cfg);
     let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
-    let mut registry = hl7gw_runtime::metrics::registry();
-    let metrics = metrics::IngressMetrics::register(&mut registry);
+    let (registry, metrics) = metrics::IngressMetrics::registered();
     let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
-        cfg.kafka_brokers.clone(),
         "hl7gw-ingress",
         cfg.kafka.clone(),
         cfg.ack_timeout,
         metrics.producer_recoveries.clone(),
     )?);
 
+    let Listening {
+        grpc: grpc_listener,
+        admin,
+        health,
+        mut bound,
+    } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
     let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
-    let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
-    let health = Arc::new(Health::default());
-    let admin = AdminServer::start(cfg.admin_addr, health.clone(), registry).await?;
-    let bound = Bound {
-        mllp: Some(mllp.local_addr().unwrap_or(cfg.mllp_addr)),
-        grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
-        admin: admin.addr,
-    };
+    bound.mllp = Some(mllp.local_addr().unwrap_or(cfg.mllp_addr));
     tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
     on_bound(bound);
 
@@ -89,13 +85,16 @@ pub async fn run(
         stop.clone(),
         tracker.clone(),
     ));
-    let grpc_server = GrpcServer::spawn(|stop| {
-        grpc::serve(grpc, pipe.clone(), cfg.clone(), health.clone(), stop)
-    });
+    let grpc_server = grpc_listener
+        .limits(hl7gw_runtime::grpc::Limits {
+            max_concurrent_streams: Some(cfg.grpc_max_concurrent_streams),
+            max_connections: cfg.grpc_max_connections,
+        })
+        .serve(grpc::service(pipe.clone(), cfg.clone()));
 
     stop.cancelled().await;
     grpc_server.cancel();
-    let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
+    let deadline = tokio::time::Instant::now() + cfg.service.drain_timeout;
     health.set_draining();
     tracing::info!("draining: listener closed, answering messages in flight");
     let _ = mllp_task.await;
@@ -165,13 +164,7 @@ async fn probe_kafka(
         .unwrap_or((false, false));
         // Topics are created once a broker answers (an admin request to no broker only waits).
         if answered && !topics_ready.load(std::sync::atomic::Ordering::Relaxed) {
-            match ensure_topics(
-                &cfg.kafka_brokers,
-                &cfg.kafka,
-                &[&cfg.inbound_topic, &cfg.dlq_topic],
-            )
-            .await
-            {
+            match ensure_topics(&cfg.kafka, &[&cfg.inbound_topic, &cfg.dlq_topic]).await {
                 Ok(()) => topics_ready.store(true, std::sync::atomic::Ordering::Relaxed),
                 Err(e) => tracing::warn!(error = %e, "cannot create topics yet"),
             }

@@ -38,11 +38,11 @@ fn run() -> anyhow::Result<()> {
     cfg.validate()?;
     if flags.common.check_config {
         cfg.read_key_salt()?;
-        hl7gw_runtime::service::check_config(&cfg.kafka_brokers, &cfg.kafka, &cfg.grpc)?;
+        hl7gw_runtime::service::check_config(&cfg.kafka, &cfg.grpc)?;
         println!("configuration is valid");
         return Ok(());
     }
-    hl7gw_runtime::shutdown::block_on("hl7gw-ingress", cfg.log_json, |stop| {
+    hl7gw_runtime::shutdown::block_on("hl7gw-ingress", cfg.service.log_json, |stop| {
         hl7gw_ingress::run(cfg, stop, |b| b.print("hl7gw-ingress"))
     })?;
     Ok(())

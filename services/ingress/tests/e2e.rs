@@ -11,7 +11,7 @@ fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
     let inbound = unique_topic("test.inbound");
     let dlq = unique_topic("test.dlq");
     let env = vec![
-        ("HL7GW_KAFKA_BROKERS", brokers.to_owned()),
+        ("HL7GW_KAFKA__BROKERS", brokers.to_owned()),
         ("HL7GW_INBOUND_TOPIC", inbound.clone()),
         ("HL7GW_DLQ_TOPIC", dlq.clone()),
     ];

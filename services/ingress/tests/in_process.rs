@@ -7,12 +7,14 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_in_process_on_port_0() {
     let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
-    let cfg: hl7gw_ingress::config::Config = support::config(&format!(
-        "mllp_addr: 127.0.0.1:0\ngrpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\n\
-         kafka_brokers: {brokers}\ninbound_topic: {}\ndlq_topic: {}\n",
-        support::unique_topic("inproc.in"),
-        support::unique_topic("inproc.dlq"),
-    ));
+    let cfg: hl7gw_ingress::config::Config = support::config_on_port_0(
+        brokers,
+        &format!(
+            "mllp_addr: 127.0.0.1:0\ninbound_topic: {}\ndlq_topic: {}\n",
+            support::unique_topic("inproc.in"),
+            support::unique_topic("inproc.dlq"),
+        ),
+    );
     let ingress = InProcess::start(|stop, bound| {
         hl7gw_ingress::run(cfg, stop, move |b| {
             let _ = bound.send(b);

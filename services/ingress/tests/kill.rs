@@ -12,7 +12,7 @@ fn sigkill_mid_load_loses_no_acked_message() {
     let brokers = broker();
     let inbound = unique_topic("test.kill");
     let env = vec![
-        ("HL7GW_KAFKA_BROKERS", brokers.to_owned()),
+        ("HL7GW_KAFKA__BROKERS", brokers.to_owned()),
         ("HL7GW_INBOUND_TOPIC", inbound.clone()),
         ("HL7GW_DLQ_TOPIC", unique_topic("test.kill.dlq")),
     ];

@@ -14,7 +14,7 @@ async fn broker_outage_gets_no_false_ack_and_the_ingress_recovers() {
     let brokers = broker_on(PORT);
     let inbound = unique_topic("test.outage");
     let env = vec![
-        ("HL7GW_KAFKA_BROKERS", brokers.clone()),
+        ("HL7GW_KAFKA__BROKERS", brokers.clone()),
         ("HL7GW_INBOUND_TOPIC", inbound.clone()),
         ("HL7GW_DLQ_TOPIC", unique_topic("test.outage.dlq")),
         ("HL7GW_ACK_TIMEOUT", "2s".to_owned()),

@@ -69,9 +69,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clients: u64 = clients.parse()?;
     let secs: f64 = secs.parse()?;
     let cfg = producer_config(
-        brokers,
         "delivery-reports",
-        &KafkaSettings::default(),
+        &KafkaSettings {
+            brokers: brokers.clone(),
+            ..KafkaSettings::default()
+        },
         Duration::from_secs(30),
     )?;
     let admin: AdminClient<DefaultClientContext> = cfg.create()?;

@@ -2,10 +2,13 @@
 //! command-line flags. Unknown keys and bad values are rejected before any port is bound.
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Yaml};
+use figment::providers::{Env, Format, Serialized};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_saphyr::figment::Yaml;
+use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -25,17 +28,39 @@ pub enum ConfigError {
     Rule(String),
 }
 
-/// The rules every service's config shares: brokers set, the gRPC settings sound for the service's
-/// `grpc_methods`, the Kafka settings sound.
+/// The `service:` section every service's config has: where it listens, how long it may drain, how it logs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceSettings {
+    /// gRPC listener: the service's API and the gRPC health service.
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP listener: `/healthz`, `/readyz`, `/metrics`.
+    pub admin_addr: SocketAddr,
+    /// Longest a SIGTERM drain may take.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Logs as JSON lines instead of text.
+    pub log_json: bool,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        Self {
+            grpc_addr: ([0, 0, 0, 0], 50051).into(),
+            admin_addr: ([0, 0, 0, 0], 9464).into(),
+            drain_timeout: Duration::from_secs(20),
+            log_json: false,
+        }
+    }
+}
+
+/// The rules every service's config shares: the Kafka settings sound (brokers set), the gRPC settings sound
+/// for the service's `grpc_methods`.
 pub fn validate_common(
-    kafka_brokers: &str,
     kafka: &crate::kafka::KafkaSettings,
     grpc: &crate::grpc::GrpcSettings,
     grpc_methods: &[&str],
 ) -> Result<(), ConfigError> {
-    if kafka_brokers.trim().is_empty() {
-        return Err(ConfigError::Rule("kafka_brokers is empty".into()));
-    }
     grpc.validate(grpc_methods)
         .map_err(|e| ConfigError::Rule(e.to_string()))?;
     kafka.validate()
@@ -117,6 +142,28 @@ where
         .map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
+/// Flags for the `service:` section.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct ServiceFlags {
+    /// gRPC listener address (service.grpc_addr).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Admin HTTP (/healthz, /readyz, /metrics) address (service.admin_addr).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_addr: Option<SocketAddr>,
+}
+
+/// Flags for the `kafka:` section.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct KafkaFlags {
+    /// Kafka bootstrap servers (kafka.brokers).
+    #[arg(long = "kafka-brokers")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub brokers: Option<String>,
+}
+
 /// The flags every service takes; a service's own flags flatten this in (`#[command(flatten)]` and
 /// `#[serde(flatten)]`) and add theirs. Flags override the file and the environment.
 #[derive(Debug, Clone, Default, clap::Args, Serialize)]
@@ -129,18 +176,10 @@ pub struct CommonFlags {
     #[arg(long)]
     #[serde(skip)]
     pub check_config: bool,
-    /// gRPC listener address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_addr: Option<std::net::SocketAddr>,
-    /// Admin HTTP (/healthz, /readyz, /metrics) address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admin_addr: Option<std::net::SocketAddr>,
-    /// Kafka bootstrap servers.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kafka_brokers: Option<String>,
+    #[command(flatten)]
+    pub service: ServiceFlags,
+    #[command(flatten)]
+    pub kafka: KafkaFlags,
     /// Topic for rejected or undeliverable messages.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -233,6 +272,40 @@ mod tests {
             assert!(load_with_env::<Cfg, _>(None, &none, Env::prefixed("T_")).is_err());
             Ok(())
         });
+    }
+
+    #[test]
+    fn shared_flags_land_in_their_sections_and_keep_the_rest() {
+        #[derive(Debug, Default, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        struct Svc {
+            service: ServiceSettings,
+            kafka: crate::kafka::KafkaSettings,
+            dlq_topic: String,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.yaml");
+        std::fs::write(
+            &file,
+            "service:\n  log_json: true\nkafka:\n  brokers: file:9092\n  linger_ms: 3\n",
+        )
+        .unwrap();
+        let mut flags = CommonFlags::default();
+        flags.kafka.brokers = Some("flag:9092".into());
+        flags.service.admin_addr = Some(([127, 0, 0, 1], 0).into());
+        let c: Svc = load_with_env(Some(&file), &flags, Env::prefixed("NOTHING_SET_")).unwrap();
+        assert_eq!(c.kafka.brokers, "flag:9092");
+        assert_eq!(c.kafka.linger_ms, 3);
+        assert!(c.service.log_json);
+        assert_eq!(c.service.admin_addr, ([127, 0, 0, 1], 0).into());
+        assert_eq!(c.service.grpc_addr, ServiceSettings::default().grpc_addr);
+        let none: Svc = load_with_env(
+            Some(&file),
+            &CommonFlags::default(),
+            Env::prefixed("NOTHING_SET_"),
+        )
+        .unwrap();
+        assert_eq!(none.kafka.brokers, "file:9092");
     }
 
     #[test]

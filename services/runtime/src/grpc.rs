@@ -628,33 +628,22 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one service of a generated tonic server, with health and reflection, the way every hl7gw gRPC
-/// listener does: [`builder`], [`health`] under the service's name, [`serve`].
-pub async fn serve_service<S>(
-    svc: S,
-    readiness: Arc<Health>,
-    listener: TcpListener,
-    settings: GrpcSettings,
-    max_concurrent_streams: Option<u32>,
-    max_connections: usize,
-    stop: CancellationToken,
-) -> Result<(), GrpcServeError>
-where
-    S: tonic::codegen::Service<
-            axum::http::Request<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + tonic::server::NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Response: axum::response::IntoResponse,
-    S::Future: Send + 'static,
-{
-    let router = builder(max_concurrent_streams)
-        .add_service(health(readiness, S::NAME, stop.clone()))
-        .add_service(svc);
-    serve(router, listener, &settings, max_connections, stop).await
+/// How much one gRPC listener serves at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Streams per connection (none: tonic's default).
+    pub max_concurrent_streams: Option<u32>,
+    /// Connections served at once; more wait in the backlog.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: None,
+            max_connections: MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// A generated tonic server accepting and sending gzip and zstd (every hl7gw service does).

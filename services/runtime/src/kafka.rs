@@ -19,10 +19,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Kafka tuning beyond the broker list.
+/// The `kafka:` section every service shares: where the brokers are, how to reach them, and the tuning.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    pub brokers: String,
     /// How long the producer waits to batch records (`linger.ms`). 0 (the default) sends at once; librdkafka
     /// still batches what queues up while a request is in flight, so throughput under load holds. 1 ms adds a
     /// millisecond to every sequential sender's round trip (measured: 630 vs. more msg/s, docs/BENCHMARKS.md).
@@ -120,8 +122,8 @@ pub const PROTECTED_PROPERTIES: &[(&str, &str)] = &[
         "the workers rely on the classic group protocol",
     ),
     ("group.id", "set from group_id / group_prefix"),
-    ("bootstrap.servers", "set from kafka_brokers"),
-    ("metadata.broker.list", "set from kafka_brokers"),
+    ("bootstrap.servers", "set from kafka.brokers"),
+    ("metadata.broker.list", "set from kafka.brokers"),
     ("linger.ms", "set kafka.linger_ms instead"),
     ("queue.buffering.max.ms", "set kafka.linger_ms instead"),
     ("compression.type", "set kafka.compression instead"),
@@ -171,6 +173,7 @@ where
 impl Default for KafkaSettings {
     fn default() -> Self {
         Self {
+            brokers: "127.0.0.1:9092".into(),
             linger_ms: 0,
             max_in_flight: 5,
             compression: "none".into(),
@@ -193,6 +196,9 @@ impl KafkaSettings {
     /// The rules serde cannot check.
     pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
         let rule = |m: String| Err(crate::config::ConfigError::Rule(m));
+        if self.brokers.trim().is_empty() {
+            return rule("kafka.brokers is empty".into());
+        }
         if !(1..=5).contains(&self.max_in_flight) {
             return rule(format!(
                 "kafka.max_in_flight must be between 1 and 5 (the idempotent producer's limit), not {}",
@@ -281,13 +287,9 @@ impl From<ClientConfigError> for rdkafka::error::KafkaError {
 }
 
 /// What every client starts from: the brokers, `kafka.security`, and connection habits.
-fn client_base(
-    brokers: &str,
-    client_id: &str,
-    s: &KafkaSettings,
-) -> Result<ClientConfig, ClientConfigError> {
+fn client_base(client_id: &str, s: &KafkaSettings) -> Result<ClientConfig, ClientConfigError> {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers)
+    c.set("bootstrap.servers", &s.brokers)
         .set("client.id", client_id)
         .set("socket.nagle.disable", "true")
         .set("reconnect.backoff.max.ms", "1000")
@@ -326,12 +328,11 @@ fn finish(mut c: ClientConfig, s: &KafkaSettings) -> Result<ClientConfig, Client
 /// Producer settings: acks=all and the idempotent producer (no duplicates or reordering from retries), and
 /// `delivery_timeout` as librdkafka's own bound on a record's delivery.
 pub fn producer_config(
-    brokers: &str,
     client_id: &str,
     s: &KafkaSettings,
     delivery_timeout: Duration,
 ) -> Result<ClientConfig, ClientConfigError> {
-    let mut c = client_base(brokers, client_id, s)?;
+    let mut c = client_base(client_id, s)?;
     producer_settings(&mut c, s, delivery_timeout);
     finish(c, s)
 }
@@ -359,13 +360,12 @@ fn producer_settings(c: &mut ClientConfig, s: &KafkaSettings, delivery_timeout: 
 /// The transformer's producer: [`producer_config`] plus a transactional id; a transaction not committed
 /// within `timeout` is aborted by the broker.
 pub fn transactional_producer_config(
-    brokers: &str,
     client_id: &str,
     s: &KafkaSettings,
     transactional_id: &str,
     timeout: Duration,
 ) -> Result<ClientConfig, ClientConfigError> {
-    let mut c = client_base(brokers, client_id, s)?;
+    let mut c = client_base(client_id, s)?;
     producer_settings(&mut c, s, timeout);
     c.set("transactional.id", transactional_id)
         .set("transaction.timeout.ms", timeout.as_millis().to_string());
@@ -382,20 +382,19 @@ pub enum Commit {
 }
 
 /// Admin client settings (topic creation, metadata probes).
-pub fn admin_config(brokers: &str, s: &KafkaSettings) -> Result<ClientConfig, ClientConfigError> {
-    let c = client_base(brokers, "hl7gw-admin", s)?;
+pub fn admin_config(s: &KafkaSettings) -> Result<ClientConfig, ClientConfigError> {
+    let c = client_base("hl7gw-admin", s)?;
     finish(c, s)
 }
 
 /// A reader of a topic from a given offset to its end (the DLQ listing): its own group, never committing,
 /// committed records only.
 pub fn reader_config(
-    brokers: &str,
     group_id: &str,
     client_id: &str,
     s: &KafkaSettings,
 ) -> Result<ClientConfig, ClientConfigError> {
-    let mut c = client_base(brokers, client_id, s)?;
+    let mut c = client_base(client_id, s)?;
     c.set("group.id", group_id)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
@@ -405,20 +404,20 @@ pub fn reader_config(
 
 /// `--check-config`'s Kafka part: every client role's settings built natively (a setting this build cannot
 /// honour fails here), the secret files read; returns the warnings to print.
-pub fn check_config(brokers: &str, s: &KafkaSettings) -> Result<Vec<String>, ClientConfigError> {
-    check_clients(brokers, s)?;
+pub fn check_config(s: &KafkaSettings) -> Result<Vec<String>, ClientConfigError> {
+    check_clients(s)?;
     Ok(s.warnings())
 }
 
 /// Builds every role's settings natively without connecting, and reads the secret files.
-pub fn check_clients(brokers: &str, s: &KafkaSettings) -> Result<(), ClientConfigError> {
+pub fn check_clients(s: &KafkaSettings) -> Result<(), ClientConfigError> {
     s.security.check_files()?;
     let t = Duration::from_secs(30);
-    producer_config(brokers, "check", s, t)?;
-    transactional_producer_config(brokers, "check", s, "check", t)?;
-    consumer_config(brokers, "check", "check", s, Commit::Manual)?;
-    reader_config(brokers, "check", "check", s)?;
-    admin_config(brokers, s)?;
+    producer_config("check", s, t)?;
+    transactional_producer_config("check", s, "check", t)?;
+    consumer_config("check", "check", s, Commit::Manual)?;
+    reader_config("check", "check", s)?;
+    admin_config(s)?;
     Ok(())
 }
 
@@ -438,16 +437,11 @@ pub enum TopicError {
 
 /// Creates the topics that do not exist yet, with the configured replication, `min.insync.replicas` and
 /// record size limit.
-pub async fn ensure_topics(
-    brokers: &str,
-    s: &KafkaSettings,
-    topics: &[&str],
-) -> Result<(), TopicError> {
+pub async fn ensure_topics(s: &KafkaSettings, topics: &[&str]) -> Result<(), TopicError> {
     if s.create_topics_partitions == 0 || topics.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<KafkaContext> =
-        admin_config(brokers, s)?.create_with_context(KafkaContext)?;
+    let admin: AdminClient<KafkaContext> = admin_config(s)?.create_with_context(KafkaContext)?;
     let max_bytes = s.max_message_bytes.to_string();
     let min_isr = s.min_insync_replicas.to_string();
     let new: Vec<NewTopic<'_>> = topics
@@ -498,13 +492,12 @@ impl KafkaSettings {
 /// (`commit`), read_committed so records of aborted transactions are never seen, and a short session timeout so
 /// a killed pod's partitions move on within seconds.
 pub fn consumer_config(
-    brokers: &str,
     group_id: &str,
     client_id: &str,
     s: &KafkaSettings,
     commit: Commit,
 ) -> Result<ClientConfig, ClientConfigError> {
-    let mut c = client_base(brokers, client_id, s)?;
+    let mut c = client_base(client_id, s)?;
     c.set("group.id", group_id)
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
@@ -708,7 +701,7 @@ mod tests {
 
     fn settings(yaml: &str) -> Result<KafkaSettings, String> {
         use figment::providers::Format;
-        figment::Figment::from(figment::providers::Yaml::string(yaml))
+        figment::Figment::from(serde_saphyr::figment::Yaml::string(yaml))
             .extract()
             .map_err(|e| e.to_string())
     }

@@ -40,7 +40,6 @@ impl ProducerSlot {
 
     /// A slot whose producers are [`crate::kafka::producer_config`]'s (acks=all, idempotent).
     pub fn from_config(
-        brokers: String,
         client_id: &'static str,
         settings: crate::kafka::KafkaSettings,
         delivery_timeout: std::time::Duration,
@@ -48,7 +47,7 @@ impl ProducerSlot {
     ) -> rdkafka::error::KafkaResult<Self> {
         Self::new(
             Box::new(move || {
-                crate::kafka::producer_config(&brokers, client_id, &settings, delivery_timeout)?
+                crate::kafka::producer_config(client_id, &settings, delivery_timeout)?
                     .create_with_context(crate::kafka::KafkaContext)
             }),
             recoveries,

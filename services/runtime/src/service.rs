@@ -67,6 +67,97 @@ impl AdminServer {
     }
 }
 
+/// What every service binds from its `service:` section: the gRPC listener (served once the service has
+/// built its gRPC service), the admin server (serving at once: `/readyz` answers "not ready" until the
+/// readiness loop says otherwise), and the health both report.
+#[derive(Debug)]
+pub struct Listening {
+    pub grpc: GrpcListener,
+    pub admin: AdminServer,
+    pub health: Arc<Health>,
+    pub bound: Bound,
+}
+
+impl Listening {
+    /// Reads the gRPC TLS files and tokens (a bad certificate stops the service before it binds anything),
+    /// binds `service.grpc_addr` (to be served with `grpc`'s TLS and callers) and starts the admin server on
+    /// `service.admin_addr` with `registry`.
+    pub async fn bind(
+        service: &crate::config::ServiceSettings,
+        grpc: GrpcSettings,
+        registry: Registry,
+    ) -> Result<Self, CommonError> {
+        grpc.check_start()?;
+        let listener = crate::admin::bind("gRPC", service.grpc_addr).await?;
+        let health = Arc::new(Health::default());
+        let admin = AdminServer::start(service.admin_addr, health.clone(), registry).await?;
+        let bound = Bound {
+            mllp: None,
+            grpc: listener.local_addr().unwrap_or(service.grpc_addr),
+            admin: admin.addr,
+        };
+        let grpc = GrpcListener {
+            listener,
+            settings: grpc,
+            limits: crate::grpc::Limits::default(),
+            health: health.clone(),
+        };
+        Ok(Self {
+            grpc,
+            admin,
+            health,
+            bound,
+        })
+    }
+}
+
+/// A bound gRPC listener, not yet serving.
+#[derive(Debug)]
+pub struct GrpcListener {
+    listener: tokio::net::TcpListener,
+    settings: GrpcSettings,
+    limits: crate::grpc::Limits,
+    health: Arc<Health>,
+}
+
+impl GrpcListener {
+    /// Serves with `limits` instead of the defaults.
+    pub fn limits(mut self, limits: crate::grpc::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Serves one generated tonic service the way every hl7gw gRPC listener does: TLS and callers per the
+    /// `grpc:` settings, the gRPC health service under the service's name (serving while ready),
+    /// reflection, the limits.
+    pub fn serve<S>(self, svc: S) -> GrpcServer
+    where
+        S: tonic::codegen::Service<
+                axum::http::Request<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + tonic::server::NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        let Self {
+            listener,
+            settings,
+            limits,
+            health,
+        } = self;
+        GrpcServer::spawn(move |stop| async move {
+            let router = crate::grpc::builder(limits.max_concurrent_streams)
+                .add_service(crate::grpc::health(health, S::NAME, stop.clone()))
+                .add_service(svc);
+            crate::grpc::serve(router, listener, &settings, limits.max_connections, stop).await
+        })
+    }
+}
+
 /// Probes a service's dependencies every 2 s (every second while not ready) until `stop`, recording each
 /// verdict in `health` and logging each change (`ready`, `not ready` with the reason).
 pub async fn readiness_loop<F, Fut>(health: Arc<Health>, stop: CancellationToken, mut probe: F)
@@ -103,13 +194,9 @@ pub enum CheckError {
 
 /// `--check-config`'s checks every service shares: the gRPC TLS files are read and every Kafka client role's
 /// settings are built (secret files read, nothing connected). Prints the warnings of both to stderr.
-pub fn check_config(
-    kafka_brokers: &str,
-    kafka: &KafkaSettings,
-    grpc: &GrpcSettings,
-) -> Result<(), CheckError> {
+pub fn check_config(kafka: &KafkaSettings, grpc: &GrpcSettings) -> Result<(), CheckError> {
     grpc.check_files()?;
-    let kafka = crate::kafka::check_config(kafka_brokers, kafka)?;
+    let kafka = crate::kafka::check_config(kafka)?;
     for w in kafka.iter().chain(&grpc.warnings()) {
         eprintln!("warning: {w}");
     }
@@ -146,6 +233,11 @@ macro_rules! common_error_from {
         $crate::common_error_from!(@one $t, $crate::kafka::ClientConfigError);
         $crate::common_error_from!(@one $t, $crate::admin::BindError);
         $crate::common_error_from!(@one $t, $crate::service::TaskError);
+        impl From<$crate::service::CommonError> for $t {
+            fn from(e: $crate::service::CommonError) -> Self {
+                Self::Common(e)
+            }
+        }
     };
     (@one $t:ty, $source:ty) => {
         impl From<$source> for $t {
@@ -174,46 +266,13 @@ pub struct GrpcServer {
 
 impl GrpcServer {
     /// Spawns `serve`, handing it the token that [`GrpcServer::cancel`] and [`GrpcServer::stop`] cancel.
-    pub fn spawn<Fut>(serve: impl FnOnce(CancellationToken) -> Fut) -> Self
+    fn spawn<Fut>(serve: impl FnOnce(CancellationToken) -> Fut) -> Self
     where
         Fut: Future<Output = Result<(), GrpcServeError>> + Send + 'static,
     {
         let stop = CancellationToken::new();
         let task = tokio::spawn(serve(stop.clone()));
         Self { stop, task }
-    }
-
-    /// Serves one generated tonic service, with health and reflection, on `listener` with the default limits
-    /// (no stream limit, [`crate::grpc::MAX_CONNECTIONS`] connections).
-    pub fn serve<S>(
-        svc: S,
-        health: Arc<Health>,
-        listener: tokio::net::TcpListener,
-        settings: GrpcSettings,
-    ) -> Self
-    where
-        S: tonic::codegen::Service<
-                axum::http::Request<tonic::body::Body>,
-                Error = std::convert::Infallible,
-            > + tonic::server::NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Response: axum::response::IntoResponse,
-        S::Future: Send + 'static,
-    {
-        Self::spawn(|stop| {
-            crate::grpc::serve_service(
-                svc,
-                health,
-                listener,
-                settings,
-                None,
-                crate::grpc::MAX_CONNECTIONS,
-                stop,
-            )
-        })
     }
 
     /// Stops taking new calls and connections; calls in progress go on.

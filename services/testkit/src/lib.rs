@@ -601,7 +601,7 @@ impl SecureBroker {
     /// `HL7GW_` variables for SASL_SSL as user `hl7gw` (the password file given).
     pub fn sasl_env(&self, password_file: &str) -> Vec<(&'static str, String)> {
         vec![
-            ("HL7GW_KAFKA_BROKERS", self.sasl_ssl.clone()),
+            ("HL7GW_KAFKA__BROKERS", self.sasl_ssl.clone()),
             ("HL7GW_KAFKA__SECURITY__PROTOCOL", "SASL_SSL".into()),
             ("HL7GW_KAFKA__SECURITY__CA_FILE", self.file("ca.crt")),
             (
@@ -617,7 +617,7 @@ impl SecureBroker {
     /// `other-client`, signed by a CA the broker does not know) and the CA file `ca`.
     pub fn mtls_env(&self, client: &str, ca: &str) -> Vec<(&'static str, String)> {
         vec![
-            ("HL7GW_KAFKA_BROKERS", self.mtls.clone()),
+            ("HL7GW_KAFKA__BROKERS", self.mtls.clone()),
             ("HL7GW_KAFKA__SECURITY__PROTOCOL", "SSL".into()),
             ("HL7GW_KAFKA__SECURITY__CA_FILE", self.file(ca)),
             (
@@ -696,6 +696,17 @@ impl<E: Send + 'static> InProcess<E> {
             .expect("the service drained in time")
             .expect("the service task did not panic")
     }
+}
+
+/// A service config listening on loopback port 0 (gRPC and admin) against `brokers`, with `yaml`'s keys
+/// (which must not hold a `service:` or `kafka:` section of their own).
+pub fn config_on_port_0<T>(brokers: &str, yaml: &str) -> T
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + Default,
+{
+    config(&format!(
+        "service: {{grpc_addr: 127.0.0.1:0, admin_addr: 127.0.0.1:0}}\nkafka: {{brokers: '{brokers}'}}\n{yaml}"
+    ))
 }
 
 /// A service config from YAML, as the service would load it from its file (defaults under it, no `HL7GW_`

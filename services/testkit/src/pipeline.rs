@@ -59,7 +59,7 @@ impl Pipeline {
         let id = uuid::Uuid::now_v7().simple().to_string();
         let t = |s: &str| format!("t{id}.{s}");
         let env = vec![
-            ("HL7GW_KAFKA_BROKERS", broker().to_owned()),
+            ("HL7GW_KAFKA__BROKERS", broker().to_owned()),
             ("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "3".into()),
             ("RUST_LOG", "warn".into()),
         ];

@@ -25,6 +25,8 @@ pub enum TlsError {
     Verifier(String),
     #[error("invalid TLS server name {0:?}")]
     ServerName(String),
+    #[error("--tls needs --ca (no system trust store is used)")]
+    NoCa,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -145,6 +147,45 @@ pub fn host_of(addr: &str) -> &str {
     host.strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host)
+}
+
+/// The TLS flags of the MLLP clients (`hl7gw send`, `hl7gw-load`): one definition, one meaning.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientFlags {
+    /// Connect with TLS (needs --ca).
+    #[arg(long = "tls", requires = "ca")]
+    pub enabled: bool,
+    /// PEM file of the CA certificate(s) the server's certificate must chain to; nothing else is trusted.
+    #[arg(long, value_name = "PEM", requires = "enabled")]
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM certificate (chain) to present for mutual TLS.
+    #[arg(long, value_name = "PEM", requires_all = ["enabled", "key"])]
+    pub cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, value_name = "PEM", requires_all = ["enabled", "cert"])]
+    pub key: Option<std::path::PathBuf>,
+    /// Name the server's certificate is checked against, also sent as SNI [default: the host of --to].
+    #[arg(long, value_name = "NAME", requires = "enabled")]
+    pub server_name: Option<String>,
+}
+
+#[cfg(feature = "clap")]
+impl ClientFlags {
+    /// The client TLS config and server name for connecting to `to` (`HOST:PORT`); none without `--tls`.
+    pub fn client(
+        &self,
+        to: &str,
+    ) -> Result<Option<(Arc<ClientConfig>, ServerName<'static>)>, TlsError> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let ca = self.ca.as_deref().ok_or(TlsError::NoCa)?;
+        let identity = self.cert.as_deref().zip(self.key.as_deref());
+        let config = client_config(ca, identity)?;
+        let name = server_name(self.server_name.as_deref().unwrap_or_else(|| host_of(to)))?;
+        Ok(Some((config, name)))
+    }
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ fn routes(n: usize) -> Routes {
             } else {
                 format!("{{match: {{messageTypes: ['Z{i:03}^A01']}}, destinations: [d{i}]}}")
             };
-            let spec: HL7RouteSpec = serde_yaml::from_str(&yaml).expect("route yaml");
+            let spec: HL7RouteSpec = serde_saphyr::from_str(&yaml).expect("route yaml");
             Arc::new(Route::compile(&format!("r{i:04}"), &spec).expect("route compiles"))
         })
         .collect();
@@ -54,8 +54,7 @@ fn bench(c: &mut Criterion) {
     let mut payload = Vec::new();
     envelope::encode_into(&env, &mut payload);
     let cfg = Config::default();
-    let mut reg = hl7gw_runtime::metrics::registry();
-    let metrics = TransformerMetrics::register(&mut reg);
+    let (_reg, metrics) = TransformerMetrics::registered();
     let h = env.header.clone().unwrap_or_default();
     let mut g = c.benchmark_group("routing");
     for n in [1usize, 10, 100, 1000] {

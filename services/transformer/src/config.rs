@@ -1,9 +1,8 @@
 //! The transformer configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
 
-use hl7gw_runtime::config::{ConfigError, validate_common};
+use hl7gw_runtime::config::{ConfigError, ServiceSettings, validate_common};
 use hl7gw_runtime::kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -63,11 +62,8 @@ pub enum Unmatched {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// gRPC (Transform dry run + health) address.
-    pub grpc_addr: SocketAddr,
-    /// Admin HTTP (`/healthz`, `/readyz`, `/metrics`) address.
-    pub admin_addr: SocketAddr,
-    pub kafka_brokers: String,
+    /// Listeners, drain and logs: the section every service has.
+    pub service: ServiceSettings,
     /// Topic consumed.
     pub inbound_topic: String,
     /// Topic for messages a transform could not handle.
@@ -107,21 +103,16 @@ pub struct Config {
     /// the first message of a batch is always routed whole, each plugin call bounded by its own `timeoutMs`.
     #[serde(with = "humantime_serde")]
     pub transaction_timeout: Duration,
-    /// Longest a SIGTERM drain may take.
-    #[serde(with = "humantime_serde")]
-    pub drain_timeout: Duration,
-    pub log_json: bool,
+    /// The brokers, how to reach them, and the tuning of the consumer and the transactional producer.
     pub kafka: KafkaSettings,
-    /// The gRPC listener's TLS and who may call which method (admin methods: nobody unless allowed).
+    /// The gRPC listener's TLS and who may call the Transform dry run (nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            grpc_addr: ([0, 0, 0, 0], 50051).into(),
-            admin_addr: ([0, 0, 0, 0], 9464).into(),
-            kafka_brokers: "127.0.0.1:9092".into(),
+            service: ServiceSettings::default(),
             inbound_topic: "hl7.inbound".into(),
             dlq_topic: "hl7.dlq".into(),
             out_topic_prefix: "hl7.out.".into(),
@@ -135,8 +126,6 @@ impl Default for Config {
             batch_max_bytes: 16 << 20,
             batch_linger: Duration::from_millis(5),
             transaction_timeout: Duration::from_secs(10),
-            drain_timeout: Duration::from_secs(20),
-            log_json: false,
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }
@@ -150,12 +139,7 @@ impl Config {
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
-        validate_common(
-            &self.kafka_brokers,
-            &self.kafka,
-            &self.grpc,
-            Self::GRPC_METHODS,
-        )?;
+        validate_common(&self.kafka, &self.grpc, Self::GRPC_METHODS)?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
             return rule("inbound_topic, dlq_topic and group_id must be set");
         }
@@ -225,6 +209,6 @@ mod tests {
         };
         assert!(half_tls.validate().is_err(), "cert without key");
         assert_eq!(c.out_topic("lab"), "hl7.out.lab");
-        assert_eq!(c.grpc_addr.port(), 50051);
+        assert_eq!(c.service.grpc_addr.port(), 50051);
     }
 }

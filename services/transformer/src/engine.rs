@@ -809,7 +809,7 @@ mod tests {
     }
 
     fn spec(yaml: &str) -> HL7RouteSpec {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     async fn run(yaml: &str) -> Result<(Vec<u8>, &'static str), StepError> {

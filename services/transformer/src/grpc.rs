@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::engine::PluginCaller;
 use crate::source::LiveRoutes;
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::proto::v1::transform_server::Transform;
+use hl7gw_runtime::proto::v1::transform_server::{Transform, TransformServer};
 use hl7gw_runtime::proto::v1::{
     Envelope, RouteMiss, TransformOutput, TransformRequest, TransformResponse,
 };
@@ -45,6 +45,22 @@ impl<P: PluginCaller + 'static> Transform for DryRun<P> {
 }
 
 impl<P: PluginCaller + 'static> DryRun<P> {
+    /// The Transform gRPC server (the dry run) over the live routes and the plugins, gzip and zstd both
+    /// ways. The dry run runs the salted `hash` step: nobody may call it unless `grpc.allow.Transform` says.
+    pub fn server(
+        cfg: Arc<Config>,
+        live: Arc<LiveRoutes>,
+        plugins: Arc<P>,
+    ) -> TransformServer<Self> {
+        let service = Self {
+            auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
+            cfg,
+            live,
+            plugins,
+        };
+        hl7gw_runtime::compressed!(TransformServer::new(service))
+    }
+
     async fn dry_run(&self, req: TransformRequest) -> Result<Response<TransformResponse>, Status> {
         let msg = Message::parse(&req.message)
             .map_err(|e| Status::invalid_argument(format!("not an HL7 v2 message: {e}")))?;

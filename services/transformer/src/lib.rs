@@ -15,13 +15,12 @@ pub mod source;
 pub mod worker;
 
 use config::Config;
-use hl7gw_runtime::admin::{self, Health};
+use hl7gw_runtime::admin::Health;
 use hl7gw_runtime::kafka::{
     Commit, KafkaContext, consumer_config, consumer_lag, ensure_topics,
     transactional_producer_config,
 };
-use hl7gw_runtime::proto::v1::transform_server::TransformServer;
-use hl7gw_runtime::service::{AdminServer, Bound, GrpcServer};
+use hl7gw_runtime::service::{Bound, Listening};
 use rdkafka::consumer::Consumer;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -53,10 +52,8 @@ pub async fn run(
     on_bound: impl FnOnce(Bound),
 ) -> Result<(), TransformerError> {
     cfg.validate()?;
-    cfg.grpc.check_start()?;
     let cfg = Arc::new(cfg);
-    let mut registry = hl7gw_runtime::metrics::registry();
-    let metrics = metrics::TransformerMetrics::register(&mut registry);
+    let (registry, metrics) = metrics::TransformerMetrics::registered();
     let live = Arc::new(source::LiveRoutes::default());
     // Plugin TLS files are read before any port is bound.
     let plugins = Arc::new(plugin::GrpcPlugins::new(&cfg.plugin_tls)?);
@@ -95,7 +92,6 @@ pub async fn run(
 
     let txn_id = transactional_id(&cfg);
     let pc = transactional_producer_config(
-        &cfg.kafka_brokers,
         "hl7gw-transformer",
         &cfg.kafka,
         &txn_id,
@@ -106,7 +102,6 @@ pub async fn run(
     let producer = make_producer()?;
     let consumer: Arc<worker::Consumer_> = Arc::new(
         consumer_config(
-            &cfg.kafka_brokers,
             &cfg.group_id,
             "hl7gw-transformer",
             &cfg.kafka,
@@ -115,14 +110,12 @@ pub async fn run(
         .create_with_context(hl7gw_runtime::kafka::Assignment::default())?,
     );
 
-    let grpc = admin::bind("gRPC", cfg.grpc_addr).await?;
-    let health = Arc::new(Health::default());
-    let admin = AdminServer::start(cfg.admin_addr, health.clone(), registry).await?;
-    let bound = Bound {
-        mllp: None,
-        grpc: grpc.local_addr().unwrap_or(cfg.grpc_addr),
-        admin: admin.addr,
-    };
+    let Listening {
+        grpc: grpc_listener,
+        admin,
+        health,
+        bound,
+    } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
     on_bound(bound);
 
@@ -139,18 +132,11 @@ pub async fn run(
         side_stop.clone(),
     ));
 
-    let service = TransformServer::new(grpc::DryRun {
-        auth: hl7gw_runtime::grpc::Auth::new(&cfg.grpc, &[]),
-        cfg: cfg.clone(),
-        live: live.clone(),
-        plugins: plugins.clone(),
-    });
-    let grpc_server = GrpcServer::serve(
-        hl7gw_runtime::compressed!(service),
-        health.clone(),
-        grpc,
-        cfg.grpc.clone(),
-    );
+    let grpc_server = grpc_listener.serve(grpc::DryRun::server(
+        cfg.clone(),
+        live.clone(),
+        plugins.clone(),
+    ));
 
     let worker_stop = CancellationToken::new();
     let mut worker_task = tokio::spawn(
@@ -173,7 +159,7 @@ pub async fn run(
             health.set_draining();
             tracing::info!("draining: finishing the batch in hand");
             worker_stop.cancel();
-            match tokio::time::timeout(cfg.drain_timeout, &mut worker_task).await {
+            match tokio::time::timeout(cfg.service.drain_timeout, &mut worker_task).await {
                 Ok(Ok(r)) => r.map_err(TransformerError::from),
                 Ok(Err(e)) => Err(TransformerError::WorkerPanicked(e.to_string())),
                 Err(_) => {
@@ -252,7 +238,7 @@ pub(crate) async fn ensure_destinations(
     if new.is_empty() {
         return true;
     }
-    match ensure_topics(&cfg.kafka_brokers, &cfg.kafka, &new).await {
+    match ensure_topics(&cfg.kafka, &new).await {
         Ok(()) => {
             known.extend(new.iter().map(|t| (*t).to_owned()));
             true

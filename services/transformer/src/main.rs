@@ -46,10 +46,9 @@ fn run() -> anyhow::Result<()> {
         hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
     cfg.validate()?;
     if flags.common.check_config {
-        hl7gw_runtime::service::check_config(&cfg.kafka_brokers, &cfg.kafka, &cfg.grpc)?;
+        hl7gw_runtime::service::check_config(&cfg.kafka, &cfg.grpc)?;
         if let Some(path) = &cfg.routes.file {
-            let mut r = hl7gw_runtime::metrics::registry();
-            let m = hl7gw_transformer::metrics::TransformerMetrics::register(&mut r);
+            let (_r, m) = hl7gw_transformer::metrics::TransformerMetrics::registered();
             let live = hl7gw_transformer::source::LiveRoutes::default();
             let verdicts = hl7gw_transformer::source::load_file(path, &live, &m)?;
             let mut bad = 0;
@@ -67,7 +66,7 @@ fn run() -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    hl7gw_runtime::shutdown::block_on("hl7gw-transformer", cfg.log_json, |stop| {
+    hl7gw_runtime::shutdown::block_on("hl7gw-transformer", cfg.service.log_json, |stop| {
         hl7gw_transformer::run(cfg, stop, |b| b.print("hl7gw-transformer"))
     })?;
     Ok(())

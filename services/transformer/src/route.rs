@@ -234,7 +234,7 @@ pub struct HL7RouteStatus {
 }
 
 /// The CRD as YAML, as committed in the chart.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&HL7Route::crd())
+    serde_saphyr::to_string(&HL7Route::crd())
 }

@@ -9,7 +9,6 @@ use futures_util::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,7 +74,7 @@ pub enum SourceError {
     Yaml {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("kubernetes: {0}")]
     Kube(#[from] kube::Error),
@@ -126,10 +125,13 @@ pub fn compile_all(docs: &[RouteDoc], previous: &Routes) -> (Routes, Vec<Verdict
 }
 
 /// Splits a routes file into named documents; a document that is not an `HL7Route` is refused by name.
-pub fn parse_file(text: &str) -> Result<Vec<RouteDoc>, serde_yaml::Error> {
+/// Empty documents are skipped (and not counted in the `document-N` names of unnamed ones).
+pub fn parse_file(text: &str) -> Result<Vec<RouteDoc>, serde_saphyr::Error> {
     let mut docs = Vec::new();
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml::Value::deserialize(de)?;
+    for (i, value) in serde_saphyr::from_multiple::<serde_json::Value>(text)?
+        .into_iter()
+        .enumerate()
+    {
         if value.is_null() {
             continue;
         }
@@ -143,7 +145,7 @@ pub fn parse_file(text: &str) -> Result<Vec<RouteDoc>, serde_yaml::Error> {
         let doc = if kind != "HL7Route" {
             Err(format!("kind {kind:?}: expected HL7Route"))
         } else {
-            serde_yaml::from_value::<HL7Route>(value).map_err(|e| e.to_string())
+            serde_json::from_value::<HL7Route>(value).map_err(|e| e.to_string())
         };
         docs.push((name, doc));
     }
@@ -195,7 +197,7 @@ pub fn load_bytes(
     })?;
     let docs = parse_file(text).map_err(|source| SourceError::Yaml {
         path: path.display().to_string(),
-        source,
+        source: Box::new(source),
     })?;
     let (routes, verdicts) = compile_all(&docs, &live.get());
     publish(live, routes, &verdicts, metrics);

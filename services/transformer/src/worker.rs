@@ -812,7 +812,7 @@ mod tests {
     }
 
     fn route(name: &str, yaml: &str) -> Arc<Route> {
-        let spec: HL7RouteSpec = serde_yaml::from_str(yaml).unwrap();
+        let spec: HL7RouteSpec = serde_saphyr::from_str(yaml).unwrap();
         Arc::new(Route::compile(name, &spec).unwrap())
     }
 
@@ -838,8 +838,7 @@ mod tests {
         routes: &[Arc<Route>],
         payload: &[u8],
     ) -> (Routed, TransformerMetrics) {
-        let mut reg = hl7gw_runtime::metrics::registry();
-        let m = TransformerMetrics::register(&mut reg);
+        let (_reg, m) = TransformerMetrics::registered();
         let routes = Routes::new(routes.to_vec());
         (route_one(cfg, &routes, payload, &NoPlugins, &m).await, m)
     }

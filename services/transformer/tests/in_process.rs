@@ -16,12 +16,14 @@ async fn runs_in_process_on_port_0() {
     )
     .unwrap();
     let id = support::unique_topic("inproc");
-    let cfg: hl7gw_transformer::config::Config = support::config(&format!(
-        "grpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\nkafka_brokers: {brokers}\n\
-         inbound_topic: {id}.in\ndlq_topic: {id}.dlq\nout_topic_prefix: {id}.out.\ngroup_id: {id}\n\
+    let cfg: hl7gw_transformer::config::Config = support::config_on_port_0(
+        brokers,
+        &format!(
+            "inbound_topic: {id}.in\ndlq_topic: {id}.dlq\nout_topic_prefix: {id}.out.\ngroup_id: {id}\n\
          transactional_id: {id}\nroutes: {{file: {}}}\n",
-        routes.display()
-    ));
+            routes.display()
+        ),
+    );
     let transformer = InProcess::start(|stop, bound| {
         hl7gw_transformer::run(cfg, stop, move |b| {
             let _ = bound.send(b);

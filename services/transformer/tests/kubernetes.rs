@@ -216,7 +216,7 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hl7gw-transformer"))
         .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", cluster.kubeconfig())
-        .env("HL7GW_KAFKA_BROKERS", broker())
+        .env("HL7GW_KAFKA__BROKERS", broker())
         .env("HL7GW_INBOUND_TOPIC", &inbound)
         .env("HL7GW_DLQ_TOPIC", format!("k{id}.dlq"))
         .env("HL7GW_OUT_TOPIC_PREFIX", &out_prefix)

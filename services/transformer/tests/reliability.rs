@@ -45,7 +45,7 @@ impl Topics {
     /// The transformer's environment for these topics against `brokers`.
     fn env(&self, brokers: &str) -> Vec<(String, String)> {
         [
-            ("HL7GW_KAFKA_BROKERS", brokers.to_owned()),
+            ("HL7GW_KAFKA__BROKERS", brokers.to_owned()),
             ("HL7GW_INBOUND_TOPIC", self.inbound()),
             ("HL7GW_DLQ_TOPIC", self.dlq()),
             ("HL7GW_OUT_TOPIC_PREFIX", format!("r{}.out.", self.id)),
@@ -337,6 +337,54 @@ async fn serve_plugin(delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, calls)
 }
 
+/// What the plugin tests start from: a route `slow` sending every message through the plugin at `plugin`
+/// (`timeout_ms` per call) to destination `slow`; `n` ADT^A01 messages (control ids `<prefix><i>`) already in
+/// the inbound topic; and the transformer's environment with that route, `transaction_timeout` and a 1 s
+/// batch linger. The directory returned holds the routes file.
+async fn slow_route(
+    t: &Topics,
+    brokers: &str,
+    plugin: SocketAddr,
+    timeout_ms: u32,
+    prefix: &str,
+    n: usize,
+    transaction_timeout: &str,
+) -> (tempfile::TempDir, Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        format!(
+            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: {timeout_ms}}}}}]\n  destinations: [slow]\n"
+        ),
+    )
+    .unwrap();
+    let msgs: Vec<Vec<u8>> = (0..n)
+        .map(|i| message("ADT^A01", &format!("{prefix}{i}"), &format!("MRN{i}")))
+        .collect();
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env(brokers);
+    env.push((
+        "HL7GW_ROUTES__FILE".into(),
+        routes.to_str().unwrap().to_owned(),
+    ));
+    env.push((
+        "HL7GW_TRANSACTION_TIMEOUT".into(),
+        transaction_timeout.into(),
+    ));
+    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    (dir, env)
+}
+
+/// Waits (up to 60 s) until the plugin has been called once.
+async fn first_call(calls: &AtomicUsize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the plugin was never called");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Item 8: one batch whose plugin calls together take far longer than `transaction_timeout` (24 messages x
 /// 500 ms against a 2 s timeout). The transformer commits what it has done before the timeout nears and reads
 /// the rest again: it stays up, is not fenced, and routes every message exactly once.
@@ -345,29 +393,10 @@ async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
     let _timing = TIMING.lock().await;
     let t = Topics::new();
     let (plugin, _) = serve_plugin(Duration::from_millis(500)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
-        format!(
-            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: 3000}}}}]\n  destinations: [slow]\n"
-        ),
-    )
-    .unwrap();
     let brokers = broker();
     let n = 24;
-    let msgs: Vec<Vec<u8>> = (0..n)
-        .map(|i| message("ADT^A01", &format!("S{i}"), &format!("MRN{i}")))
-        .collect();
     // All in the topic before the transformer starts, so its first batches hold many of them.
-    produce(brokers, &t.inbound(), &msgs).await;
-    let mut env = t.env(brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
-    env.push(("HL7GW_TRANSACTION_TIMEOUT".into(), "2s".into()));
-    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    let (_dir, env) = slow_route(&t, brokers, plugin, 3000, "S", n, "2s").await;
     let mut tr = Transformer::start(&env);
     let out = tokio::task::spawn_blocking({
         let topic = t.out("slow");
@@ -407,37 +436,14 @@ async fn a_broker_outage_during_a_commit_is_recovered_in_process() {
     let brokers = support::broker_on(OUTAGE_PORT);
     let t = Topics::new();
     let (plugin, calls) = serve_plugin(Duration::from_millis(1500)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
-        format!(
-            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: 5000}}}}]\n  destinations: [slow]\n"
-        ),
-    )
-    .unwrap();
     let n = 6;
-    let msgs: Vec<Vec<u8>> = (0..n)
-        .map(|i| message("ADT^A01", &format!("O{i}"), &format!("MRN{i}")))
-        .collect();
-    produce(&brokers, &t.inbound(), &msgs).await;
-    let mut env = t.env(&brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
-    env.push(("HL7GW_TRANSACTION_TIMEOUT".into(), "4s".into()));
-    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    let (_dir, env) = slow_route(&t, &brokers, plugin, 5000, "O", n, "4s").await;
     let mut tr = Transformer::start(&env);
     tr.wait_ready(Duration::from_secs(60));
 
     // The first batch is being routed (the plugin has its first call): the broker goes away before its
     // transaction can commit, and stays away longer than the transaction timeout.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while calls.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the plugin was never called");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    first_call(&calls).await;
     tokio::task::spawn_blocking(|| support::stop_broker(OUTAGE_PORT))
         .await
         .unwrap();
@@ -485,39 +491,16 @@ async fn a_fenced_producer_is_recreated_in_process() {
     let _timing = TIMING.lock().await;
     let t = Topics::new();
     let (plugin, calls) = serve_plugin(Duration::from_millis(1000)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
-        format!(
-            "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: 5000}}}}]\n  destinations: [slow]\n"
-        ),
-    )
-    .unwrap();
     let brokers = broker();
     let n = 4;
-    let msgs: Vec<Vec<u8>> = (0..n)
-        .map(|i| message("ADT^A01", &format!("F{i}"), &format!("MRN{i}")))
-        .collect();
-    produce(brokers, &t.inbound(), &msgs).await;
-    let mut env = t.env(brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
-    env.push(("HL7GW_TRANSACTION_TIMEOUT".into(), "10s".into()));
-    env.push(("HL7GW_BATCH_LINGER".into(), "1s".into()));
+    let (_dir, env) = slow_route(&t, brokers, plugin, 5000, "F", n, "10s").await;
     let transactional_id = env
         .iter()
         .find(|(k, _)| k == "HL7GW_TRANSACTIONAL_ID")
         .map(|(_, v)| v.clone())
         .unwrap();
     let mut tr = Transformer::start(&env);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while calls.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the plugin was never called");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    first_call(&calls).await;
     // The zombie: same transactional.id, newer epoch.
     tokio::task::spawn_blocking(move || {
         use rdkafka::producer::{BaseProducer, Producer};

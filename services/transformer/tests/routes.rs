@@ -52,8 +52,7 @@ async fn a_routes_file_reloads_on_change_and_a_bad_route_keeps_the_old_one() {
         ),
     )
     .unwrap();
-    let mut reg = hl7gw_runtime::metrics::registry();
-    let metrics = TransformerMetrics::register(&mut reg);
+    let (_reg, metrics) = TransformerMetrics::registered();
     let live = Arc::new(LiveRoutes::default());
     source::load_file(&path, &live, &metrics).unwrap();
     assert_eq!(names(&live).len(), 2);
@@ -157,7 +156,7 @@ async fn plugin_steps_call_a_grpc_service_with_timeout_and_failure_policy() {
     };
     let plugins = GrpcPlugins::default();
     let spec = |params: &str, policy: &str| -> HL7RouteSpec {
-        serde_yaml::from_str(&format!(
+        serde_saphyr::from_str(&format!(
             "{{transforms: [{{plugin: {{endpoint: 'http://{addr}', timeoutMs: 500, onFailure: {policy}, params: {params}}}}}], destinations: [d]}}"
         ))
         .unwrap()

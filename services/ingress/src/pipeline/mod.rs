@@ -430,9 +430,11 @@ impl std::fmt::Debug for Pipeline {
 pub(crate) fn test_pipeline(cfg: Config) -> Pipeline {
     let mut registry = prometheus_client::registry::Registry::default();
     let producer = ProducerSlot::from_config(
-        "127.0.0.1:1".into(),
         "hl7gw-ingress-test",
-        hl7gw_runtime::kafka::KafkaSettings::default(),
+        hl7gw_runtime::kafka::KafkaSettings {
+            brokers: "127.0.0.1:1".into(),
+            ..Default::default()
+        },
         std::time::Duration::from_secs(1),
         Default::default(),
     )

@@ -367,7 +367,7 @@ mod tests {
 
     fn sec(yaml: &str) -> KafkaSecurity {
         use figment::providers::Format;
-        figment::Figment::from(figment::providers::Yaml::string(yaml))
+        figment::Figment::from(serde_saphyr::figment::Yaml::string(yaml))
             .extract()
             .expect("parses")
     }
