@@ -3,8 +3,8 @@
 
     check-metrics.py --rendered MANIFESTS.yaml [--dashboard FILE.json] [--source metrics.rs...] [--scrape FILE...]
 
-Known names come from the services' metric definitions (--source: each services/*/src/metrics.rs, read the way
-prometheus_client names them: hl7gw_<service>_<name>[_<unit>], `_total` for counters, `_bucket`/`_sum`/`_count` for
+Known names come from the services' metric definitions (--source: the `metric_set!` table of each
+services/*/src/metrics.rs, read the way prometheus_client names them: hl7gw_<service>_<name>[_<unit>], `_total` for counters, `_bucket`/`_sum`/`_count` for
 histograms) and/or from Prometheus text scrapes of running services (--scrape: a `curl .../metrics` output; a scrape
 lists a labelled family only once it has a sample, so a scrape after traffic is the stronger check). Queried names
 are every `hl7gw_...` identifier in the dashboard's expressions, the PrometheusRules' expressions, the HPAs' metric
@@ -21,24 +21,23 @@ import sys
 import yaml
 
 NAME = re.compile(r"\bhl7gw_[a-z0-9_]+\b")
-REGISTER = re.compile(
-    r'register(?:_with_unit)?\(\s*"([a-z0-9_]+)",\s*"(?:[^"\\]|\\.)*",\s*(?:Unit::(\w+),\s*)?m\.(\w+)\.clone\(\)',
-    re.S,
+# A row of a `hl7gw_runtime::metric_set!` table: `pub field [as "name"]: Type = "help"[, unit Unit][, new ...];`
+ROW = re.compile(
+    r'^\s*pub (\w+)(?: as "([a-z0-9_]+)")?:\s*([^=\n]+?)\s*=\s*"(?:[^"\\]|\\.)*"\s*(?:,\s*unit (\w+))?',
+    re.M | re.S,
 )
-FIELD = re.compile(r"^\s*pub (\w+):\s*(.+?),\s*$", re.M)
 UNITS = {"Seconds": "seconds", "Bytes": "bytes"}
 
 
 def from_source(path):
     text = open(path, encoding="utf-8").read()
-    prefix = re.search(r'sub_registry_with_prefix\("([a-z0-9_]+)"\)', text)
-    if not prefix:
-        sys.exit(f"{path}: no sub_registry_with_prefix")
-    fields = dict(FIELD.findall(text))
+    table = re.search(r'metric_set! \{.*?struct \w+ under "([a-z0-9_]+)" \{(.*?)\n    \}\n\}', text, re.S)
+    if not table:
+        sys.exit(f"{path}: no metric_set! table")
+    prefix, rows = table.groups()
     names = set()
-    for name, unit, field in REGISTER.findall(text):
-        kind = fields.get(field, "")
-        base = f"hl7gw_{prefix.group(1)}_{name}" + (f"_{UNITS[unit]}" if unit else "")
+    for field, name, kind, unit in ROW.findall(rows):
+        base = f"hl7gw_{prefix}_{name or field}" + (f"_{UNITS[unit]}" if unit else "")
         if "Histogram" in kind:
             names |= {base + s for s in ("_bucket", "_sum", "_count")}
         elif "Counter" in kind:
@@ -46,7 +45,7 @@ def from_source(path):
         elif "Gauge" in kind:
             names.add(base)
         else:
-            sys.exit(f"{path}: cannot tell the type of field {field}")
+            sys.exit(f"{path}: cannot tell the type of metric {field}")
     if not names:
         sys.exit(f"{path}: no metrics found")
     return names

@@ -51,13 +51,16 @@ pub async fn run(
         metrics.producer_recoveries.clone(),
     )?);
 
+    // No port is bound before the gRPC TLS is checked; MLLP is bound before the port-0 listeners, which could
+    // otherwise take a port that was free a moment ago and given for MLLP.
+    cfg.grpc.check_start()?;
+    let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
     let Listening {
         grpc: grpc_listener,
         admin,
         health,
         mut bound,
     } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
     bound.mllp = Some(mllp.local_addr().unwrap_or(cfg.mllp_addr));
     tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
     on_bound(bound);
