@@ -7,11 +7,14 @@
 #                           scripts/k8s-schemas.py to kubeconform's layout, so kubeconform runs offline
 #   promtool      2.42.0    from Debian's `prometheus` package: only the .deb is downloaded (apt-get download, no
 #                           root) and unpacked; nothing is installed system-wide and no Prometheus service starts
+#   umoci         0.4.7     from Debian's `umoci` package, the same way: builds OCI images without a daemon
+#                           (scripts/image-local.sh)
 # Each lands in .cache/tools/<name>-<version>/ and a finished one is never redone.
 #
 #   scripts/tools.sh [install]   install whatever is missing, then print where things are
 #   scripts/tools.sh path        print a PATH prefix with every tool's bin dir (export PATH="$(scripts/tools.sh path):$PATH")
 #   scripts/tools.sh schemas     print the kubeconform -schema-location dir
+#   scripts/tools.sh umoci       install umoci if missing and print its path
 #
 # kubeconform offline:
 #   kubeconform -strict -kubernetes-version 1.36.3 -schema-location "$(scripts/tools.sh schemas)" FILE...
@@ -24,12 +27,14 @@ GRPCURL_VERSION=v1.9.3
 KUBERNETES_VALIDATE_VERSION=1.37.0 # PyPI wheel; carries schemas for Kubernetes 1.25-1.37
 SCHEMA_K8S_VERSION=1.36.3          # the cluster's version (scripts/cluster.sh); schemas of the .0 of its minor
 PROMETHEUS_DEB_VERSION=2.42.0+ds-5+deb12u1
+UMOCI_DEB_VERSION=0.4.7+ds-3+b7
 tools=$root/.cache/tools
 helm_dir=$tools/helm-$HELM_VERSION
 kubeconform_dir=$tools/kubeconform-$KUBECONFORM_VERSION
 grpcurl_dir=$tools/grpcurl-$GRPCURL_VERSION
 schemas_dir=$tools/k8s-schemas-$SCHEMA_K8S_VERSION-kv$KUBERNETES_VALIDATE_VERSION
 promtool_dir=$tools/promtool-${PROMETHEUS_DEB_VERSION%%+*}
+umoci_dir=$tools/umoci-${UMOCI_DEB_VERSION%%+*}
 
 log() { printf 'tools: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -82,22 +87,37 @@ schemas() {
   touch "$schemas_dir/.complete"
 }
 
+# deb_binary DIR PACKAGE=VERSION PATH-IN-DEB: one binary out of a Debian package, into DIR/bin (no root, nothing
+# installed system-wide). Returns 1 when the package cannot be downloaded.
+deb_binary() {
+  local dir=$1 pkg=$2 file=$3
+  rm -rf "$dir"
+  mkdir -p "$dir/deb" "$dir/bin"
+  # apt-get download needs no root, but it needs the package lists; only root can refresh them.
+  if ! (cd "$dir/deb" && apt-get download -q "$pkg" >/dev/null 2>&1); then
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null; fi
+    (cd "$dir/deb" && apt-get download -q "$pkg" >/dev/null) || { rm -rf "$dir"; return 1; }
+  fi
+  dpkg-deb --fsys-tarfile "$dir"/deb/*.deb | tar -x -C "$dir/deb" ".$file"
+  mv "$dir/deb$file" "$dir/bin/"
+  rm -rf "$dir/deb"
+  touch "$dir/.complete"
+}
+
 promtool() {
   [ -f "$promtool_dir/.complete" ] && return
   command -v apt-get >/dev/null || { log "no apt-get: promtool skipped"; return; }
   log "Debian prometheus $PROMETHEUS_DEB_VERSION .deb -> promtool (once; ${promtool_dir#"$root"/})"
-  rm -rf "$promtool_dir"
-  mkdir -p "$promtool_dir/deb" "$promtool_dir/bin"
-  # apt-get download needs no root, but it needs the package lists; only root can refresh them.
-  if ! (cd "$promtool_dir/deb" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null 2>&1); then
-    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null; fi
-    (cd "$promtool_dir/deb" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null) ||
-      { log "could not download Debian's prometheus $PROMETHEUS_DEB_VERSION: promtool skipped"; rm -rf "$promtool_dir"; return; }
-  fi
-  dpkg-deb --fsys-tarfile "$promtool_dir"/deb/prometheus_*.deb | tar -x -C "$promtool_dir/deb" ./usr/bin/promtool
-  mv "$promtool_dir/deb/usr/bin/promtool" "$promtool_dir/bin/promtool"
-  rm -rf "$promtool_dir/deb"
-  touch "$promtool_dir/.complete"
+  deb_binary "$promtool_dir" "prometheus=$PROMETHEUS_DEB_VERSION" /usr/bin/promtool ||
+    log "could not download Debian's prometheus $PROMETHEUS_DEB_VERSION: promtool skipped"
+}
+
+umoci() {
+  [ -f "$umoci_dir/.complete" ] && return
+  command -v apt-get >/dev/null || die "no apt-get: umoci comes from Debian's package"
+  log "Debian umoci $UMOCI_DEB_VERSION .deb -> umoci (once; ${umoci_dir#"$root"/})"
+  deb_binary "$umoci_dir" "umoci=$UMOCI_DEB_VERSION" /usr/bin/umoci ||
+    die "could not download Debian's umoci $UMOCI_DEB_VERSION"
 }
 
 path() {
@@ -122,5 +142,12 @@ case "${1:-install}" in
     ;;
   path) path ;;
   schemas) echo "$schemas_dir" ;;
-  *) echo "usage: $0 [install]|path|schemas" >&2; exit 2 ;;
+  umoci)
+    mkdir -p "$tools"
+    exec 9>"$tools/.lock"
+    flock 9
+    umoci
+    echo "$umoci_dir/bin/umoci"
+    ;;
+  *) echo "usage: $0 [install]|path|schemas|umoci" >&2; exit 2 ;;
 esac
