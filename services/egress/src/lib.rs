@@ -91,12 +91,8 @@ pub async fn run(
         }));
     }
 
-    let Listening {
-        grpc: grpc_listener,
-        admin,
-        health,
-        bound,
-    } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+    let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+    let (health, bound) = (listening.health.clone(), listening.bound);
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
     on_bound(bound);
 
@@ -118,7 +114,7 @@ pub async fn run(
         metrics.clone(),
         side_stop.clone(),
     ));
-    let grpc_server = grpc_listener.serve(grpc::EgressService::server(
+    let grpc_server = listening.grpc.serve(grpc::EgressService::server(
         cfg.clone(),
         dests.clone(),
         producer.clone(),
@@ -159,7 +155,7 @@ pub async fn run(
     drop(dests);
     let p = producer.get();
     let _ = tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
-    admin.stop().await;
+    listening.admin.stop().await;
     tracing::info!("egress stopped");
     if failed.is_cancelled() {
         return Err(EgressError::WorkerFailed);

@@ -55,12 +55,8 @@ pub async fn run(
     // otherwise take a port that was free a moment ago and given for MLLP.
     cfg.grpc.check_start()?;
     let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
-    let Listening {
-        grpc: grpc_listener,
-        admin,
-        health,
-        mut bound,
-    } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+    let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+    let (health, mut bound) = (listening.health.clone(), listening.bound);
     bound.mllp = Some(mllp.local_addr().unwrap_or(cfg.mllp_addr));
     tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
     on_bound(bound);
@@ -88,7 +84,8 @@ pub async fn run(
         stop.clone(),
         tracker.clone(),
     ));
-    let grpc_server = grpc_listener
+    let grpc_server = listening
+        .grpc
         .limits(hl7gw_runtime::grpc::Limits {
             max_concurrent_streams: Some(cfg.grpc_max_concurrent_streams),
             max_connections: cfg.grpc_max_connections,
@@ -124,7 +121,7 @@ pub async fn run(
     if !matches!(flushed, Ok(Ok(()))) {
         tracing::warn!("producer flush incomplete at shutdown");
     }
-    admin.stop().await;
+    listening.admin.stop().await;
     tracing::info!("ingress stopped");
     grpc_result.map_err(IngressError::from)
 }

@@ -110,12 +110,8 @@ pub async fn run(
         .create_with_context(hl7gw_runtime::kafka::Assignment::default())?,
     );
 
-    let Listening {
-        grpc: grpc_listener,
-        admin,
-        health,
-        bound,
-    } = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+    let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+    let (health, bound) = (listening.health.clone(), listening.bound);
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
     on_bound(bound);
 
@@ -132,7 +128,7 @@ pub async fn run(
         side_stop.clone(),
     ));
 
-    let grpc_server = grpc_listener.serve(grpc::DryRun::server(
+    let grpc_server = listening.grpc.serve(grpc::DryRun::server(
         cfg.clone(),
         live.clone(),
         plugins.clone(),
@@ -182,7 +178,7 @@ pub async fn run(
     let c = consumer.clone();
     let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
     drop(consumer);
-    admin.stop().await;
+    listening.admin.stop().await;
     tracing::info!("transformer stopped");
     result.and(grpc_result.map_err(TransformerError::from))
 }
