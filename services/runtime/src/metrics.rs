@@ -45,7 +45,7 @@ macro_rules! metric_set {
         }
 
         impl $name {
-            /// A process's registry ([`registry`](crate::metrics::registry)) holding these metrics.
+            /// A process's registry (`hl7gw_runtime::metrics::registry()`) holding these metrics.
             pub fn registered() -> ($crate::metrics::Registry, Self) {
                 let mut r = $crate::metrics::registry();
                 let m = Self::register(&mut r);
