@@ -5,6 +5,7 @@
 # librdkafka statistics every second, 1,000 warm-up messages per client, then prints one line: msg/s, p50/p99,
 # CPU µs per message of the ingress, the broker and the load client, and messages per Kafka produce request (from
 # hl7gw_kafka_requests_total). BENCH_LOAD_ARGS adds hl7gw-load flags (e.g. "--in-flight 8": pipelined senders).
+# BENCH_INGRESS runs another ingress binary (a copy of an earlier build, for before/after runs alternated).
 # Leaves the broker running (scripts/kafka.sh down with the same KAFKA_* to stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ scripts/kafka.sh up >&2
 broker=$(cat "$KAFKA_DATA_DIR/kafka.pid")
 topic="bench.ingress.$label.$(date +%s%N)"
 env "$@" HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
-  HL7GW_KAFKA__STATISTICS_INTERVAL=1s RUST_LOG=warn target/release/hl7gw-ingress \
+  HL7GW_KAFKA__STATISTICS_INTERVAL=1s RUST_LOG=warn "${BENCH_INGRESS:-target/release/hl7gw-ingress}" \
   --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
 ingress=$!
 trap 'kill -TERM $ingress 2>/dev/null; wait $ingress 2>/dev/null || true' EXIT

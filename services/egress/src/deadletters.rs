@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::kafka::Producer as FutureProducer;
+use hl7gw_runtime::kafka::Producer;
 use hl7gw_runtime::proto::v1::{DeadLetter, Envelope};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
@@ -236,7 +236,7 @@ pub const STAGE_TRANSFORMER: &str = "transformer";
 /// dead letter is reported as `transformer`.
 pub async fn replay(
     cfg: &Config,
-    producer: &FutureProducer,
+    producer: &Producer,
     letters: Vec<Envelope>,
 ) -> Result<Vec<(String, String)>, DeadLetterError> {
     let mut ids = Vec::new();
@@ -264,10 +264,7 @@ pub async fn replay(
         if !env.key.is_empty() {
             rec = rec.key(env.key.as_str());
         }
-        producer
-            .send(rec, Duration::from_secs(10))
-            .await
-            .map_err(|(e, _)| e)?;
+        producer.send(rec, Duration::from_secs(10)).await?;
         ids.push((env.id.clone(), label));
     }
     Ok(ids)

@@ -493,7 +493,7 @@ impl DestCtx {
                     hl7gw_runtime::failpoint::after_send(producer.client());
                     break;
                 }
-                Err((e, _)) => {
+                Err(e) => {
                     if hl7gw_runtime::producer::is_fatal(&e) {
                         self.producer.recover_if_fatal();
                     }

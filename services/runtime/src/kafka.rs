@@ -650,8 +650,12 @@ impl ClientContext for KafkaContext {
 
 impl rdkafka::consumer::ConsumerContext for KafkaContext {}
 
-/// The services' producer type.
-pub type Producer = rdkafka::producer::FutureProducer<KafkaContext>;
+/// The services' producer: delivery reports served on tokio.
+pub use crate::delivery::Producer;
+
+/// The transformer's transactional producer (rdkafka's polling thread serves its reports; its
+/// `commit_transaction` flushes through it).
+pub type TransactionalProducer = rdkafka::producer::FutureProducer<KafkaContext>;
 
 /// Messages not yet consumed on the consumer's assigned partitions (high watermark minus position, or minus
 /// the committed offset before the first message). Blocking: call from a blocking task.

@@ -20,6 +20,7 @@ pub mod proto {
 pub mod admin;
 pub mod config;
 pub mod dedup;
+pub mod delivery;
 pub mod envelope;
 pub mod failpoint;
 pub mod grpc;

@@ -1,8 +1,8 @@
 //! A Kafka producer that is recreated in-process after librdkafka's fatal error (issue: never exit on a
 //! recoverable error), shared by the ingress and the egress.
 
-use crate::kafka::Producer as FutureProducer;
-use rdkafka::producer::Producer;
+use crate::kafka::Producer;
+use rdkafka::producer::Producer as _;
 use std::sync::atomic::Ordering;
 
 /// A producer replaced in-process when librdkafka reports a fatal error: an idempotent producer
@@ -10,14 +10,14 @@ use std::sync::atomic::Ordering;
 /// exit. Records in flight on the broken producer fail (the caller's usual error path); the next ones go through
 /// the new one.
 pub struct ProducerSlot {
-    current: std::sync::RwLock<FutureProducer>,
-    make: Box<dyn Fn() -> rdkafka::error::KafkaResult<FutureProducer> + Send + Sync>,
+    current: std::sync::RwLock<Producer>,
+    make: Box<dyn Fn() -> rdkafka::error::KafkaResult<Producer> + Send + Sync>,
     recovering: std::sync::atomic::AtomicBool,
     recoveries: prometheus_client::metrics::counter::Counter,
     /// Replaced producers, kept a while: callers may still hold copies across an await, and the last copy's
     /// drop (purge, flush, thread joins) must not run on an async worker. Dropped on a blocking thread once
     /// more than [`RETIRED_KEPT`] wait.
-    retired: std::sync::Mutex<std::collections::VecDeque<FutureProducer>>,
+    retired: std::sync::Mutex<std::collections::VecDeque<Producer>>,
 }
 
 /// Replaced producers kept before the oldest is closed.
@@ -26,7 +26,7 @@ const RETIRED_KEPT: usize = 2;
 impl ProducerSlot {
     /// A slot holding `make()`'s producer; `make` is called again for each recovery.
     pub fn new(
-        make: Box<dyn Fn() -> rdkafka::error::KafkaResult<FutureProducer> + Send + Sync>,
+        make: Box<dyn Fn() -> rdkafka::error::KafkaResult<Producer> + Send + Sync>,
         recoveries: prometheus_client::metrics::counter::Counter,
     ) -> rdkafka::error::KafkaResult<Self> {
         Ok(Self {
@@ -47,15 +47,18 @@ impl ProducerSlot {
     ) -> rdkafka::error::KafkaResult<Self> {
         Self::new(
             Box::new(move || {
-                crate::kafka::producer_config(client_id, &settings, delivery_timeout)?
-                    .create_with_context(crate::kafka::KafkaContext)
+                Producer::create(&crate::kafka::producer_config(
+                    client_id,
+                    &settings,
+                    delivery_timeout,
+                )?)
             }),
             recoveries,
         )
     }
 
     /// The producer to use now.
-    pub fn get(&self) -> FutureProducer {
+    pub fn get(&self) -> Producer {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())

@@ -7,7 +7,7 @@ use crate::engine::{PluginCaller, Routes};
 use crate::metrics::{TransformerMetrics, outcome};
 use crate::source::LiveRoutes;
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::kafka::Producer as FutureProducer;
+use hl7gw_runtime::kafka::TransactionalProducer as FutureProducer;
 use hl7gw_runtime::metrics::MsgType;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection};
 use hl7v2::{Charset, Message as Hl7Message};

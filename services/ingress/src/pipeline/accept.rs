@@ -129,7 +129,7 @@ impl Pipeline {
                 hl7gw_runtime::failpoint::after_send(producer.client());
                 d
             }
-            Err((e, _)) => {
+            Err(e) => {
                 if is_fatal(&e) {
                     self.producer.recover_if_fatal();
                 }

@@ -185,8 +185,8 @@ impl Pipeline {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ack_control_ids_are_unique_with_the_process_prefix() {
+    #[tokio::test]
+    async fn ack_control_ids_are_unique_with_the_process_prefix() {
         let pipe = test_pipeline(Config::default());
         let mut seen = std::collections::HashSet::new();
         for _ in 0..1000 {
@@ -203,8 +203,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_framing_nak_is_ae_with_err_207_and_the_text() {
+    #[tokio::test]
+    async fn a_framing_nak_is_ae_with_err_207_and_the_text() {
         let pipe = test_pipeline(Config::default());
         let mut buf = b"left over".to_vec();
         let reply = pipe.framing_reply("message larger than the 10-byte limit".into());
@@ -220,8 +220,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn close_writes_nothing() {
+    #[tokio::test]
+    async fn close_writes_nothing() {
         let pipe = test_pipeline(Config::default());
         let mut buf = b"left over".to_vec();
         let reply = Reply {

@@ -16,6 +16,7 @@ use crate::config::{AckMode, Config, OnTimeout};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
 use hl7gw_runtime::dedup::{Claim, Claimed, Dedup, FirstCopy, Key};
+use hl7gw_runtime::delivery::DeliveryFuture;
 use hl7gw_runtime::envelope::{self, headers};
 use hl7gw_runtime::producer::{ProducerSlot, is_fatal};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
@@ -26,7 +27,7 @@ use hl7v2::ack::{
 use hl7v2::{Charset, ErrorCode, Header, Message};
 use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer as _};
+use rdkafka::producer::{FutureRecord, Producer as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
@@ -424,7 +425,7 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// A pipeline for unit tests: its producer points at a closed port, so nothing here may wait for Kafka
+/// A pipeline for unit tests (in a tokio runtime, which the producer needs): its producer points at a closed port, so nothing here may wait for Kafka
 /// (records handed to it stay queued until the pipeline is dropped).
 #[cfg(test)]
 pub(crate) fn test_pipeline(cfg: Config) -> Pipeline {

@@ -81,12 +81,8 @@ impl Pipeline {
                 }
             }
             // The topic's own limit is below the record: no resend can succeed.
-            Ok(Ok(Err((e, m)))) if is_too_large(&e) => {
+            Ok(Ok(Err((e, size)))) if is_too_large(&e) => {
                 self.metrics.publish_failed(kafka_reason(&e));
-                let size = {
-                    use rdkafka::message::Message as _;
-                    m.payload().map_or(0, <[u8]>::len)
-                };
                 tracing::warn!(parent: &span, size, "the topic refused the record as too large");
                 let r = self.too_large(size);
                 self.reject(frame, r, None, 0, SystemTime::now())
