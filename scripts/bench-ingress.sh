@@ -6,6 +6,7 @@
 # CPU µs per message of the ingress, the broker and the load client, and messages per Kafka produce request (from
 # hl7gw_kafka_requests_total). BENCH_LOAD_ARGS adds hl7gw-load flags (e.g. "--in-flight 8": pipelined senders).
 # BENCH_INGRESS runs another ingress binary (a copy of an earlier build, for before/after runs alternated).
+# BENCH_GRPC=1 sends over the gRPC Ingest/SendStream (hl7gw-load --grpc) instead of MLLP.
 # Leaves the broker running (scripts/kafka.sh down with the same KAFKA_* to stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,15 +19,18 @@ broker=$(cat "$KAFKA_DATA_DIR/kafka.pid")
 topic="bench.ingress.$label.$(date +%s%N)"
 env "$@" HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT HL7GW_INBOUND_TOPIC=$topic HL7GW_DLQ_TOPIC=$topic.dlq \
   HL7GW_KAFKA__STATISTICS_INTERVAL=1s RUST_LOG=warn "${BENCH_INGRESS:-target/release/hl7gw-ingress}" \
-  --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
+  --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:22576 --admin-addr 127.0.0.1:29464 >/dev/null &
 ingress=$!
 trap 'kill -TERM $ingress 2>/dev/null; wait $ingress 2>/dev/null || true' EXIT
 for _ in $(seq 100); do curl -fsS http://127.0.0.1:29464/readyz >/dev/null 2>&1 && break; sleep 0.2; done
-target/release/hl7gw-load --to 127.0.0.1:22575 --clients "$clients" --messages 1000 --warmup 0 >/dev/null
+to=(--to 127.0.0.1:22575)
+if [ "${BENCH_GRPC:-0}" = 1 ]; then to=(--to 127.0.0.1:22576 --grpc); fi
+target/release/hl7gw-load "${to[@]}" --clients "$clients" --messages 1000 --warmup 0 >/dev/null
 sleep 1.2
-python3 - "$label" "$clients" "$secs" "$ingress" "$broker" <<'PY'
+python3 - "$label" "$clients" "$secs" "$ingress" "$broker" "${to[@]}" <<'PY'
 import json, os, resource, subprocess, sys, time, urllib.request
 label, clients, secs, ingress, broker = sys.argv[1:6]
+to = sys.argv[6:]
 tck = os.sysconf("SC_CLK_TCK")
 def ticks(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -36,7 +40,7 @@ def produce_requests():
     return sum(float(l.split()[-1]) for l in text.splitlines()
                if l.startswith("hl7gw_kafka_requests_total{") and 'api="Produce"' in l)
 p0, i0, b0, c0 = produce_requests(), ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
-r = subprocess.run(["target/release/hl7gw-load", "--to", "127.0.0.1:22575", "--clients", clients,
+r = subprocess.run(["target/release/hl7gw-load", *to, "--clients", clients,
                     "--duration", secs, "--warmup", "0", "--json"] + os.environ.get("BENCH_LOAD_ARGS", "").split(),
                    capture_output=True, text=True)
 c1, i1, b1 = resource.getrusage(resource.RUSAGE_CHILDREN), ticks(ingress), ticks(broker)

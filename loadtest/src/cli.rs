@@ -71,11 +71,25 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = parse_rate)]
     pub rate: Option<f64>,
 
+    /// Ramp each client's rate linearly from --rate to N messages per second over --duration (a latency
+    /// curve in one run; like k6's `ramping-arrival-rate`).
+    #[arg(long, value_name = "N", value_parser = parse_rate, requires_all = ["rate", "duration"])]
+    pub rate_to: Option<f64>,
+
     /// Messages each connection sends ahead of their ACKs (pipelining; the receiver must answer in order, as
     /// hl7gw does). 1, the default, is how most HL7 senders work: send, wait for the ACK, send the next.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub in_flight: u32,
+
+    /// Send over the ingress's gRPC API (`hl7gw.v1.Ingest/SendStream`, one stream per client) instead of MLLP;
+    /// --to is the gRPC address. The TLS flags apply; --in-flight is the stream's window.
+    #[arg(long)]
+    pub grpc: bool,
+
+    /// File holding a token sent as `authorization: Bearer` on the gRPC stream (needs --grpc).
+    #[arg(long, value_name = "FILE", requires = "grpc")]
+    pub token_file: Option<PathBuf>,
 
     /// Runtime worker threads (default: one per CPU). `--threads 1` keeps the harness on one core.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -130,6 +144,24 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("hl7gw-load").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn a_ramp_needs_a_start_rate_and_a_duration() {
+        assert!(parse(&["--to", "h:1", "--rate-to", "500", "--duration", "10"]).is_err());
+        assert!(parse(&["--to", "h:1", "--rate", "100", "--rate-to", "500"]).is_err());
+        let a = parse(&[
+            "--to",
+            "h:1",
+            "--rate",
+            "100",
+            "--rate-to",
+            "500",
+            "--duration",
+            "10",
+        ])
+        .expect("parses");
+        assert_eq!(a.rate_to, Some(500.0));
     }
 
     #[test]

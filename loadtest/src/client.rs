@@ -7,6 +7,7 @@
 //! failed message is not resent: a load run counts, it does not deliver).
 
 use crate::ack::{self, AckCheck};
+use crate::grpc::GrpcTarget;
 use crate::messages::MessageSet;
 use crate::record::RecordHandle;
 use crate::stats::{ClientStats, ErrorKind};
@@ -28,8 +29,8 @@ use tokio_rustls::client::TlsStream;
 use tokio_util::codec::Decoder;
 use tokio_util::either::Either;
 
-/// A connection: plain TCP or TLS.
-pub type Conn = Either<TcpStream, TlsStream<TcpStream>>;
+/// A connection: plain TCP or TLS, or the pipe to a gRPC stream's bridge (`--grpc`).
+pub type Conn = Either<Either<TcpStream, TlsStream<TcpStream>>, tokio::io::DuplexStream>;
 
 /// First wait before reconnecting; doubled per failure up to [`MAX_BACKOFF`], reset by an ACK.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
@@ -44,6 +45,8 @@ pub struct Target {
     /// `HOST:PORT`, resolved at each connect (a restarted pod may have a new address).
     pub addr: String,
     pub tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// Over the gRPC `Ingest/SendStream` instead of MLLP (its own TLS settings).
+    pub grpc: Option<Arc<GrpcTarget>>,
     /// Bound on TCP connect plus TLS handshake.
     pub connect_timeout: Duration,
 }
@@ -53,22 +56,26 @@ impl fmt::Debug for Target {
         f.debug_struct("Target")
             .field("addr", &self.addr)
             .field("tls", &self.tls.as_ref().map(|(_, name)| name))
+            .field("grpc", &self.grpc.is_some())
             .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
 
 impl Target {
-    /// Connects (TCP_NODELAY, then the TLS handshake when configured).
+    /// Connects (TCP_NODELAY, then the TLS handshake when configured; or a gRPC channel and stream).
     pub async fn connect(&self) -> io::Result<Conn> {
         let attempt = async {
+            if let Some(grpc) = &self.grpc {
+                return Ok(Either::Right(grpc.connect().await?));
+            }
             let tcp = TcpStream::connect(&self.addr).await?;
             tcp.set_nodelay(true)?;
             match &self.tls {
-                None => Ok(Either::Left(tcp)),
-                Some((connector, name)) => {
-                    Ok(Either::Right(connector.connect(name.clone(), tcp).await?))
-                }
+                None => Ok(Either::Left(Either::Left(tcp))),
+                Some((connector, name)) => Ok(Either::Left(Either::Right(
+                    connector.connect(name.clone(), tcp).await?,
+                ))),
             }
         };
         match tokio::time::timeout(self.connect_timeout, attempt).await {
@@ -101,8 +108,8 @@ pub struct Plan {
     pub mode: Mode,
     /// Longest wait for one ACK.
     pub timeout: Duration,
-    /// Messages per second per client (`None`: as fast as the ACKs come).
-    pub rate: Option<f64>,
+    /// Each client's send schedule (`None`: as fast as the ACKs come).
+    pub rate: Option<Pace>,
     /// Messages sent ahead of their ACKs per connection (1: send, wait, send).
     pub in_flight: usize,
     /// Bounds the warm-up, and in count mode the whole run (`--max-seconds`).
@@ -471,11 +478,44 @@ impl Client<'_> {
 }
 
 /// When message `seq` is due at `rate` messages per second from `start`; `None` past `send_until`.
-fn schedule(start: Instant, seq: u64, rate: f64, send_until: Instant) -> Option<Instant> {
-    Duration::try_from_secs_f64(seq as f64 / rate)
-        .ok()
+fn schedule(start: Instant, seq: u64, pace: Pace, send_until: Instant) -> Option<Instant> {
+    pace.due(seq)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .and_then(|d| start.checked_add(d))
         .filter(|at| *at < send_until)
+}
+
+/// A client's send schedule (`--rate`, `--rate-to`): messages per second, constant or changing linearly from
+/// `from` to `to` over `over` (a ramp, for a latency curve in one run).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    pub from: f64,
+    pub to: f64,
+    pub over: Duration,
+}
+
+impl Pace {
+    /// `rate` messages per second throughout.
+    pub fn constant(rate: f64) -> Self {
+        Self {
+            from: rate,
+            to: rate,
+            over: Duration::ZERO,
+        }
+    }
+
+    /// Seconds after the start at which message `seq` (from 0) is due: the time `t` at which the rate's
+    /// integral, `from·t + a·t²/2` with `a = (to - from) / over`, reaches `seq`.
+    fn due(&self, seq: u64) -> Option<f64> {
+        let n = seq as f64;
+        let span = self.over.as_secs_f64();
+        if self.to == self.from || span <= 0.0 {
+            return Some(n / self.from);
+        }
+        let a = (self.to - self.from) / span;
+        let disc = self.from * self.from + 2.0 * a * n;
+        (disc >= 0.0).then(|| (disc.sqrt() - self.from) / a)
+    }
 }
 
 /// A pipelined message waiting for its ACK.
@@ -520,5 +560,40 @@ async fn read_frame(
             Ok(_) => {}
             Err(_) => return Err(ErrorKind::Io),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_constant_pace_spaces_messages_evenly() {
+        let p = Pace::constant(100.0);
+        assert_eq!(p.due(0), Some(0.0));
+        assert_eq!(p.due(250), Some(2.5));
+    }
+
+    /// From 100 to 300 msg/s over 10 s: 2,000 messages in all, the first 1,000 by t = (sqrt(5)-1)·100/20 s
+    /// (100t + 10t² = 1000 → t ≈ 6.18 s), and the messages come closer together as the rate rises.
+    #[test]
+    fn a_ramp_sends_the_rate_integral_and_speeds_up() {
+        let p = Pace {
+            from: 100.0,
+            to: 300.0,
+            over: Duration::from_secs(10),
+        };
+        let at = |n| p.due(n).expect("due");
+        assert!((at(2000) - 10.0).abs() < 1e-9, "{}", at(2000));
+        assert!((at(1000) - 6.180_339_887).abs() < 1e-6, "{}", at(1000));
+        assert!(at(11) - at(10) > at(1991) - at(1990));
+        let down = Pace {
+            from: 300.0,
+            to: 100.0,
+            over: Duration::from_secs(10),
+        };
+        assert!((down.due(2000).expect("due") - 10.0).abs() < 1e-9);
+        // Past the ramp's end a falling rate would reach 0: such messages are never due.
+        assert_eq!(down.due(5000), None);
     }
 }

@@ -13,6 +13,7 @@
 pub mod ack;
 pub mod cli;
 pub mod client;
+pub mod grpc;
 pub mod ids;
 pub mod messages;
 pub mod record;

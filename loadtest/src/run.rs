@@ -1,7 +1,8 @@
 //! A run: connect every client, warm up, measure, merge; and the series of runs behind `--scenario`.
 
 use crate::cli::{Args, DEFAULT_MESSAGES, Scenario, check_addr};
-use crate::client::{Mode, Plan, Target, run_client};
+use crate::client::{Mode, Pace, Plan, Target, run_client};
+use crate::grpc::GrpcTarget;
 use crate::ids::new_run_id;
 use crate::messages::MessageSet;
 use crate::record::Recorder;
@@ -24,7 +25,7 @@ pub struct Settings {
     pub messages: Arc<MessageSet>,
     pub warmup: u64,
     pub timeout: Duration,
-    pub rate: Option<f64>,
+    pub rate: Option<Pace>,
     /// Messages in flight per connection (`--in-flight`).
     pub in_flight: u32,
     pub max_seconds: Duration,
@@ -63,21 +64,32 @@ impl Settings {
         } else {
             MessageSet::from_files(&a.files)?
         };
-        let tls = a
-            .tls
-            .client(&a.to)
-            .context("client TLS")?
-            .map(|(config, name)| (tokio_rustls::TlsConnector::from(config), name));
+        let connect_timeout = CONNECT_TIMEOUT.min(a.timeout);
+        let (tls, grpc) = if a.grpc {
+            let g = GrpcTarget::new(&a.to, &a.tls, a.token_file.as_deref(), connect_timeout)?;
+            (None, Some(Arc::new(g)))
+        } else {
+            let tls = a
+                .tls
+                .client(&a.to)
+                .context("client TLS")?
+                .map(|(config, name)| (tokio_rustls::TlsConnector::from(config), name));
+            (tls, None)
+        };
         Ok(Self {
             target: Target {
                 addr: a.to.clone(),
                 tls,
-                connect_timeout: CONNECT_TIMEOUT.min(a.timeout),
+                grpc,
+                connect_timeout,
             },
             messages: Arc::new(messages),
             warmup: a.warmup,
             timeout: a.timeout,
-            rate: a.rate,
+            rate: a.rate.map(|from| match (a.rate_to, a.duration) {
+                (Some(to), Some(over)) => Pace { from, to, over },
+                _ => Pace::constant(from),
+            }),
             in_flight: a.in_flight,
             max_seconds: a.max_seconds,
             record: a.record_acked.clone(),
