@@ -32,6 +32,9 @@ pub type Stored = Result<(i32, i64), (KafkaError, usize)>;
 /// Events handled per drain before the task yields to the worker's other tasks.
 const EVENTS_PER_YIELD: usize = 64;
 
+/// The queue is served at least this often, whatever the callback says.
+const BACKSTOP: Duration = Duration::from_millis(100);
+
 /// The producer's context: the shared client context, plus each record's completion.
 #[derive(Debug)]
 pub struct Reports(KafkaContext);
@@ -189,20 +192,29 @@ impl std::fmt::Debug for Producer {
     }
 }
 
-/// Serves the producer's main queue whenever librdkafka says it has events, until the producer is gone.
+/// Serves the producer's main queue whenever librdkafka says it has events (and every [`BACKSTOP`], should a
+/// wake-up ever be missed), until the producer is gone.
 async fn drain(producer: Weak<Inner>, notify: Arc<Notify>) {
     loop {
-        notify.notified().await;
+        let _ = tokio::time::timeout(BACKSTOP, notify.notified()).await;
         let Some(inner) = producer.upgrade() else {
             return;
         };
         // The callback fires again only once the queue was empty: serve it to the end. An event enqueued
         // after the last check leaves a permit in `notify`, so the next wait returns at once.
-        let mut served = 0;
-        while inner.wake.pending() > 0 {
+        let mut served = 0usize;
+        loop {
+            let before = inner.wake.pending();
+            if before == 0 {
+                break;
+            }
             inner.base.poll(Duration::ZERO);
             served += 1;
-            if served % EVENTS_PER_YIELD == 0 {
+            if served.is_multiple_of(EVENTS_PER_YIELD) {
+                if inner.wake.pending() >= before {
+                    // Nothing is being taken off the queue: leave it to the backstop, not a busy loop.
+                    break;
+                }
                 tokio::task::yield_now().await;
             }
         }
