@@ -86,6 +86,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- get (dict "ingress" "hl7gw.v1.Ingest" "transformer" "hl7gw.v1.Transform" "egress" "hl7gw.v1.Egress") . -}}
 {{- end -}}
 
+{{/* A probe: the chart's (first) with the component's override (second, <component>.livenessProbe etc.) merged
+     over it; a handler in the override (httpGet, grpc, tcpSocket, exec) replaces the chart's handler.
+     list $default $override */}}
+{{- define "hl7gw.probe" -}}
+{{- $probe := deepCopy (index . 0) -}}
+{{- $override := index . 1 | default dict -}}
+{{- $handlers := list "httpGet" "grpc" "tcpSocket" "exec" -}}
+{{- range $h := $handlers -}}
+{{- if hasKey $override $h -}}
+{{- range $handlers }}{{ $_ := unset $probe . }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (mustMergeOverwrite $probe (deepCopy $override)) -}}
+{{- end -}}
+
 {{/* terminationGracePeriodSeconds: the value, or preStop + drain + 10 s; never at or below preStop + drain. */}}
 {{- define "hl7gw.gracePeriod" -}}
 {{- $v := .values -}}
