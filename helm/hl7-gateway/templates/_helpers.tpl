@@ -308,6 +308,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.egress.config)) -}}
 {{- end -}}
 
+{{/* An alert's runbook_url: <metrics.prometheusRule.runbookBaseUrl>#<alert name in lower case> (the sections of
+     docs/runbook.md); empty when no base URL is set. list $ "HL7GWHighNakRate" */}}
+{{- define "hl7gw.runbookUrl" -}}
+{{- with (index . 0).Values.metrics.prometheusRule.runbookBaseUrl -}}
+{{- printf "%s#%s" (trimSuffix "#" .) (lower (index $ 1)) | quote -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Consumer groups, as the services derive them (for KEDA's kafka scaler). */}}
 {{- define "hl7gw.transformerGroup" -}}
 {{- default "hl7gw-transformer" .Values.transformer.config.group_id -}}
