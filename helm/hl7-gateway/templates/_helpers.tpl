@@ -316,6 +316,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Grafana dashboard's uid, unique per release and at most Grafana's 40 characters: hl7gw-, the namespace and
+     release (cut to 23 characters), and 10 hex digits of the hash of <namespace>/<release> (what keeps two long
+     names that share a beginning apart). */}}
+{{- define "hl7gw.dashboardUid" -}}
+{{- $readable := printf "%s-%s" .Release.Namespace .Release.Name | trunc 23 | trimSuffix "-" -}}
+{{- printf "hl7gw-%s-%s" $readable (printf "%s/%s" .Release.Namespace .Release.Name | sha256sum | trunc 10) -}}
+{{- end -}}
+
 {{/* Consumer groups, as the services derive them (for KEDA's kafka scaler). */}}
 {{- define "hl7gw.transformerGroup" -}}
 {{- default "hl7gw-transformer" .Values.transformer.config.group_id -}}
