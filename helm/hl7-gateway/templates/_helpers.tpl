@@ -286,12 +286,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- range $name, $d := $v.egress.destinations -}}
 {{- $out := omit $d "tls" -}}
 {{- with $d.tls -}}
-{{- $tls := dict "ca" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "ca.crt" .caKey)) -}}
-{{- if .clientCertificate -}}
-{{- $_ := set $tls "cert" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "tls.crt" .certKey)) -}}
-{{- $_ := set $tls "key" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "tls.key" .keyKey)) -}}
+{{- $tls := dict "ca" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "ca.crt" .ca_key)) -}}
+{{- if .client_certificate -}}
+{{- $_ := set $tls "cert" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "tls.crt" .cert_key)) -}}
+{{- $_ := set $tls "key" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "tls.key" .key_key)) -}}
 {{- end -}}
-{{- if .serverName }}{{ $_ := set $tls "server_name" .serverName }}{{ end -}}
+{{- with .server_name }}{{ $_ := set $tls "server_name" . }}{{ end -}}
 {{- $_ := set $out "tls" $tls -}}
 {{- end -}}
 {{- $_ := set $dests $name $out -}}
