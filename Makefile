@@ -89,7 +89,7 @@ image: ## build the container image (IMAGE=hl7gw:<version>) with docker or podma
 chart-check: ## helm lint/template/kubeconform, values.schema.json refusals, committed renders, rules; then install/upgrade/test/uninstall on a local API server
 	@scripts/chart-check.sh
 
-k8s-render: ## regenerate the committed k8s/ renders and the chart's CRD from the chart and `hl7gw-transformer crd`
+k8s-render: ## regenerate the committed k8s/ renders and the chart's CRD from the chart and `hl7gw-transformer crd`, and the values table of the chart README
 	@scripts/chart-check.sh render
 
 .PHONY: k6-smoke bench-k6

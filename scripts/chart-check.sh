@@ -7,13 +7,15 @@
 #   scripts/chart-check.sh offline lint, kubeconform, values refusals, committed renders, configs, dashboard, rules
 #   scripts/chart-check.sh cluster install/upgrade/test/uninstall on a local API server (scripts/cluster.sh)
 #   scripts/chart-check.sh render  rewrite k8s/base/hl7-gateway.yaml, k8s/keda/scaledobjects.yaml,
-#                                  k8s/routes/hl7routes.yaml and the chart's crds/ from the chart and the generator
+#                                  k8s/routes/hl7routes.yaml and the chart's crds/ from the chart and the generator,
+#                                  and the values table of the chart's README from values.yaml
 #
 # Offline (nothing is downloaded once the tools are cached):
 #   1. the chart's CRD and the k8s/ renders equal what `hl7gw-transformer crd` and the chart produce now
 #   2. helm lint --strict with default values and with each helm/hl7-gateway/ci/*-values.yaml (every optional
 #      feature on; the KEDA/routes-file/NodePort alternatives); every key of values.yaml has a comment and is in
-#      values.schema.json (scripts/chart/check-values-doc.py)
+#      values.schema.json (scripts/chart/check-values-doc.py); the README's values table (between its
+#      values-table markers) is what scripts/chart/values-table.py makes of values.yaml
 #   3. helm template | kubeconform -strict against Kubernetes 1.36 schemas (scripts/tools.sh) and the CRDs' own
 #      schemas: HL7Route from crds/, ServiceMonitor, PrometheusRule, KafkaTopic and ScaledObject from
 #      scripts/chart/crds/ (converted by scripts/chart/crd2schema.py); also every kustomization under k8s/
@@ -117,7 +119,8 @@ do_render() {
   render "$tmp/render"
   local f
   for f in $RENDERED_FILES; do cp "$tmp/render/$f" "$f"; done
-  log "rendered: $RENDERED_FILES"
+  python3 scripts/chart/values-table.py "$CHART/values.yaml" --update "$CHART/README.md"
+  log "rendered: $RENDERED_FILES; the values table of $CHART/README.md"
 }
 
 # --- offline ------------------------------------------------------------------------------------------------------
@@ -144,8 +147,13 @@ offline() {
   done
   [ "$bad" = 0 ] || die "committed renders are stale: run \`make k8s-render\` and commit the result"
 
-  step "2. helm lint --strict; every value documented and in values.schema.json"
+  step "2. helm lint --strict; every value documented and in values.schema.json; the README's values table"
   python3 scripts/chart/check-values-doc.py "$CHART/values.yaml" "$CHART/values.schema.json" >&2
+  python3 scripts/chart/values-table.py "$CHART/values.yaml" >"$tmp/values-table.md"
+  awk '/^<!-- values-table:end -->/ {f = 0} f; /^<!-- values-table:start -->/ {f = 1}' "$CHART/README.md" >"$tmp/readme-table.md"
+  diff -u "$tmp/readme-table.md" "$tmp/values-table.md" >"$tmp/diff" 2>&1 ||
+    { head -n 40 "$tmp/diff" >&2; die "$CHART/README.md's values table differs from values.yaml: run \`make k8s-render\` and commit the result"; }
+  log "  README values table: $(($(wc -l <"$tmp/values-table.md") - 2)) keys, as in values.yaml"
   local v
   for v in $(values_files); do
     # shellcheck disable=SC2046
