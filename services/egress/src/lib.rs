@@ -39,13 +39,26 @@ pub enum EgressError {
 }
 hl7gw_runtime::common_error_from!(EgressError);
 
-/// Runs the egress until `stop` is cancelled, then drains: deliveries in hand finish (or are left for the
-/// next owner), stored offsets are committed and the consumer groups are left.
-pub async fn run(
-    cfg: Config,
-    stop: CancellationToken,
-    on_bound: impl FnOnce(Bound),
-) -> Result<(), EgressError> {
+/// The egress, its Kafka clients made and its ports bound, not yet delivering.
+pub struct App {
+    cfg: Arc<Config>,
+    dests: Vec<Arc<deliver::DestCtx>>,
+    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    metrics: metrics::EgressMetrics,
+    listening: Listening,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("bound", &self.listening.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the config, makes the producer and each destination's consumer and TLS settings, binds gRPC and
+/// the admin server.
+pub async fn build(cfg: Config) -> Result<App, EgressError> {
     cfg.validate()?;
     let cfg = Arc::new(cfg);
     let (registry, metrics) = metrics::EgressMetrics::registered();
@@ -92,75 +105,103 @@ pub async fn run(
     }
 
     let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let (health, bound) = (listening.health.clone(), listening.bound);
+    let bound = listening.bound;
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
-    on_bound(bound);
+    Ok(App {
+        cfg,
+        dests,
+        producer,
+        metrics,
+        listening,
+    })
+}
 
-    let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
-    topics.push(cfg.dlq_topic.clone());
-    let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    if let Err(e) = ensure_topics(&cfg.kafka, &topic_refs).await {
-        tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");
-    }
-    for d in &dests {
-        d.consumer.subscribe(&[&d.topic])?;
+impl App {
+    /// Where each listener is bound.
+    pub fn bound(&self) -> Bound {
+        self.listening.bound
     }
 
-    let side_stop = CancellationToken::new();
-    tokio::spawn(housekeeping(
-        dests.clone(),
-        producer.clone(),
-        health.clone(),
-        metrics.clone(),
-        side_stop.clone(),
-    ));
-    let grpc_server = listening.grpc.serve(grpc::EgressService::server(
-        cfg.clone(),
-        dests.clone(),
-        producer.clone(),
-        metrics.clone(),
-    ));
+    /// Delivers until `stop` is cancelled, then drains: deliveries in hand finish (or are left for the next
+    /// owner), stored offsets are committed and the consumer groups are left.
+    pub async fn run(self, stop: CancellationToken) -> Result<(), EgressError> {
+        let App {
+            cfg,
+            dests,
+            producer,
+            metrics,
+            listening,
+        } = self;
+        let health = listening.health.clone();
 
-    let deliver_stop = CancellationToken::new();
-    let failed = CancellationToken::new();
-    let tasks: Vec<_> = dests
-        .iter()
-        .map(|d| tokio::spawn(d.clone().run(deliver_stop.clone(), failed.clone())))
-        .collect();
+        let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
+        topics.push(cfg.dlq_topic.clone());
+        let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        if let Err(e) = ensure_topics(&cfg.kafka, &topic_refs).await {
+            tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");
+        }
+        for d in &dests {
+            d.consumer.subscribe(&[&d.topic])?;
+        }
 
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        _ = failed.cancelled() => {}
+        let side_stop = CancellationToken::new();
+        tokio::spawn(housekeeping(
+            dests.clone(),
+            producer.clone(),
+            health.clone(),
+            metrics.clone(),
+            side_stop.clone(),
+        ));
+        let grpc_server = listening.grpc.serve(grpc::EgressService::server(
+            cfg.clone(),
+            dests.clone(),
+            producer.clone(),
+            metrics.clone(),
+        ));
+
+        let deliver_stop = CancellationToken::new();
+        let failed = CancellationToken::new();
+        let tasks: Vec<_> = dests
+            .iter()
+            .map(|d| tokio::spawn(d.clone().run(deliver_stop.clone(), failed.clone())))
+            .collect();
+
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = failed.cancelled() => {}
+        }
+        health.set_draining();
+        tracing::info!("draining: finishing deliveries in hand");
+        deliver_stop.cancel();
+        let all = futures_util::future::join_all(tasks);
+        if tokio::time::timeout(cfg.service.drain_timeout, all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "drain timeout: undelivered messages stay uncommitted for the next owner"
+            );
+        }
+        side_stop.cancel();
+        let grpc_result = grpc_server.stop().await;
+        for d in &dests {
+            let c = d.consumer.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = c.commit_consumer_state(rdkafka::consumer::CommitMode::Sync);
+                c.unsubscribe();
+            })
+            .await;
+        }
+        drop(dests);
+        let p = producer.get();
+        let _ = tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
+        listening.admin.stop().await;
+        tracing::info!("egress stopped");
+        if failed.is_cancelled() {
+            return Err(EgressError::WorkerFailed);
+        }
+        grpc_result.map_err(EgressError::from)
     }
-    health.set_draining();
-    tracing::info!("draining: finishing deliveries in hand");
-    deliver_stop.cancel();
-    let all = futures_util::future::join_all(tasks);
-    if tokio::time::timeout(cfg.service.drain_timeout, all)
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timeout: undelivered messages stay uncommitted for the next owner");
-    }
-    side_stop.cancel();
-    let grpc_result = grpc_server.stop().await;
-    for d in &dests {
-        let c = d.consumer.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            let _ = c.commit_consumer_state(rdkafka::consumer::CommitMode::Sync);
-            c.unsubscribe();
-        })
-        .await;
-    }
-    drop(dests);
-    let p = producer.get();
-    let _ = tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
-    listening.admin.stop().await;
-    tracing::info!("egress stopped");
-    if failed.is_cancelled() {
-        return Err(EgressError::WorkerFailed);
-    }
-    grpc_result.map_err(EgressError::from)
 }
 
 /// Readiness (Kafka answers, the producer is not being recreated) and consumer lag per destination.

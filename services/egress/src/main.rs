@@ -30,8 +30,10 @@ fn run() -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    hl7gw_runtime::shutdown::block_on("hl7gw-egress", cfg.service.log_json, |stop| {
-        hl7gw_egress::run(cfg, stop, |b| b.print("hl7gw-egress"))
+    hl7gw_runtime::shutdown::block_on("hl7gw-egress", cfg.service.log_json, |stop| async move {
+        let app = hl7gw_egress::build(cfg).await?;
+        app.bound().print("hl7gw-egress");
+        app.run(stop).await
     })?;
     Ok(())
 }

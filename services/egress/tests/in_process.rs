@@ -16,10 +16,10 @@ async fn runs_in_process_on_port_0() {
             support::free_port()
         ),
     );
-    let egress = InProcess::start(|stop, bound| {
-        hl7gw_egress::run(cfg, stop, move |b| {
-            let _ = bound.send(b);
-        })
+    let egress = InProcess::start(|stop, bound| async move {
+        let app = hl7gw_egress::build(cfg).await?;
+        let _ = bound.send(app.bound());
+        app.run(stop).await
     })
     .await;
     assert!(egress.bound.mllp.is_none());

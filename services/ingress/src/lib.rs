@@ -1,8 +1,9 @@
 //! hl7gw-ingress: takes HL7 v2 messages over MLLP (TCP or TLS) and gRPC, publishes them to Kafka keyed by
 //! patient, and acknowledges them only once Kafka holds them (durable mode).
 //!
-//! [`run`] binds the listeners, serves until the shutdown token is cancelled, then drains: readiness goes
-//! false, the listeners stop, every message already read is answered, the producer flushes.
+//! [`build`] checks the config, makes the Kafka producer and binds every listener; [`App::run`] serves until the
+//! shutdown token is cancelled, then drains: readiness goes false, the listeners stop, every message already
+//! read is answered, the producer flushes.
 
 pub mod config;
 pub mod connection;
@@ -32,13 +33,28 @@ pub enum IngressError {
 }
 hl7gw_runtime::common_error_from!(IngressError);
 
-/// Runs the ingress until `stop` is cancelled, then drains within `service.drain_timeout`. `on_bound` is called once
-/// every port is bound.
-pub async fn run(
-    cfg: Config,
-    stop: CancellationToken,
-    on_bound: impl FnOnce(Bound),
-) -> Result<(), IngressError> {
+/// The ingress, its producer made and every port bound, not yet serving.
+pub struct App {
+    cfg: Arc<Config>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    key_salt: Option<Vec<u8>>,
+    metrics: metrics::IngressMetrics,
+    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    mllp: tokio::net::TcpListener,
+    listening: Listening,
+    bound: Bound,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the config, makes the producer and binds MLLP, gRPC and the admin server.
+pub async fn build(cfg: Config) -> Result<App, IngressError> {
     cfg.validate()?;
     let key_salt = cfg.read_key_salt()?;
     let cfg = Arc::new(cfg);
@@ -56,74 +72,104 @@ pub async fn run(
     cfg.grpc.check_start()?;
     let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
     let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let (health, mut bound) = (listening.health.clone(), listening.bound);
+    let mut bound = listening.bound;
     bound.mllp = Some(mllp.local_addr().unwrap_or(cfg.mllp_addr));
     tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
-    on_bound(bound);
-
-    let probe_stop = CancellationToken::new();
-    tokio::spawn(probe_kafka(
-        producer.clone(),
-        cfg.clone(),
-        health.clone(),
-        probe_stop.clone(),
-    ));
-
-    let pipe = Arc::new(pipeline::Pipeline::new(
-        cfg.clone(),
-        producer.clone(),
-        metrics,
-        key_salt,
-    ));
-    let tracker = TaskTracker::new();
-    let mllp_task = tokio::spawn(listener::serve(
-        mllp,
+    Ok(App {
+        cfg,
         tls,
-        pipe.clone(),
-        cfg.clone(),
-        stop.clone(),
-        tracker.clone(),
-    ));
-    let grpc_server = listening
-        .grpc
-        .limits(hl7gw_runtime::grpc::Limits {
-            max_concurrent_streams: Some(cfg.grpc_max_concurrent_streams),
-            max_connections: cfg.grpc_max_connections,
-        })
-        .serve(grpc::service(pipe.clone(), cfg.clone()));
+        key_salt,
+        metrics,
+        producer,
+        mllp,
+        listening,
+        bound,
+    })
+}
 
-    stop.cancelled().await;
-    grpc_server.cancel();
-    let deadline = tokio::time::Instant::now() + cfg.service.drain_timeout;
-    health.set_draining();
-    tracing::info!("draining: listener closed, answering messages in flight");
-    let _ = mllp_task.await;
-    tracker.close();
-    if tokio::time::timeout_at(deadline, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timeout: closing connections with messages still in flight");
+impl App {
+    /// Where each listener is bound.
+    pub fn bound(&self) -> Bound {
+        self.bound
     }
-    let grpc_result = match tokio::time::timeout_at(deadline, grpc_server.stop()).await {
-        Ok(r) => r,
-        Err(_) => {
-            tracing::warn!("drain timeout: gRPC streams still open");
-            Ok(())
+
+    /// Serves until `stop` is cancelled, then drains within `service.drain_timeout`.
+    pub async fn run(self, stop: CancellationToken) -> Result<(), IngressError> {
+        let App {
+            cfg,
+            tls,
+            key_salt,
+            metrics,
+            producer,
+            mllp,
+            listening,
+            bound: _,
+        } = self;
+        let health = listening.health.clone();
+        let probe_stop = CancellationToken::new();
+        tokio::spawn(probe_kafka(
+            producer.clone(),
+            cfg.clone(),
+            health.clone(),
+            probe_stop.clone(),
+        ));
+
+        let pipe = Arc::new(pipeline::Pipeline::new(
+            cfg.clone(),
+            producer.clone(),
+            metrics,
+            key_salt,
+        ));
+        let tracker = TaskTracker::new();
+        let mllp_task = tokio::spawn(listener::serve(
+            mllp,
+            tls,
+            pipe.clone(),
+            cfg.clone(),
+            stop.clone(),
+            tracker.clone(),
+        ));
+        let grpc_server = listening
+            .grpc
+            .limits(hl7gw_runtime::grpc::Limits {
+                max_concurrent_streams: Some(cfg.grpc_max_concurrent_streams),
+                max_connections: cfg.grpc_max_connections,
+            })
+            .serve(grpc::service(pipe.clone(), cfg.clone()));
+
+        stop.cancelled().await;
+        grpc_server.cancel();
+        let deadline = tokio::time::Instant::now() + cfg.service.drain_timeout;
+        health.set_draining();
+        tracing::info!("draining: listener closed, answering messages in flight");
+        let _ = mllp_task.await;
+        tracker.close();
+        if tokio::time::timeout_at(deadline, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("drain timeout: closing connections with messages still in flight");
         }
-    };
-    probe_stop.cancel();
-    let left = deadline
-        .saturating_duration_since(tokio::time::Instant::now())
-        .max(Duration::from_millis(100));
-    let p = producer.get();
-    let flushed = tokio::task::spawn_blocking(move || p.flush(left)).await;
-    if !matches!(flushed, Ok(Ok(()))) {
-        tracing::warn!("producer flush incomplete at shutdown");
+        let grpc_result = match tokio::time::timeout_at(deadline, grpc_server.stop()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!("drain timeout: gRPC streams still open");
+                Ok(())
+            }
+        };
+        probe_stop.cancel();
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(100));
+        let p = producer.get();
+        let flushed = tokio::task::spawn_blocking(move || p.flush(left)).await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            tracing::warn!("producer flush incomplete at shutdown");
+        }
+        listening.admin.stop().await;
+        tracing::info!("ingress stopped");
+        grpc_result.map_err(IngressError::from)
     }
-    listening.admin.stop().await;
-    tracing::info!("ingress stopped");
-    grpc_result.map_err(IngressError::from)
 }
 
 /// The MLLP address in the listening log line.

@@ -42,8 +42,10 @@ fn run() -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    hl7gw_runtime::shutdown::block_on("hl7gw-ingress", cfg.service.log_json, |stop| {
-        hl7gw_ingress::run(cfg, stop, |b| b.print("hl7gw-ingress"))
+    hl7gw_runtime::shutdown::block_on("hl7gw-ingress", cfg.service.log_json, |stop| async move {
+        let app = hl7gw_ingress::build(cfg).await?;
+        app.bound().print("hl7gw-ingress");
+        app.run(stop).await
     })?;
     Ok(())
 }

@@ -15,10 +15,10 @@ async fn runs_in_process_on_port_0() {
             support::unique_topic("inproc.dlq"),
         ),
     );
-    let ingress = InProcess::start(|stop, bound| {
-        hl7gw_ingress::run(cfg, stop, move |b| {
-            let _ = bound.send(b);
-        })
+    let ingress = InProcess::start(|stop, bound| async move {
+        let app = hl7gw_ingress::build(cfg).await?;
+        let _ = bound.send(app.bound());
+        app.run(stop).await
     })
     .await;
     assert_eq!(ingress.admin_get("/healthz").await.0, 200);

@@ -641,8 +641,8 @@ pub struct InProcess<E> {
 }
 
 impl<E: Send + 'static> InProcess<E> {
-    /// Spawns `run` (a service's `run(cfg, stop, on_bound)`, given the stop token and where to send the
-    /// bound addresses) and waits until it has bound its ports.
+    /// Spawns `run` (a service's `build` then `App::run`, given the stop token and where to send
+    /// `App::bound()`) and waits until it has bound its ports.
     pub async fn start<Fut>(
         run: impl FnOnce(
             tokio_util::sync::CancellationToken,

@@ -45,31 +45,54 @@ pub enum TransformerError {
 }
 hl7gw_runtime::common_error_from!(TransformerError);
 
-/// Runs the transformer until `stop` is cancelled.
-pub async fn run(
-    cfg: Config,
-    stop: CancellationToken,
-    on_bound: impl FnOnce(Bound),
-) -> Result<(), TransformerError> {
+/// Where the routes come from: a file (and what it held at start) or the cluster's HL7Routes.
+enum Routes {
+    File {
+        path: std::path::PathBuf,
+        loaded: Option<Vec<u8>>,
+    },
+    Kubernetes(Box<kube::Api<route::HL7Route>>),
+}
+
+/// The transformer, its routes loaded (from a file) or their source reached, its Kafka clients made and its
+/// ports bound, not yet consuming.
+pub struct App {
+    cfg: Arc<Config>,
+    metrics: metrics::TransformerMetrics,
+    live: Arc<source::LiveRoutes>,
+    plugins: Arc<plugin::GrpcPlugins>,
+    routes: Routes,
+    make_producer: worker::ProducerFactory,
+    producer: hl7gw_runtime::kafka::TransactionalProducer,
+    consumer: Arc<worker::Consumer_>,
+    listening: Listening,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("bound", &self.listening.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the config, reads the plugin TLS files and the routes file (or reaches the API server), makes the
+/// transactional producer and the consumer, binds gRPC and the admin server.
+pub async fn build(cfg: Config) -> Result<App, TransformerError> {
     cfg.validate()?;
     let cfg = Arc::new(cfg);
     let (registry, metrics) = metrics::TransformerMetrics::registered();
     let live = Arc::new(source::LiveRoutes::default());
     // Plugin TLS files are read before any port is bound.
     let plugins = Arc::new(plugin::GrpcPlugins::new(&cfg.plugin_tls)?);
-    let side_stop = CancellationToken::new();
 
-    if let Some(path) = &cfg.routes.file {
+    let routes = if let Some(path) = &cfg.routes.file {
         // Missing or bad at start: not fatal; the worker consumes nothing until a route list is loaded.
         let loaded = source::load_file_at_start(path, &live, &metrics);
-        tokio::spawn(source::watch_file(
-            path.clone(),
+        Routes::File {
+            path: path.clone(),
             loaded,
-            cfg.routes.reload_interval,
-            live.clone(),
-            metrics.clone(),
-            side_stop.clone(),
-        ));
+        }
     } else {
         let client = kube::Client::try_default()
             .await
@@ -81,14 +104,10 @@ pub async fn run(
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| client.default_namespace().to_owned());
         tracing::info!(namespace = %ns, "watching HL7Routes");
-        let api = kube::Api::<route::HL7Route>::namespaced(client, &ns);
-        tokio::spawn(source::watch_kubernetes(
-            api,
-            live.clone(),
-            metrics.clone(),
-            side_stop.clone(),
-        ));
-    }
+        Routes::Kubernetes(Box::new(kube::Api::<route::HL7Route>::namespaced(
+            client, &ns,
+        )))
+    };
 
     let txn_id = transactional_id(&cfg);
     let pc = transactional_producer_config(
@@ -111,76 +130,126 @@ pub async fn run(
     );
 
     let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let (health, bound) = (listening.health.clone(), listening.bound);
+    let bound = listening.bound;
     tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
-    on_bound(bound);
+    Ok(App {
+        cfg,
+        metrics,
+        live,
+        plugins,
+        routes,
+        make_producer,
+        producer,
+        consumer,
+        listening,
+    })
+}
 
-    // Topics first (inbound, DLQ, every destination's); the worker subscribes once the routes are loaded.
-    ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
-    let worker_health = Arc::new(worker::WorkerHealth::default());
-    tokio::spawn(housekeeping(
-        cfg.clone(),
-        consumer.clone(),
-        live.clone(),
-        health.clone(),
-        worker_health.clone(),
-        metrics.clone(),
-        side_stop.clone(),
-    ));
+impl App {
+    /// Where each listener is bound.
+    pub fn bound(&self) -> Bound {
+        self.listening.bound
+    }
 
-    let grpc_server = listening.grpc.serve(grpc::DryRun::server(
-        cfg.clone(),
-        live.clone(),
-        plugins.clone(),
-    ));
-
-    let worker_stop = CancellationToken::new();
-    let mut worker_task = tokio::spawn(
-        worker::Worker {
-            cfg: cfg.clone(),
-            consumer: consumer.clone(),
-            producer,
-            make_producer,
-            live: live.clone(),
-            plugins,
+    /// Watches the routes and transforms until `stop` is cancelled, then finishes the batch in hand.
+    pub async fn run(self, stop: CancellationToken) -> Result<(), TransformerError> {
+        let App {
+            cfg,
             metrics,
-            readiness: health.clone(),
-            health: worker_health,
-        }
-        .run(worker_stop.clone()),
-    );
+            live,
+            plugins,
+            routes,
+            make_producer,
+            producer,
+            consumer,
+            listening,
+        } = self;
+        let health = listening.health.clone();
+        let side_stop = CancellationToken::new();
+        match routes {
+            Routes::File { path, loaded } => tokio::spawn(source::watch_file(
+                path,
+                loaded,
+                cfg.routes.reload_interval,
+                live.clone(),
+                metrics.clone(),
+                side_stop.clone(),
+            )),
+            Routes::Kubernetes(api) => tokio::spawn(source::watch_kubernetes(
+                *api,
+                live.clone(),
+                metrics.clone(),
+                side_stop.clone(),
+            )),
+        };
 
-    let result = tokio::select! {
-        _ = stop.cancelled() => {
-            health.set_draining();
-            tracing::info!("draining: finishing the batch in hand");
-            worker_stop.cancel();
-            match tokio::time::timeout(cfg.service.drain_timeout, &mut worker_task).await {
-                Ok(Ok(r)) => r.map_err(TransformerError::from),
-                Ok(Err(e)) => Err(TransformerError::WorkerPanicked(e.to_string())),
-                Err(_) => {
-                    tracing::warn!("drain timeout: the open batch will be read again by another pod");
-                    Ok(())
+        // Topics first (inbound, DLQ, every destination's); the worker subscribes once the routes are loaded.
+        ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
+        let worker_health = Arc::new(worker::WorkerHealth::default());
+        tokio::spawn(housekeeping(
+            cfg.clone(),
+            consumer.clone(),
+            live.clone(),
+            health.clone(),
+            worker_health.clone(),
+            metrics.clone(),
+            side_stop.clone(),
+        ));
+
+        let grpc_server = listening.grpc.serve(grpc::DryRun::server(
+            cfg.clone(),
+            live.clone(),
+            plugins.clone(),
+        ));
+
+        let worker_stop = CancellationToken::new();
+        let mut worker_task = tokio::spawn(
+            worker::Worker {
+                cfg: cfg.clone(),
+                consumer: consumer.clone(),
+                producer,
+                make_producer,
+                live: live.clone(),
+                plugins,
+                metrics,
+                readiness: health.clone(),
+                health: worker_health,
+            }
+            .run(worker_stop.clone()),
+        );
+
+        let result = tokio::select! {
+            _ = stop.cancelled() => {
+                health.set_draining();
+                tracing::info!("draining: finishing the batch in hand");
+                worker_stop.cancel();
+                match tokio::time::timeout(cfg.service.drain_timeout, &mut worker_task).await {
+                    Ok(Ok(r)) => r.map_err(TransformerError::from),
+                    Ok(Err(e)) => Err(TransformerError::WorkerPanicked(e.to_string())),
+                    Err(_) => {
+                        tracing::warn!("drain timeout: the open batch will be read again by another pod");
+                        Ok(())
+                    }
                 }
             }
-        }
-        r = &mut worker_task => {
-            tracing::error!("the worker stopped");
-            match r {
-                Ok(r) => r.map_err(TransformerError::from),
-                Err(e) => Err(TransformerError::WorkerPanicked(e.to_string())),
+            r = &mut worker_task => {
+                tracing::error!("the worker stopped");
+                match r {
+                    Ok(r) => r.map_err(TransformerError::from),
+                    Err(e) => Err(TransformerError::WorkerPanicked(e.to_string())),
+                }
             }
-        }
-    };
-    health.set_draining();
-    side_stop.cancel();
-    let grpc_result = grpc_server.stop().await;
-    let c = consumer.clone();
-    let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
-    drop(consumer);
-    listening.admin.stop().await;
-    tracing::info!("transformer stopped");
-    result.and(grpc_result.map_err(TransformerError::from))
+        };
+        health.set_draining();
+        side_stop.cancel();
+        let grpc_result = grpc_server.stop().await;
+        let c = consumer.clone();
+        let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
+        drop(consumer);
+        listening.admin.stop().await;
+        tracing::info!("transformer stopped");
+        result.and(grpc_result.map_err(TransformerError::from))
+    }
 }
 
 /// The producer's `transactional.id`: the configured one, else `hl7gw-transformer-<POD_NAME or HOSTNAME>` (stable

@@ -66,8 +66,14 @@ fn run() -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    hl7gw_runtime::shutdown::block_on("hl7gw-transformer", cfg.service.log_json, |stop| {
-        hl7gw_transformer::run(cfg, stop, |b| b.print("hl7gw-transformer"))
-    })?;
+    hl7gw_runtime::shutdown::block_on(
+        "hl7gw-transformer",
+        cfg.service.log_json,
+        |stop| async move {
+            let app = hl7gw_transformer::build(cfg).await?;
+            app.bound().print("hl7gw-transformer");
+            app.run(stop).await
+        },
+    )?;
     Ok(())
 }

@@ -24,10 +24,10 @@ async fn runs_in_process_on_port_0() {
             routes.display()
         ),
     );
-    let transformer = InProcess::start(|stop, bound| {
-        hl7gw_transformer::run(cfg, stop, move |b| {
-            let _ = bound.send(b);
-        })
+    let transformer = InProcess::start(|stop, bound| async move {
+        let app = hl7gw_transformer::build(cfg).await?;
+        let _ = bound.send(app.bound());
+        app.run(stop).await
     })
     .await;
     assert!(transformer.bound.mllp.is_none());
