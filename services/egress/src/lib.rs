@@ -40,20 +40,13 @@ pub enum EgressError {
 hl7gw_runtime::common_error_from!(EgressError);
 
 /// The egress, its Kafka clients made and its ports bound, not yet delivering.
+#[derive(Debug)]
 pub struct App {
     cfg: Arc<Config>,
     dests: Vec<Arc<deliver::DestCtx>>,
     producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     metrics: metrics::EgressMetrics,
     listening: Listening,
-}
-
-impl std::fmt::Debug for App {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
-            .field("bound", &self.listening.bound)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Checks the config, makes the producer and each destination's consumer and TLS settings, binds gRPC and

@@ -113,16 +113,7 @@ impl Producer {
         P: ToBytes + ?Sized,
     {
         let (tx, rx) = oneshot::channel();
-        let base = BaseRecord {
-            topic: record.topic,
-            partition: record.partition,
-            payload: record.payload,
-            key: record.key,
-            timestamp: record.timestamp,
-            headers: record.headers,
-            delivery_opaque: Box::new(tx),
-        };
-        match self.0.base.send(base) {
+        match self.0.base.send(with_report(record, tx)) {
             Ok(()) => Ok(DeliveryFuture(rx)),
             Err((e, _)) => Err(e),
         }
@@ -142,16 +133,7 @@ impl Producer {
         let mut record = record;
         loop {
             let (tx, rx) = oneshot::channel();
-            let base = BaseRecord {
-                topic: record.topic,
-                partition: record.partition,
-                payload: record.payload,
-                key: record.key,
-                timestamp: record.timestamp,
-                headers: record.headers,
-                delivery_opaque: Box::new(tx),
-            };
-            match self.0.base.send(base) {
+            match self.0.base.send(with_report(record, tx)) {
                 Ok(()) => {
                     return match rx.await {
                         Ok(stored) => stored.map_err(|(e, _)| e),
@@ -174,6 +156,26 @@ impl Producer {
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+}
+
+/// The record, its report to go to `tx`.
+fn with_report<'a, K, P>(
+    record: FutureRecord<'a, K, P>,
+    tx: oneshot::Sender<Stored>,
+) -> BaseRecord<'a, K, P, Box<oneshot::Sender<Stored>>>
+where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    BaseRecord {
+        topic: record.topic,
+        partition: record.partition,
+        payload: record.payload,
+        key: record.key,
+        timestamp: record.timestamp,
+        headers: record.headers,
+        delivery_opaque: Box::new(tx),
     }
 }
 

@@ -70,8 +70,13 @@ pub struct App {
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let routes = match &self.routes {
+            Routes::File { path, .. } => path.display().to_string(),
+            Routes::Kubernetes(_) => "HL7Routes".to_owned(),
+        };
         f.debug_struct("App")
             .field("bound", &self.listening.bound)
+            .field("routes", &routes)
             .finish_non_exhaustive()
     }
 }
