@@ -63,10 +63,12 @@ fuzz: ## fuzz the parser and the MLLP decoder for FUZZ_SECONDS each (needs night
 
 .PHONY: cluster-up cluster-down tools
 
-cluster-up: ## start a local Kubernetes v1.36.3 control plane on 127.0.0.1:6443 (builds it once; see scripts/cluster.sh)
+cluster-up: ## a local Kubernetes v1.36.3 control plane on 127.0.0.1:6443 and a Ready node (containerd, kubelet, scheduler; scripts/node.sh), the hl7gw image imported when built
 	@scripts/cluster.sh up
+	@scripts/node.sh up
 
-cluster-down: ## stop the local Kubernetes control plane
+cluster-down: ## stop the node (its pods, mounts, network namespaces, bridge) and the control plane, by PID
+	@scripts/node.sh down
 	@scripts/cluster.sh down
 
 tools: ## install helm, kubeconform (with offline Kubernetes schemas) and promtool into .cache/tools

@@ -244,7 +244,7 @@ up() {
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$CLUSTER_API_PORT" \
     --etcd-servers="http://127.0.0.1:$CLUSTER_ETCD_PORT" \
     --tls-cert-file="$d/apiserver.crt" --tls-private-key-file="$d/apiserver.key" --client-ca-file="$d/ca.crt" \
-    --token-auth-file="$d/tokens.csv" --authorization-mode=RBAC \
+    --token-auth-file="$d/tokens.csv" --authorization-mode=RBAC --kubelet-preferred-address-types=InternalIP,Hostname \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$d/sa.pub" --service-account-signing-key-file="$d/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 --endpoint-reconciler-type=none --allow-privileged=true \

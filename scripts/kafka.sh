@@ -25,6 +25,8 @@
 #   KAFKA_HEAP             JVM heap of each node          (384m)
 #   KAFKA_PARTITIONS       default partitions of auto-created topics (3)
 #   KAFKA_SECURE           1: also listen with TLS and authentication (one node only; see below)    (0)
+#   KAFKA_HOST             address of the plaintext client listener (127.0.0.1; scripts/node.sh's bridge address
+#                          10.88.0.1 for a broker the local node's pods reach; controllers stay on 127.0.0.1)
 #
 # KAFKA_SECURE=1 adds two listeners beside the plaintext one (which the tools keep using):
 #   SASL_SSL on KAFKA_PORT + 2: TLS, SCRAM-SHA-512 user `hl7gw`, password in $KAFKA_DATA_DIR/pki/password
@@ -55,6 +57,7 @@ fi
 KAFKA_HEAP=${KAFKA_HEAP:-384m}
 KAFKA_PARTITIONS=${KAFKA_PARTITIONS:-3}
 KAFKA_SECURE=${KAFKA_SECURE:-0}
+KAFKA_HOST=${KAFKA_HOST:-127.0.0.1}
 if [ "$KAFKA_SECURE" = 1 ] && [ "$KAFKA_NODES" -ne 1 ]; then echo "kafka: KAFKA_SECURE=1 needs KAFKA_NODES=1" >&2; exit 2; fi
 libs=$root/.cache/kafka-$KAFKA_VERSION/libs
 
@@ -77,7 +80,7 @@ node_arg() {
     { log "a node id 1..$KAFKA_NODES is needed (KAFKA_NODES=$KAFKA_NODES)"; exit 2; }
   at "$1"
 }
-brokers() { local i l=(); for i in $(ids); do at "$i"; l+=("127.0.0.1:$port"); done; (IFS=,; echo "${l[*]}"); }
+brokers() { local i l=(); for i in $(ids); do at "$i"; l+=("$KAFKA_HOST:$port"); done; (IFS=,; echo "${l[*]}"); }
 controllers() { local i l=(); for i in $(ids); do at "$i"; l+=("127.0.0.1:$cport"); done; (IFS=,; echo "${l[*]}"); }
 voters() { local i l=(); for i in $(ids); do at "$i"; l+=("$i@127.0.0.1:$cport"); done; (IFS=,; echo "${l[*]}"); }
 
@@ -92,7 +95,7 @@ fetch() {
 
 running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/${1:-$port}") 2>/dev/null; }
+port_open() { (exec 3<>"/dev/tcp/$KAFKA_HOST/${1:-$port}") 2>/dev/null; }
 
 java_run() { java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
   -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$libs/*" "$@"; }
@@ -122,8 +125,8 @@ configure() {
 process.roles=broker,controller
 node.id=$id
 controller.quorum.voters=$(voters)
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://$KAFKA_HOST:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://$KAFKA_HOST:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
@@ -444,7 +447,7 @@ controller() {
 # scram_user NAME PASSWORD: create the user or set its password (through the plaintext listener).
 scram_user() {
   [ -n "${1:-}" ] && [ -n "${2:-}" ] || { log "usage: scram-user NAME PASSWORD"; exit 2; }
-  tool kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+  tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_HOST:$KAFKA_PORT" \
     --command-config "$KAFKA_DATA_DIR/tools.properties" --alter --entity-type users --entity-name "$1" \
     --add-config "SCRAM-SHA-512=[password=$2]" >/dev/null
 }
