@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A worker node for the local control plane (scripts/cluster.sh): containerd + runc + CNI bridge from Debian's
-# packages, kubelet and kube-scheduler built from the Go module proxy (the same wrapper module as the API
-# server), a pause image built here, and the hl7gw image from scripts/image-local.sh imported. Pods run in
+# packages, kubelet, kube-scheduler and kube-proxy (nftables mode, with Debian's nft) built from the Go module
+# proxy (the same wrapper module as the API server), CoreDNS (built from the proxy, run on this machine at the
+# bridge address as the cluster's DNS), a pause image built here, and the hl7gw image from
+# scripts/image-local.sh imported. Pods run in
 # network namespaces on a bridge (10.88.0.0/16; 10.88.0.1 is this machine: the node's address, where the
 # kubelet listens and where a Kafka for the pods listens); nothing is pulled from a
 # registry (images are imported, the chart's pods use imagePullPolicy: Never).
@@ -26,7 +28,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 K8S_VERSION=v1.36.3
-CONTAINERD_DEB=1.6.20~ds1-1+deb12u3 RUNC_DEB=1.1.5+ds1-1+deb12u1 CNI_DEB=1.1.1+ds1-3+b5
+CONTAINERD_DEB=1.6.20~ds1-1+deb12u3 RUNC_DEB=1.1.5+ds1-1+deb12u1 CNI_DEB=1.1.1+ds1-3+b5 COREDNS_VERSION=v1.14.7
+# nft and the libraries it needs beyond the base system's.
+NFT_DEBS="nftables=1.0.6-2+deb12u2 libnftables1=1.0.6-2+deb12u2 libnftnl11 libmnl0 libjansson4 libxtables12 libedit2 libbsd0 libmd0"
 cache=$root/.cache/node-$K8S_VERSION
 bin=$cache/bin
 CLUSTER_API_PORT=${CLUSTER_API_PORT:-6443}
@@ -48,7 +52,7 @@ die() { log "$*"; exit 1; }
 
 fetch() {
   local want; want=$(cat "$root/scripts/k8s-wrapper/go.mod" "$root/scripts/k8s-wrapper/go.sum" "$root/scripts/node/pause.go" \
-    <(echo "$K8S_VERSION $CONTAINERD_DEB $RUNC_DEB $CNI_DEB") | sha256sum | cut -c1-16)
+    <(echo "$K8S_VERSION $CONTAINERD_DEB $RUNC_DEB $CNI_DEB $COREDNS_VERSION $NFT_DEBS") | sha256sum | cut -c1-16)
   [ "$(cat "$bin/.stamp" 2>/dev/null)" = "$want" ] && return
   command -v go >/dev/null || die "go is not installed"
   command -v apt-get >/dev/null || die "no apt-get: containerd, runc and the CNI plugins come from Debian's packages"
@@ -58,7 +62,7 @@ fetch() {
   local t0=$SECONDS out=$cache/bin.new src=$cache/src
   rm -rf "$out" "$src" "$cache/deb"
   mkdir -p "$out/cni" "$src/pause" "$cache/deb"
-  log "building kubelet and kube-scheduler $K8S_VERSION, pause; downloading containerd, runc, CNI plugins (once)"
+  log "building kubelet, kube-scheduler, kube-proxy $K8S_VERSION, CoreDNS $COREDNS_VERSION, pause; downloading containerd, runc, CNI plugins, nft (once; log in ${cache#"$root"/}/build.log)"
   cp "$root/scripts/k8s-wrapper/go.mod" "$root/scripts/k8s-wrapper/go.sum" "$src/"
   cp "$root/scripts/node/pause.go" "$src/pause/main.go"
   (
@@ -66,15 +70,26 @@ fetch() {
     export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
     local v="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1"
     v+=" -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
-    nice -n 10 go build -trimpath -ldflags "-s -w $v" -o "$out/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler
-    cd pause && printf 'module hl7gw.local/pause\n\ngo 1.22\n' >go.mod && go build -trimpath -ldflags "-s -w" -o "$out/pause" .
+    nice -n 10 go build -trimpath -ldflags "-s -w $v" -o "$out/" k8s.io/kubernetes/cmd/kubelet \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
+    (cd pause && printf 'module hl7gw.local/pause\n\ngo 1.22\n' >go.mod && go build -trimpath -ldflags "-s -w" -o "$out/pause" .)
+    mkdir coredns && cd coredns && go mod init hl7gw.local/coredns && go get "github.com/coredns/coredns@$COREDNS_VERSION"
+    nice -n 10 go build -trimpath -ldflags "-s -w" -o "$out/coredns" github.com/coredns/coredns
   ) >"$cache/build.log" 2>&1 || { tail -n 30 "$cache/build.log" >&2; die "build failed ($cache/build.log)"; }
+  # shellcheck disable=SC2086
   (cd "$cache/deb" && apt-get download -q "containerd=$CONTAINERD_DEB" "runc=$RUNC_DEB" "containernetworking-plugins=$CNI_DEB" \
-    >/dev/null 2>&1) || die "could not download Debian's containerd/runc/containernetworking-plugins"
+    $NFT_DEBS >/dev/null 2>&1) || die "could not download Debian's containerd/runc/containernetworking-plugins/nftables"
   local d
   for d in "$cache"/deb/*.deb; do dpkg-deb -x "$d" "$cache/deb/root"; done
   cp "$cache"/deb/root/usr/bin/{containerd,containerd-shim-runc-v2,ctr} "$cache/deb/root/usr/sbin/runc" "$out/"
   cp "$cache"/deb/root/usr/lib/cni/{bridge,host-local,loopback,portmap} "$out/cni/"
+  # kube-proxy runs `nft` from PATH: Debian's, with its libraries beside it.
+  mkdir -p "$out/nft"
+  cp -a "$cache"/deb/root/usr/lib/x86_64-linux-gnu/. "$out/nft/"
+  cp "$cache/deb/root/usr/sbin/nft" "$out/nft/nft.bin"
+  printf '#!/bin/sh\nd=$(dirname "$0")\nLD_LIBRARY_PATH="$d" exec "$d/nft.bin" "$@"\n' >"$out/nft/nft"
+  chmod +x "$out/nft/nft"
+  "$out/nft/nft" --version >/dev/null || die "Debian's nft does not run here"
   rm -rf "$cache/deb" "$src"
   echo "$want" >"$out/.stamp"
   rm -rf "$bin"
@@ -137,10 +152,23 @@ state = "$d/containerd/state"
 EOF
   cat >"$d/cni/net.d/10-hl7gw.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "hl7gw", "plugins": [
-  {"type": "bridge", "bridge": "$NODE_BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+  {"type": "bridge", "bridge": "$NODE_BRIDGE", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
+   "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$NODE_SUBNET", "gateway": "$NODE_GATEWAY"}]],
             "dataDir": "$d/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+  # The cluster's DNS: Services and pods of the local API server, answered at the bridge address.
+  cat >"$d/Corefile" <<EOF
+.:53 {
+    bind $NODE_GATEWAY
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $CLUSTER_DIR/kubeconfig
+        pods insecure
+    }
+    cache 30
+}
 EOF
   # The kubelet's client certificate, from the cluster's CA.
   openssl genrsa -out "$d/pki/kubelet.key" 2048 2>/dev/null
@@ -172,6 +200,8 @@ authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 staticPodPath: "$d/manifests"
 resolvConf: /etc/resolv.conf
+clusterDNS: ["$NODE_GATEWAY"]
+clusterDomain: cluster.local
 enforceNodeAllocatable: []
 cgroupsPerQOS: false
 localStorageCapacityIsolation: false
@@ -204,6 +234,12 @@ up() {
     --root-dir "$NODE_DIR/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_GATEWAY" --v=1
   start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$CLUSTER_DIR/kubeconfig" --leader-elect=false \
     --secure-port $((NODE_KUBELET_PORT + 2)) --bind-address 127.0.0.1 --v=1
+  # Service ClusterIPs in nftables (masquerading all, so a pod reaching a Service on its own bridge gets the
+  # answers back through this machine).
+  PATH="$bin/nft:$PATH" start kube-proxy "$bin/kube-proxy" --kubeconfig "$CLUSTER_DIR/kubeconfig" --proxy-mode nftables \
+    --hostname-override "$NODE_NAME" --cluster-cidr "$NODE_SUBNET" --masquerade-all \
+    --metrics-bind-address "127.0.0.1:$((NODE_KUBELET_PORT + 3))" --healthz-bind-address "127.0.0.1:$((NODE_KUBELET_PORT + 4))" --v=1
+  start coredns "$bin/coredns" -conf "$NODE_DIR/Corefile"
   local t0=$SECONDS
   until kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; do
     [ $((SECONDS - t0)) -lt 90 ] || { tail -n 30 "$NODE_DIR/kubelet.log" >&2; die "node $NODE_NAME not Ready in 90 s"; }
@@ -238,6 +274,10 @@ import_images() {
 }
 
 down() {
+  stop_pid coredns
+  stop_pid kube-proxy
+  "$bin/nft/nft" delete table ip kube-proxy 2>/dev/null || true
+  "$bin/nft/nft" delete table ip6 kube-proxy 2>/dev/null || true
   stop_pid kube-scheduler
   stop_pid kubelet
   if pid_of containerd >/dev/null; then
@@ -259,7 +299,7 @@ down() {
 
 status() {
   local c
-  for c in containerd kubelet kube-scheduler; do
+  for c in containerd kubelet kube-scheduler kube-proxy coredns; do
     if pid=$(pid_of "$c"); then echo "$c running (pid $pid)"; else echo "$c stopped"; fi
   done
   kubectl get node "$NODE_NAME" 2>/dev/null || true
