@@ -9,7 +9,8 @@
 #   4. everything stopped by PID; no mounts, network namespaces or bridge left
 #
 #   scripts/node-check.sh          (NODE_CHECK_API_PORT, default 7643; NODE_CHECK_SECONDS, default 40;
-#                                   NODE_CHECK_KEEP=1 leaves everything running at the end, to look at it)
+#                                   NODE_CHECK_KEEP=1 leaves everything running at the end, to look at it;
+#                                   NODE_CHECK_HELM_ARGS adds helm install flags, e.g. --set ...)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -48,7 +49,8 @@ kill -0 "$receiver" 2>/dev/null || { cat "$work/receiver.log" >&2; die "the rece
 log "1. helm install (scripts/node/values.yaml) --wait"
 kubectl create namespace hl7gw >/dev/null
 kubectl label namespace hl7gw pod-security.kubernetes.io/enforce=restricted >/dev/null
-helm install hl7gw helm/hl7-gateway -n hl7gw -f scripts/node/values.yaml --wait --timeout 180s >/dev/null ||
+# shellcheck disable=SC2086
+helm install hl7gw helm/hl7-gateway -n hl7gw -f scripts/node/values.yaml ${NODE_CHECK_HELM_ARGS:-} --wait --timeout 180s >/dev/null ||
   { kubectl get pods -n hl7gw -o wide >&2; die "helm install --wait"; }
 kubectl get pods -n hl7gw -o wide >&2
 
