@@ -21,6 +21,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, FutureRecord, Producer as _, P
 use std::ffi::c_void;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -95,11 +96,16 @@ impl Producer {
             KafkaError::ClientCreation("the producer needs a tokio runtime".to_owned())
         })?;
         let base = BaseProducer::from_config_and_context(config, Reports(KafkaContext))?;
-        let notify = Arc::new(Notify::new());
-        let wake = QueueWake::enable(&base, notify.clone());
+        let waker = Arc::new(Waker::default());
+        let wake = QueueWake::enable(&base, waker.clone());
         let inner = Arc::new(Inner { wake, base });
-        runtime.spawn(drain(Arc::downgrade(&inner), notify));
+        runtime.spawn(drain(Arc::downgrade(&inner), waker));
         Ok(Self(inner))
+    }
+
+    /// How many times librdkafka has called back that the queue had events (for tests).
+    pub fn wake_ups(&self) -> u64 {
+        self.0.wake.waker.calls.load(Ordering::Relaxed)
     }
 
     /// Queues a record; its future completes from the delivery report. Fails at once when librdkafka
@@ -196,14 +202,14 @@ impl std::fmt::Debug for Producer {
 
 /// Serves the producer's main queue whenever librdkafka says it has events (and every [`BACKSTOP`], should a
 /// wake-up ever be missed), until the producer is gone.
-async fn drain(producer: Weak<Inner>, notify: Arc<Notify>) {
+async fn drain(producer: Weak<Inner>, waker: Arc<Waker>) {
     loop {
-        let _ = tokio::time::timeout(BACKSTOP, notify.notified()).await;
+        let _ = tokio::time::timeout(BACKSTOP, waker.notify.notified()).await;
         let Some(inner) = producer.upgrade() else {
             return;
         };
         // The callback fires again only once the queue was empty: serve it to the end. An event enqueued
-        // after the last check leaves a permit in `notify`, so the next wait returns at once.
+        // after the last check leaves a permit in the `Notify`, so the next wait returns at once.
         let mut served = 0usize;
         loop {
             let before = inner.wake.pending();
@@ -228,27 +234,35 @@ async fn drain(producer: Weak<Inner>, notify: Arc<Notify>) {
     }
 }
 
+/// What librdkafka's callback touches: the drain task's wake-up, and a count of the calls.
+#[derive(Debug, Default)]
+struct Waker {
+    notify: Notify,
+    calls: AtomicU64,
+}
+
 /// librdkafka's main-queue event callback, enabled for a producer's life.
 struct QueueWake {
     queue: *mut rd::rd_kafka_queue_t,
-    notify: *const Notify,
+    /// The callback's opaque points here; held until the callback is disabled (`drop`).
+    waker: Arc<Waker>,
 }
 
-// SAFETY: `queue` is a librdkafka queue handle, which librdkafka allows to use from any thread; `notify`
-// points into an `Arc<Notify>` (Send + Sync) that this value owns.
+// SAFETY: `queue` is a librdkafka queue handle, which librdkafka allows to use from any thread; `waker` is
+// Send + Sync.
 unsafe impl Send for QueueWake {}
 unsafe impl Sync for QueueWake {}
 
 impl QueueWake {
-    fn enable(base: &BaseProducer<Reports>, notify: Arc<Notify>) -> Self {
-        let notify = Arc::into_raw(notify);
+    fn enable(base: &BaseProducer<Reports>, waker: Arc<Waker>) -> Self {
         // SAFETY: `native_ptr` is the producer's live rd_kafka_t; `rd_kafka_queue_get_main` returns a new
         // reference to its main queue, destroyed in `drop` (before the producer, see `Inner`). The opaque is
-        // the `Notify` this value keeps alive until the callback is disabled.
+        // the `Waker` this value holds until the callback is disabled.
         unsafe {
             let queue = rd::rd_kafka_queue_get_main(base.client().native_ptr());
-            rd::rd_kafka_queue_cb_event_enable(queue, Some(wake), notify as *mut c_void);
-            Self { queue, notify }
+            let opaque = Arc::as_ptr(&waker) as *mut c_void;
+            rd::rd_kafka_queue_cb_event_enable(queue, Some(wake), opaque);
+            Self { queue, waker }
         }
     }
 
@@ -262,22 +276,22 @@ impl QueueWake {
 impl Drop for QueueWake {
     fn drop(&mut self) {
         // SAFETY: librdkafka calls the callback with the queue's lock held and takes the same lock to
-        // disable it, so once this returns no callback runs or will run, and the `Notify` can be released.
+        // disable it, so once this returns no callback runs or will run, and `waker` may go.
         unsafe {
             rd::rd_kafka_queue_cb_event_enable(self.queue, None, std::ptr::null_mut());
             rd::rd_kafka_queue_destroy(self.queue);
-            let notify = Arc::from_raw(self.notify);
-            // Wakes the drain task so it sees the producer gone and ends.
-            notify.notify_one();
         }
+        // Wakes the drain task so it sees the producer gone and ends.
+        self.waker.notify.notify_one();
     }
 }
 
 /// Called by a librdkafka thread, with the queue locked, when the main queue becomes non-empty.
 unsafe extern "C" fn wake(_rk: *mut rd::rd_kafka_t, opaque: *mut c_void) {
-    // SAFETY: `opaque` is the `Notify` a live `QueueWake` holds (the callback is disabled before release).
-    let notify = unsafe { &*(opaque as *const Notify) };
-    notify.notify_one();
+    // SAFETY: `opaque` is the `Waker` a live `QueueWake` holds (the callback is disabled before it goes).
+    let waker = unsafe { &*(opaque as *const Waker) };
+    waker.calls.fetch_add(1, Ordering::Relaxed);
+    waker.notify.notify_one();
 }
 
 #[cfg(test)]
@@ -285,7 +299,7 @@ mod tests {
     use super::*;
 
     /// A record to a broker that is not there fails through its future (message timeout), served by the
-    /// drain task; the producer's drop ends the task.
+    /// drain task after librdkafka's callback (not only by the backstop tick).
     #[tokio::test]
     async fn a_report_completes_the_future_on_tokio() {
         let mut cfg = ClientConfig::new();
@@ -299,6 +313,7 @@ mod tests {
             .await
             .expect("reported before the timeout");
         assert!(matches!(r, Ok(Err(_))), "{r:?}");
+        assert!(p.wake_ups() > 0, "librdkafka never called back");
         tokio::task::spawn_blocking(move || drop(p))
             .await
             .expect("dropped");
