@@ -95,7 +95,8 @@ fetch() {
 
 running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
-port_open() { (exec 3<>"/dev/tcp/$KAFKA_HOST/${1:-$port}") 2>/dev/null; }
+# port_open [PORT] [HOST]: the client listener by default; controllers and the secure listeners are on 127.0.0.1.
+port_open() { (exec 3<>"/dev/tcp/${2:-$KAFKA_HOST}/${1:-$port}") 2>/dev/null; }
 
 java_run() { java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
   -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$libs/*" "$@"; }
@@ -233,7 +234,7 @@ PROPS
 # exists (a data dir formatted before KAFKA_SECURE=1 has none; setting it again is harmless).
 secure_ready() {
   [ "$KAFKA_SECURE" = 1 ] || return 0
-  port_open $((port + 2)) && port_open $((port + 3)) ||
+  port_open $((port + 2)) 127.0.0.1 && port_open $((port + 3)) 127.0.0.1 ||
     { log "no TLS listeners on $((port + 2))/$((port + 3)): this broker was started without KAFKA_SECURE=1 (down, then up)"; return 1; }
   scram_user hl7gw "$(cat "$KAFKA_DATA_DIR/pki/password")"
 }
@@ -259,7 +260,7 @@ launch() {
 wait_listening() {
   until port_open; do
     if ! running; then log "$name exited; see $dir/kafka.log"; tail -n 20 "$dir/kafka.log" >&2; return 1; fi
-    if [ $SECONDS -ge "$1" ]; then log "$name not listening on 127.0.0.1:$port in time"; return 1; fi
+    if [ $SECONDS -ge "$1" ]; then log "$name not listening on $KAFKA_HOST:$port in time"; return 1; fi
     sleep 0.3
   done
 }
@@ -312,7 +313,7 @@ start_nodes() {
   cid=$(cat "$KAFKA_DATA_DIR/cluster.id")
   for i; do
     at "$i"
-    if port_open "$port" || port_open "$cport"; then log "$name: 127.0.0.1:$port or :$cport is in use"; return 1; fi
+    if port_open "$port" || port_open "$cport" 127.0.0.1; then log "$name: $KAFKA_HOST:$port or 127.0.0.1:$cport is in use"; return 1; fi
     configure
     if ! formatted; then format "$cid" & pids+=($!); fi
   done
@@ -324,14 +325,14 @@ up() {
   lock
   if [ "$KAFKA_NODES" -eq 1 ]; then
     at 1
-    if running; then log "already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"))"; wait_ready 120; secure_ready; return; fi
+    if running; then log "already running on $KAFKA_HOST:$KAFKA_PORT (pid $(cat "$pidfile"))"; wait_ready 120; secure_ready; return; fi
     fetch
     configure
     if ! formatted; then format "$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"; fi
     launch
     wait_ready 120
     secure_ready
-    log "up on 127.0.0.1:$KAFKA_PORT (pid $(cat "$pidfile"), data in $KAFKA_DATA_DIR)"
+    log "up on $KAFKA_HOST:$KAFKA_PORT (pid $(cat "$pidfile"), data in $KAFKA_DATA_DIR)"
     return
   fi
   local i todo=()
@@ -437,7 +438,7 @@ controller() {
       sed -n 's/^LeaderId:[[:space:]]*\([0-9][0-9]*\)[[:space:]]*$/\1/p') || leader=""
     if [ -n "$leader" ] && [ "$leader" -ge 1 ] && [ "$leader" -le "$KAFKA_NODES" ]; then
       at "$leader"
-      if running && port_open "$cport"; then echo "$leader"; return; fi
+      if running && port_open "$cport" 127.0.0.1; then echo "$leader"; return; fi
     fi
     if [ $SECONDS -ge $deadline ]; then log "no live active controller found"; return 1; fi
     sleep 0.5

@@ -111,6 +111,9 @@ start() {
   local name=$1; shift
   setsid "$@" >"$NODE_DIR/$name.log" 2>&1 </dev/null 8>&- 9>&- &
   echo $! >"$(pidfile "$name")"
+  # Until the forked shell has exec'd the program, pid_of would not recognise it (and `up` would take the
+  # kubelet for dead).
+  for _ in $(seq 1 50); do pid_of "$name" >/dev/null && return; sleep 0.1; done
 }
 stop_pid() {
   local name=$1 pid
