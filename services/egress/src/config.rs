@@ -155,9 +155,10 @@ pub struct Config {
     pub duplicate_capacity: usize,
     /// Messages read ahead per partition while the one before is being delivered.
     pub queue_per_partition: usize,
-    /// Most bytes read ahead per partition (the first message always goes, whatever its size): with large
-    /// messages this, not `queue_per_partition`, bounds the egress's memory (partitions x this per destination,
-    /// plus the consumer's `kafka.consumer_prefetch_bytes`).
+    /// Most bytes read ahead per partition (the first message always goes, whatever its size), and most held
+    /// back before the partition's fetching is paused: with large messages this, not `queue_per_partition`,
+    /// bounds the egress's memory (partitions x twice this per destination, plus the consumer's
+    /// `kafka.consumer_prefetch_bytes`).
     pub queue_bytes_per_partition: usize,
     /// The brokers, how to reach them, and the tuning of the consumers and the DLQ producer.
     pub kafka: KafkaSettings,

@@ -80,7 +80,7 @@ impl Lane {
     // The same signature as `mpsc::Sender::try_send`: a full lane hands the record back to be held.
     #[allow(clippy::result_large_err)]
     fn try_send(&self, item: Item) -> Result<(), mpsc::error::TrySendError<Item>> {
-        let len = item.1.payload().map_or(0, <[u8]>::len);
+        let len = payload_len(&item);
         let queued = self.bytes.load(Ordering::Acquire);
         if queued > 0 && queued + len > self.max_bytes {
             return Err(mpsc::error::TrySendError::Full(item));
@@ -93,12 +93,45 @@ impl Lane {
     }
 }
 
-/// Takes a record's bytes off its lane's count when dropped.
-struct QueuedBytes<'a>(&'a AtomicUsize, usize);
+fn payload_len(item: &Item) -> usize {
+    item.1.payload().map_or(0, <[u8]>::len)
+}
+
+/// Records of one partition read while its lane was full, in order, waiting for room.
+#[derive(Default)]
+struct Held {
+    q: VecDeque<Item>,
+    bytes: usize,
+    /// Fetching is paused: more than `queue_bytes_per_partition` is held.
+    paused: bool,
+}
+
+impl Held {
+    fn push(&mut self, item: Item) {
+        self.bytes += payload_len(&item);
+        self.q.push_back(item);
+    }
+
+    fn pop(&mut self) -> Option<Item> {
+        let item = self.q.pop_front()?;
+        self.bytes -= payload_len(&item);
+        Some(item)
+    }
+
+    fn unpop(&mut self, item: Item) {
+        self.bytes += payload_len(&item);
+        self.q.push_front(item);
+    }
+}
+
+/// Takes a record's bytes off its lane's count when dropped, and tells the reader there is room for a held
+/// record.
+struct QueuedBytes<'a>(&'a AtomicUsize, usize, &'a tokio::sync::Notify);
 
 impl Drop for QueuedBytes<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(self.1, Ordering::AcqRel);
+        self.2.notify_one();
     }
 }
 
@@ -113,17 +146,21 @@ enum Done {
 
 impl DestCtx {
     /// Reads the destination topic and hands each record to its partition's worker until `stop`. A partition
-    /// whose worker queue is full (its receiver is slow or stuck) is paused and its records held back in
-    /// order, so the other partitions go on and the consumer keeps polling (a blocked poll would leave the
-    /// group after `max.poll.interval.ms` while the stuck worker still held a stale queue). A worker
-    /// that dies (a panic) cancels `failed`: a new worker would store offsets past the message the dead one
-    /// held, so instead the process stops and the partition is read again from its committed offset.
+    /// whose worker queue is full has its records held back in order, and its fetching paused once more than
+    /// `queue_bytes_per_partition` is held (resumed below half of it), so the other partitions go on and the
+    /// consumer keeps polling (a blocked poll would leave the group after `max.poll.interval.ms` while the
+    /// stuck worker still held a stale queue). Pausing at a watermark rather than at every full queue matters:
+    /// a pause drops what librdkafka fetched ahead, and a resumed partition with nothing else to fetch waits
+    /// up to a second for its broker thread to fetch again, which capped a backlog on one partition at about
+    /// one queue (64 records) a second. A worker that dies (a panic) cancels `failed`: a new worker would store
+    /// offsets past the message the dead one held, so instead the process stops and the partition is read
+    /// again from its committed offset.
     pub async fn run(self: Arc<Self>, stop: CancellationToken, failed: CancellationToken) {
         let tracker = TaskTracker::new();
         let mut workers: HashMap<i32, Lane> = HashMap::new();
-        let mut held: HashMap<i32, VecDeque<Item>> = HashMap::new();
-        let mut retry_held = tokio::time::interval(Duration::from_millis(20));
-        retry_held.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held: HashMap<i32, Held> = HashMap::new();
+        // A worker is done with a record: there may be room in its lane for a held one.
+        let room = Arc::new(tokio::sync::Notify::new());
         loop {
             if !held.is_empty() && !self.hand_over_held(&mut held, &workers) {
                 tracing::error!(destination = %self.name, "a partition worker stopped unexpectedly: stopping the egress");
@@ -132,7 +169,7 @@ impl DestCtx {
             }
             let m = tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = retry_held.tick(), if !held.is_empty() => continue,
+                _ = room.notified(), if !held.is_empty() => continue,
                 m = self.consumer.recv() => m,
             };
             let m = match m {
@@ -152,6 +189,7 @@ impl DestCtx {
                     partition,
                     rx,
                     bytes.clone(),
+                    room.clone(),
                     stop.clone(),
                 ));
                 Lane {
@@ -160,22 +198,26 @@ impl DestCtx {
                     max_bytes: self.cfg.queue_bytes_per_partition,
                 }
             });
-            if let Some(q) = held.get_mut(&partition) {
+            let item = if held.contains_key(&partition) {
                 // Behind records already held: keep the partition's order.
-                q.push_back((generation, m));
-                continue;
-            }
-            match tx.try_send((generation, m)) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(item)) => {
-                    self.pause(partition, true);
-                    held.entry(partition).or_default().push_back(item);
+                (generation, m)
+            } else {
+                match tx.try_send((generation, m)) {
+                    Ok(()) => continue,
+                    Err(mpsc::error::TrySendError::Full(item)) => item,
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        tracing::error!(destination = %self.name, partition, "a partition worker stopped unexpectedly: stopping the egress");
+                        failed.cancel();
+                        break;
+                    }
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    tracing::error!(destination = %self.name, partition, "a partition worker stopped unexpectedly: stopping the egress");
-                    failed.cancel();
-                    break;
-                }
+            };
+            let h = held.entry(partition).or_default();
+            h.push(item);
+            if !h.paused && h.bytes > self.cfg.queue_bytes_per_partition {
+                h.paused = true;
+                self.m.partition_pauses.inc();
+                self.pause(partition, true);
             }
         }
         drop(workers);
@@ -183,29 +225,25 @@ impl DestCtx {
         tracker.wait().await;
     }
 
-    /// Moves held records to their workers as their queues free up, resuming each partition whose records all
-    /// went; records read before a rebalance are dropped (the partition restarts from its committed offset).
-    /// False when a worker is gone.
-    fn hand_over_held(
-        &self,
-        held: &mut HashMap<i32, VecDeque<Item>>,
-        workers: &HashMap<i32, Lane>,
-    ) -> bool {
+    /// Moves held records to their workers as their queues free up, resuming a paused partition once less
+    /// than half of `queue_bytes_per_partition` is held; records read before a rebalance are dropped (the
+    /// partition restarts from its committed offset). False when a worker is gone.
+    fn hand_over_held(&self, held: &mut HashMap<i32, Held>, workers: &HashMap<i32, Lane>) -> bool {
         let current = self.consumer.context().generation();
         let mut alive = true;
-        held.retain(|&partition, q| {
+        held.retain(|&partition, h| {
             let Some(tx) = workers.get(&partition) else {
                 return false;
             };
-            while let Some(item) = q.pop_front() {
+            while let Some(item) = h.pop() {
                 if item.0 != current {
                     continue;
                 }
                 match tx.try_send(item) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(item)) => {
-                        q.push_front(item);
-                        return true;
+                        h.unpop(item);
+                        break;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
                         alive = false;
@@ -213,8 +251,11 @@ impl DestCtx {
                     }
                 }
             }
-            self.pause(partition, false);
-            false
+            if h.paused && h.bytes <= self.cfg.queue_bytes_per_partition / 2 {
+                h.paused = false;
+                self.pause(partition, false);
+            }
+            !h.q.is_empty()
         });
         alive
     }
@@ -238,6 +279,7 @@ impl DestCtx {
         partition: i32,
         mut rx: mpsc::Receiver<Item>,
         queued_bytes: Arc<AtomicUsize>,
+        room: Arc<tokio::sync::Notify>,
         stop: CancellationToken,
     ) {
         let mut client = MllpClient::new(
@@ -248,7 +290,7 @@ impl DestCtx {
         );
         while let Some((generation, m)) = rx.recv().await {
             // Released when this record is done with (delivered, dropped or abandoned).
-            let _queued = QueuedBytes(&queued_bytes, m.payload().map_or(0, <[u8]>::len));
+            let _queued = QueuedBytes(&queued_bytes, m.payload().map_or(0, <[u8]>::len), &room);
             if generation != self.consumer.context().generation() {
                 // Read before a rebalance: the partition restarts from its committed offset.
                 continue;

@@ -36,6 +36,8 @@ hl7gw_runtime::metric_set! {
         pub unmatched_acks: Family<DestLabels, Counter> =
             "Receivers' answers whose MSA-2 named another message than the one sent: discarded";
         pub replayed: Family<DestLabels, Counter> = "Dead letters sent back to their destination topic";
+        pub partition_pauses: Family<DestLabels, Counter> =
+            "Partitions paused because more than queue_bytes_per_partition waited for a slow receiver";
         pub connections_active: Family<DestLabels, Gauge> = "Open connections to receivers";
         pub consumer_lag: Family<DestLabels, Gauge> =
             "Destination messages not yet delivered by this consumer (sum over its partitions)";
@@ -59,6 +61,7 @@ pub struct DestMetrics {
     pub(crate) duplicates_suppressed: Counter,
     pub unmatched_acks: Counter,
     pub connections_active: Gauge,
+    pub(crate) partition_pauses: Counter,
     pub(crate) delivery_duration: Histogram,
     pub(crate) end_to_end: Histogram,
     /// By MSA-1, in the order of `AckCode::ALL`.
@@ -87,6 +90,7 @@ impl EgressMetrics {
             duplicates_suppressed: self.duplicates_suppressed.get_or_create(&d).clone(),
             unmatched_acks: self.unmatched_acks.get_or_create(&d).clone(),
             connections_active: self.connections_active.get_or_create(&d).clone(),
+            partition_pauses: self.partition_pauses.get_or_create(&d).clone(),
             delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
             end_to_end: self.end_to_end.get_or_create(&d).clone(),
             acks: hl7v2::AckCode::ALL.map(ack),

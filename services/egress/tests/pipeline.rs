@@ -503,7 +503,7 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
 }
 
 /// Issue 9, item 11: one partition whose receiver never answers (its patient's messages pile up) must not stop
-/// the destination's other partitions: the full partition is paused, the others go on.
+/// the destination's other partitions: the full partition is held back and paused, the others go on.
 #[test]
 fn a_stuck_partition_does_not_stop_the_others() {
     use futures_util::{SinkExt, StreamExt};
@@ -512,7 +512,12 @@ fn a_stuck_partition_does_not_stop_the_others() {
         let mut p = Pipeline::new();
         let cfg = p.dir.path().join("egress.yaml");
         let yaml = std::fs::read_to_string(&cfg).unwrap();
-        std::fs::write(&cfg, format!("queue_per_partition: 2\n{yaml}")).unwrap();
+        // 4 KiB: a few of the stuck patient's messages held back are enough to pause its partition.
+        std::fs::write(
+            &cfg,
+            format!("queue_per_partition: 2\nqueue_bytes_per_partition: 4096\n{yaml}"),
+        )
+        .unwrap();
         // The receiver never answers MRN-STUCK's messages and takes every other one.
         let delivered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", p.receiver_port))
@@ -586,7 +591,40 @@ fn a_stuck_partition_does_not_stop_the_others() {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let pauses = counter_sum(
+            p.egress_admin.unwrap(),
+            "hl7gw_egress_partition_pauses_total",
+            "lab",
+        );
+        assert!(pauses >= 1.0, "the stuck partition was paused ({pauses})");
     });
+}
+
+/// A backlog on one partition, smaller than `queue_bytes_per_partition`, is read without pausing the
+/// partition. Each pause dropped what librdkafka had fetched ahead, and a resumed partition with nothing else
+/// to fetch waited up to a second for its next fetch: pausing whenever the 64-record queue was full capped a
+/// replacement pod's catch-up at about 64 messages a second.
+#[test]
+fn a_backlog_on_one_partition_is_read_without_pausing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    p.env
+        .retain(|(k, _)| *k != "HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS");
+    p.env
+        .push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "1".into()));
+    p.start_receiver(None);
+    p.start_transformer();
+    p.start_ingress();
+    let ids = p.load(4, 500);
+    p.start_egress();
+    let r = wait_delivered(&p.received_dir(), &ids, Duration::from_secs(120));
+    assert_eq!(check_delivery(&r, &[]), 0, "duplicates");
+    let pauses = counter_sum(
+        p.egress_admin.unwrap(),
+        "hl7gw_egress_partition_pauses_total",
+        "lab",
+    );
+    assert_eq!(pauses, 0.0, "2,000 small messages paused the partition");
 }
 
 /// Peak resident memory of a running process (`VmHWM`), in bytes.
