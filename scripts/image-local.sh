@@ -11,6 +11,10 @@
 #                                    and every binary's --version run inside the image's root filesystem as
 #                                    user 65532 (chroot: needs root), which proves no library is missing
 #
+# IMAGE_PROFILE=debug packs target/debug's binaries instead (their debug info stripped: 5 x 290 MB otherwise),
+# built by `cargo build --workspace --all-targets`: what the local node test uses after `cargo test` built
+# them, so it needs no release build. The release image is the one to ship and the one `check` compares.
+#
 # What the distroless base has and this image does not: tzdata (the services log and stamp in UTC) and a
 # libssl (librdkafka's OpenSSL is linked in statically).
 set -euo pipefail
@@ -21,6 +25,8 @@ layout=$out/oci
 bundle=$out/bundle
 tarball=$out/hl7gw-$version.oci.tar
 bins=(hl7gw hl7gw-ingress hl7gw-transformer hl7gw-egress hl7gw-load)
+profile=${IMAGE_PROFILE:-release}
+case $profile in release | debug) ;; *) echo "image-local: IMAGE_PROFILE is release or debug" >&2; exit 2 ;; esac
 
 log() { printf 'image-local: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -35,8 +41,14 @@ build() {
     die "the Dockerfile copies $(dockerfile_bins | tr '\n' ' ')but this script packs ${bins[*]}"
   local umoci t0=$SECONDS
   umoci=$("$root/scripts/tools.sh" umoci)
-  log "cargo build --release --workspace --bins (as make build)"
-  (cd "$root" && cargo build --release --workspace --bins)
+  if [ "$profile" = release ]; then
+    log "cargo build --release --workspace --bins (as make build)"
+    (cd "$root" && cargo build --release --workspace --bins)
+  else
+    # --all-targets: the same features as `cargo test --workspace --all-targets`, so neither rebuilds the other's.
+    log "cargo build --workspace --all-targets (IMAGE_PROFILE=debug)"
+    (cd "$root" && cargo build --workspace --all-targets)
+  fi
   rm -rf "$out"
   mkdir -p "$out"
   local rootfs=$out/rootfs
@@ -44,10 +56,15 @@ build() {
   chmod 1777 "$rootfs/tmp"
   local b lib
   for b in "${bins[@]}"; do
-    install -m 0755 "$root/target/release/$b" "$rootfs/usr/local/bin/$b"
+    if [ "$profile" = release ]; then
+      install -m 0755 "$root/target/release/$b" "$rootfs/usr/local/bin/$b"
+    else
+      objcopy --strip-debug "$root/target/debug/$b" "$rootfs/usr/local/bin/$b"
+      chmod 0755 "$rootfs/usr/local/bin/$b"
+    fi
   done
   # Exactly what the dynamic loader will look for: every library ldd resolves, and the loader itself.
-  for lib in $(ldd "${bins[@]/#/$root/target/release/}" | awk '/=>/ {print $3} /^\t\/.*ld-linux/ {print $1}' | sort -u); do
+  for lib in $(ldd "${bins[@]/#/$root/target/$profile/}" | awk '/=>/ {print $3} /^\t\/.*ld-linux/ {print $1}' | sort -u); do
     mkdir -p "$rootfs$(dirname "$lib")"
     cp -L "$lib" "$rootfs$lib"
   done
@@ -76,10 +93,11 @@ build() {
   "$umoci" gc --layout "$layout"
   rm -rf "$rootfs"
   tar -C "$layout" -cf "$tarball" .
-  log "built $tarball ($(du -h "$tarball" | cut -f1)) in $((SECONDS - t0)) s"
+  log "built $tarball ($profile binaries, $(du -h "$tarball" | cut -f1)) in $((SECONDS - t0)) s"
 }
 
 check() {
+  [ "$profile" = release ] || die "check compares the release image (IMAGE_PROFILE=release)"
   [ -f "$layout/index.json" ] || die "no image: run scripts/image-local.sh first"
   python3 - "$layout" "$version" "$root/Dockerfile" <<'EOF'
 import json, os, re, sys

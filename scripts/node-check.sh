@@ -4,11 +4,16 @@
 # then:
 #   1. helm install with scripts/node/values.yaml --wait: every Deployment's pods Running and Ready (real probes)
 #   2. helm test: its Job sends through the release's MLLP Service (CoreDNS, kube-proxy) and gets CA for each
-#   3. a load run through the MLLP Service (hl7gw-load --record-acked) while one pod of each kind is deleted:
-#      every ACKed control id reaches the receiver on this machine
-#   4. everything stopped by PID; no mounts, network namespaces or bridge left
+#   3. a load run through the MLLP Service (hl7gw-load --record-acked) while one pod of each kind is deleted,
+#      the workers are scaled up (kubectl scale) and down again, and a helm upgrade rolls every Deployment:
+#      every ACKed control id reaches the receiver on this machine, and no Deployment's available pods drop
+#      below what its PodDisruptionBudget allows
+#   4. the PodDisruptionBudget refuses an eviction that would take a second pod of a kind
+#   5. everything stopped by PID; no mounts, network namespaces or bridge left
 #
-#   scripts/node-check.sh          (NODE_CHECK_API_PORT, default 7643; NODE_CHECK_SECONDS, default 40;
+#   scripts/node-check.sh          (NODE_CHECK_API_PORT, default 7643; NODE_CHECK_SECONDS, default 60;
+#                                   NODE_CHECK_PROFILE, debug (default: the binaries `cargo test` built, in an
+#                                   image of their own) or release (the image to ship; a release build);
 #                                   NODE_CHECK_KEEP=1 leaves everything running at the end, to look at it;
 #                                   NODE_CHECK_HELM_ARGS adds helm install flags, e.g. --set ...)
 set -euo pipefail
@@ -16,14 +21,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CLUSTER_API_PORT=${NODE_CHECK_API_PORT:-7643}
 export KAFKA_HOST=10.88.0.1 KAFKA_PORT=29892 KAFKA_DATA_DIR=$root/target/kafka-node
-secs=${NODE_CHECK_SECONDS:-40}
+secs=${NODE_CHECK_SECONDS:-60}
+profile=${NODE_CHECK_PROFILE:-debug}
 receiver_port=29895
 work=$root/target/node-check
 log() { printf 'node-check: [%ss] %s\n' "$SECONDS" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 
-[ -f .cache/image/hl7gw-0.1.0.oci.tar ] || scripts/image-local.sh >&2
-cargo build -q --release -p hl7gw-load -p hl7gw-cli --bins >&2
+# Built every run (cargo builds nothing when the binaries are current): never an image of older code.
+IMAGE_PROFILE=$profile scripts/image-local.sh >&2
 scripts/cluster.sh up >/dev/null
 export KUBECONFIG=$root/.cache/cluster-$CLUSTER_API_PORT/kubeconfig
 PATH="$(scripts/tools.sh path):$root/.cache/k8s-v1.36.3/bin:$PATH"
@@ -41,7 +47,7 @@ scripts/kafka.sh down >/dev/null 2>&1 || true
 rm -rf "$KAFKA_DATA_DIR"
 scripts/kafka.sh up >/dev/null
 rm -rf "$work" && mkdir -p "$work"
-target/release/hl7gw receive --listen "$KAFKA_HOST:$receiver_port" --out "$work/received" --no-sync >"$work/receiver.log" 2>&1 &
+target/$profile/hl7gw receive --listen "$KAFKA_HOST:$receiver_port" --out "$work/received" --no-sync >"$work/receiver.log" 2>&1 &
 receiver=$!
 sleep 0.5
 kill -0 "$receiver" 2>/dev/null || { cat "$work/receiver.log" >&2; die "the receiver did not start"; }
@@ -58,18 +64,60 @@ log "2. helm test"
 helm test hl7gw -n hl7gw --timeout 120s >/dev/null ||
   { kubectl logs -n hl7gw -l app.kubernetes.io/component=test --tail 20 >&2 || true; die "helm test"; }
 
-log "3. $secs s of load through the MLLP Service; one pod of each kind deleted during it"
+log "3. $secs s of load through the MLLP Service: pods deleted, workers scaled, a helm upgrade (rolling update)"
 svc=$(kubectl get svc -n hl7gw hl7gw-hl7-gateway-ingress-mllp -o jsonpath='{.spec.clusterIP}')
-target/release/hl7gw-load --to "$svc:2575" --clients 4 --duration "$secs" --warmup 10 --timeout 10 \
+"target/$profile/hl7gw-load" --to "$svc:2575" --clients 4 --duration "$secs" --warmup 0 --timeout 10 \
   --record-acked "$work/acked.txt" --json >"$work/load.json" 2>"$work/load.log" &
 load=$!
+# Each Deployment's available pods, once a second, while the load runs: never below replicas - maxUnavailable.
+(while kill -0 "$load" 2>/dev/null; do
+  kubectl get deploy -n hl7gw -o jsonpath='{range .items[*]}{.metadata.name} {.spec.replicas} {.status.availableReplicas}{"\n"}{end}' 2>/dev/null
+  sleep 1
+done) >"$work/available.txt" &
+watcher=$!
+t0=$SECONDS
+at() { # sleeps until $1 seconds into the load
+  local left=$(($1 - (SECONDS - t0)))
+  [ "$left" -le 0 ] || sleep "$left"
+}
+n=0
 for kind in ingress transformer egress; do
-  sleep $((secs / 4))
+  at $((secs / 10 + n * 4)); n=$((n + 1))
   pod=$(kubectl get pods -n hl7gw -l "app.kubernetes.io/component=$kind" -o jsonpath='{.items[0].metadata.name}')
   log "   deleting $pod"
   kubectl delete pod -n hl7gw "$pod" --wait=false >/dev/null
 done
-wait "$load" || true # connection errors while the ingress pod goes are expected; what was ACKed must arrive
+workers=(deploy/hl7gw-hl7-gateway-transformer deploy/hl7gw-hl7-gateway-egress)
+at $((secs * 4 / 10))
+log "   kubectl scale transformer, egress --replicas=3"
+kubectl scale -n hl7gw "${workers[@]}" --replicas=3 >/dev/null
+at $((secs * 55 / 100))
+log "   kubectl scale transformer, egress --replicas=1"
+kubectl scale -n hl7gw "${workers[@]}" --replicas=1 >/dev/null
+at $((secs * 65 / 100))
+log "   helm upgrade: a pod annotation changed, so every Deployment rolls; the workers back to 2"
+ann=node-check/upgraded=yes
+# shellcheck disable=SC2086
+helm upgrade hl7gw helm/hl7-gateway -n hl7gw -f scripts/node/values.yaml ${NODE_CHECK_HELM_ARGS:-} \
+  --set-string "ingress.podAnnotations.$ann,transformer.podAnnotations.$ann,egress.podAnnotations.$ann" \
+  --wait --timeout 180s >/dev/null || { kubectl get pods -n hl7gw -o wide >&2; die "helm upgrade --wait"; }
+log "   upgraded: $(kubectl get pods -n hl7gw -l app.kubernetes.io/component!=test --no-headers | wc -l) pods"
+wait "$load" || true # connection errors while an ingress pod goes are expected; what was ACKed must arrive
+wait "$watcher" || true
+python3 - "$work/available.txt" <<'EOF' || die "a Deployment had fewer pods available than its PodDisruptionBudget allows"
+import sys
+low = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 3:
+        name, want, have = f[0], int(f[1]), int(f[2])
+        if name not in low or have < low[name][1]:
+            low[name] = (want, have)
+for name, (want, have) in sorted(low.items()):
+    print(f"node-check:    {name}: fewest pods available {have} (of {want} wanted then)", file=sys.stderr)
+# maxUnavailable 1 (the chart's default); a deleted pod counts against it until its replacement is ready.
+sys.exit(1 if len(low) < 3 or any(have < want - 1 for want, have in low.values()) else 0)
+EOF
 python3 - "$work" <<'EOF' || die "delivery"
 import json, os, re, sys, time
 work = sys.argv[1]
@@ -87,7 +135,21 @@ print(f"node-check:    {len(acked)} ACKed ({j['msgs_per_sec']:.0f} msg/s, errors
 sys.exit(1 if missing or not acked else 0)
 EOF
 
-log "4. down: no process, mount, network namespace or bridge left"
+log "4. the PodDisruptionBudget holds: a second transformer pod may not be evicted while the first is gone"
+evict() {
+  kubectl create --raw "/api/v1/namespaces/hl7gw/pods/$1/eviction" -f - <<JSON
+{"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "$1", "namespace": "hl7gw"}}
+JSON
+}
+mapfile -t pods < <(kubectl get pods -n hl7gw -l app.kubernetes.io/component=transformer \
+  --field-selector=status.phase=Running -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')
+[ "${#pods[@]}" = 2 ] || die "two transformer pods expected, found: ${pods[*]}"
+evict "${pods[0]}" >/dev/null 2>"$work/evict1.log" || { cat "$work/evict1.log" >&2; die "the first eviction was refused"; }
+if evict "${pods[1]}" >/dev/null 2>"$work/evict2.log"; then die "the second eviction was allowed"; fi
+grep -q "disruption budget" "$work/evict2.log" || { cat "$work/evict2.log" >&2; die "the second eviction failed, but not for the budget"; }
+log "   ${pods[0]} evicted; ${pods[1]} refused: $(grep -o 'Cannot evict[^.]*' "$work/evict2.log" | head -1)"
+
+log "5. down: no process, mount, network namespace or bridge left"
 kill "$receiver" 2>/dev/null; receiver=
 scripts/node.sh down >/dev/null
 left_mounts=$(grep -c " $root/.cache/node-run-" /proc/mounts || true)

@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stop_brokers() {
+  # The cluster test, when this script stops before it: its whole process group (the services it spawned too).
+  [ -z "${cluster_pid:-}" ] || kill -- -"$cluster_pid" 2>/dev/null || true
   for port in 29092 29192 29292 29392; do
     KAFKA_PORT=$port KAFKA_DATA_DIR="$PWD/target/kafka-test/$port" scripts/kafka.sh down >/dev/null 2>&1 || true
   done
@@ -20,8 +22,28 @@ scripts/kafka.sh fetch
 scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
 scripts/k6.sh build >/dev/null
-cargo test --workspace --all-targets
+scripts/node.sh fetch
+# The 3-broker cluster test (its own brokers on 29500-29521, ~5 min, most of it waiting on failovers) runs beside
+# the other tests instead of after them: its binary directly, as cargo would run it (cargo holds the build
+# directory's lock while its tests run, so a second `cargo test` would wait).
+cluster_test=broker_failures_and_rolling_restarts_lose_nothing_and_stop_no_service
+cluster_bin=$(cargo test --workspace --all-targets --no-run --message-format=json |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cluster" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$cluster_bin" ] || { echo "test.sh: the egress's cluster test binary was not built" >&2; exit 1; }
+mkdir -p target/test-logs
+(cd services/egress && exec setsid "$cluster_bin" "$cluster_test" >../../target/test-logs/cluster.log 2>&1) &
+cluster_pid=$!
+cargo test --workspace --all-targets -- --skip "$cluster_test"
 cargo test --workspace --doc
+echo "test.sh: waiting for the 3-broker cluster test (services/egress/tests/cluster.rs)" >&2
+if wait "$cluster_pid"; then cluster_rc=0; else cluster_rc=$?; fi
+cluster_pid=
+cat target/test-logs/cluster.log
+[ "$cluster_rc" = 0 ] || { echo "test.sh: the 3-broker cluster test failed (exit $cluster_rc)" >&2; exit 1; }
 # k6 with our k6/x/mllp extension drives the debug ingress over MLLP and gRPC for a few seconds; thresholds
 # (every message CA, no errors, p99) must pass.
 scripts/k6.sh smoke
@@ -29,3 +51,7 @@ scripts/k6.sh smoke
 # committed renders up to date, dashboard/alert metric names, promtool; then install/upgrade/test/uninstall on a
 # local API server (port 7443). Installs its tools once into .cache/tools and stops its cluster on exit.
 scripts/chart-check.sh
+# The chart on a real node (containerd, kubelet, kube-proxy, CoreDNS; the debug binaries in a local image):
+# helm install/test, load through the Service while pods are deleted, workers scaled and the release upgraded,
+# the PodDisruptionBudget, a clean teardown. ~2.5 min warm.
+scripts/node-check.sh
