@@ -11,6 +11,10 @@
 #   4. the PodDisruptionBudget refuses an eviction that would take a second pod of a kind
 #   5. everything stopped by PID; no mounts, network namespaces or bridge left
 #
+#   scripts/node-check.sh bench    1 and 2 with one pod of each kind, then the in-cluster load Job of
+#                                  k8s/loadtest (8 clients, 30 s) against the release's MLLP Service, and 5; the
+#                                  Job's JSON in target/node-check/loadtest.json (the release image unless
+#                                  NODE_CHECK_PROFILE says otherwise)
 #   scripts/node-check.sh          (NODE_CHECK_API_PORT, default 7643; NODE_CHECK_SECONDS, default 60;
 #                                   NODE_CHECK_PROFILE, debug (default: the binaries `cargo test` built, in an
 #                                   image of their own) or release (the image to ship; a release build);
@@ -22,7 +26,16 @@ cd "$root"
 export CLUSTER_API_PORT=${NODE_CHECK_API_PORT:-7643}
 export KAFKA_HOST=10.88.0.1 KAFKA_PORT=29892 KAFKA_DATA_DIR=$root/target/kafka-node
 secs=${NODE_CHECK_SECONDS:-60}
-profile=${NODE_CHECK_PROFILE:-debug}
+mode=${1:-check}
+case $mode in
+  check) profile=${NODE_CHECK_PROFILE:-debug} ;;
+  # The Job asks for a whole core: with two pods of each kind the 2-core node could not place it.
+  bench)
+    profile=${NODE_CHECK_PROFILE:-release}
+    NODE_CHECK_HELM_ARGS="--set ingress.autoscaling.enabled=false,ingress.replicas=1,transformer.replicas=1,egress.replicas=1 ${NODE_CHECK_HELM_ARGS:-}"
+    ;;
+  *) echo "usage: $0 [check|bench]" >&2; exit 2 ;;
+esac
 receiver_port=29895
 work=$root/target/node-check
 log() { printf 'node-check: [%ss] %s\n' "$SECONDS" "$*" >&2; }
@@ -52,6 +65,47 @@ receiver=$!
 sleep 0.5
 kill -0 "$receiver" 2>/dev/null || { cat "$work/receiver.log" >&2; die "the receiver did not start"; }
 
+# The in-cluster load Job (k8s/loadtest) against this release's MLLP Service; its JSON in $work/loadtest.json.
+bench_job() {
+  log "3. the in-cluster load Job (k8s/loadtest: 8 clients, 30 s) against the release's MLLP Service"
+  local k=$work/loadtest
+  mkdir -p "$k"
+  cp k8s/loadtest/job.yaml "$k/"
+  cat >"$k/kustomization.yaml" <<'YAML'
+resources: [job.yaml]
+patches:
+  - target: {kind: Job, name: hl7gw-loadtest}
+    patch: |-
+      - {op: replace, path: /spec/template/spec/containers/0/args/1, value: "hl7gw-hl7-gateway-ingress-mllp:2575"}
+YAML
+  kubectl apply -k "$k" -n hl7gw >/dev/null
+  kubectl wait -n hl7gw job/hl7gw-loadtest --for=condition=complete --timeout=300s >/dev/null ||
+    { kubectl logs -n hl7gw job/hl7gw-loadtest --tail 20 >&2 || true; die "the load Job did not complete"; }
+  kubectl logs -n hl7gw job/hl7gw-loadtest >"$work/loadtest.json"
+  python3 - "$work/loadtest.json" <<'EOF'
+import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+l = j["latency_us"]
+print("node-check:    load Job: %.0f msg/s, latency p50 %s us, p99 %s us, acks %s, errors %s" % (
+    j["msgs_per_sec"], l["p50"], l["p99"], j["acks"], j["errors"]), file=sys.stderr)
+EOF
+}
+
+# Step 5, and the end.
+teardown() {
+  log "5. down: no process, mount, network namespace or bridge left"
+  kill "$receiver" 2>/dev/null; receiver=
+  scripts/node.sh down >/dev/null
+  left_mounts=$(grep -c " $root/.cache/node-run-" /proc/mounts || true)
+  left_ns=$(ip netns list | grep -c '^cni-' || true)
+  ip link show hl7gw0 >/dev/null 2>&1 && die "bridge hl7gw0 left"
+  [ "$left_mounts" = 0 ] && [ "$left_ns" = 0 ] || die "$left_mounts mounts and $left_ns network namespaces left"
+  for c in containerd kubelet kube-scheduler kube-proxy coredns; do
+    pgrep -f "$root/.cache/node-.*/bin/$c" >/dev/null && die "$c still running"
+  done
+  log "ok"
+}
+
 log "1. helm install (scripts/node/values.yaml) --wait"
 kubectl create namespace hl7gw >/dev/null
 kubectl label namespace hl7gw pod-security.kubernetes.io/enforce=restricted >/dev/null
@@ -63,6 +117,12 @@ kubectl get pods -n hl7gw -o wide >&2
 log "2. helm test"
 helm test hl7gw -n hl7gw --timeout 120s >/dev/null ||
   { kubectl logs -n hl7gw -l app.kubernetes.io/component=test --tail 20 >&2 || true; die "helm test"; }
+
+if [ "$mode" = bench ]; then
+  bench_job
+  teardown
+  exit 0
+fi
 
 log "3. $secs s of load through the MLLP Service: pods deleted, workers scaled, a helm upgrade (rolling update)"
 svc=$(kubectl get svc -n hl7gw hl7gw-hl7-gateway-ingress-mllp -o jsonpath='{.spec.clusterIP}')
@@ -149,14 +209,4 @@ if evict "${pods[1]}" >/dev/null 2>"$work/evict2.log"; then die "the second evic
 grep -q "disruption budget" "$work/evict2.log" || { cat "$work/evict2.log" >&2; die "the second eviction failed, but not for the budget"; }
 log "   ${pods[0]} evicted; ${pods[1]} refused: $(grep -o 'Cannot evict[^.]*' "$work/evict2.log" | head -1)"
 
-log "5. down: no process, mount, network namespace or bridge left"
-kill "$receiver" 2>/dev/null; receiver=
-scripts/node.sh down >/dev/null
-left_mounts=$(grep -c " $root/.cache/node-run-" /proc/mounts || true)
-left_ns=$(ip netns list | grep -c '^cni-' || true)
-ip link show hl7gw0 >/dev/null 2>&1 && die "bridge hl7gw0 left"
-[ "$left_mounts" = 0 ] && [ "$left_ns" = 0 ] || die "$left_mounts mounts and $left_ns network namespaces left"
-for c in containerd kubelet kube-scheduler kube-proxy coredns; do
-  pgrep -f "$root/.cache/node-.*/bin/$c" >/dev/null && die "$c still running"
-done
-log "ok"
+teardown
