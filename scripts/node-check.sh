@@ -15,7 +15,7 @@
 #                                  k8s/loadtest (8 clients, 30 s) against the release's MLLP Service, and 5; the
 #                                  Job's JSON in target/node-check/loadtest.json (the release image unless
 #                                  NODE_CHECK_PROFILE says otherwise)
-#   scripts/node-check.sh          (NODE_CHECK_API_PORT, default 7643; NODE_CHECK_SECONDS, default 60;
+#   scripts/node-check.sh          (NODE_CHECK_API_PORT, default 7643; NODE_CHECK_SECONDS, default 45;
 #                                   NODE_CHECK_PROFILE, debug (default: the binaries `cargo test` built, in an
 #                                   image of their own) or release (the image to ship; a release build);
 #                                   NODE_CHECK_KEEP=1 leaves everything running at the end, to look at it;
@@ -25,7 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export CLUSTER_API_PORT=${NODE_CHECK_API_PORT:-7643}
 export KAFKA_HOST=10.88.0.1 KAFKA_PORT=29892 KAFKA_DATA_DIR=$root/target/kafka-node
-secs=${NODE_CHECK_SECONDS:-60}
+secs=${NODE_CHECK_SECONDS:-45}
 mode=${1:-check}
 case $mode in
   check) profile=${NODE_CHECK_PROFILE:-debug} ;;

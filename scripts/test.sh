@@ -23,11 +23,16 @@ scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
 scripts/k6.sh build >/dev/null
 scripts/node.sh fetch
+cargo test --workspace --all-targets
+# k6 with our k6/x/mllp extension drives the debug ingress over MLLP and gRPC for a few seconds; thresholds
+# (every message CA, no errors, p99) must pass. Before anything runs beside it, for the p99.
+scripts/k6.sh smoke
 # The 3-broker cluster test (its own brokers on 29500-29521, ~5 min, most of it waiting on failovers) runs beside
-# the other tests instead of after them: marked #[ignore] so `cargo test` passes it by, and run here with
-# --ignored from its binary, as cargo would run it (cargo holds the build directory's lock while its tests run,
-# so a second `cargo test` would wait).
-cluster_bin=$(cargo test --workspace --all-targets --no-run --message-format=json |
+# the doc tests and the chart checks, which measure no time: marked #[ignore] so `cargo test` passes it by, run
+# here with --ignored from its binary, as cargo would run it (cargo holds the build directory's lock while its
+# tests run, so a second `cargo test` would wait). Beside the other integration tests it made one of them miss
+# a 60 s readiness wait.
+cluster_bin=$(cargo test --workspace --all-targets --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -37,20 +42,16 @@ for l in sys.stdin:
 mkdir -p target/test-logs
 (cd services/egress && exec setsid "$cluster_bin" --ignored >../../target/test-logs/cluster.log 2>&1) &
 cluster_pid=$!
-cargo test --workspace --all-targets
 cargo test --workspace --doc
+# Helm chart and k8s/: lint, kubeconform, bad values refused, rendered configs accepted by the binaries,
+# committed renders up to date, dashboard/alert metric names, promtool; then install/upgrade/test/uninstall on a
+# local API server (port 7443). Installs its tools once into .cache/tools and stops its cluster on exit.
+scripts/chart-check.sh
 echo "test.sh: waiting for the 3-broker cluster test (services/egress/tests/cluster.rs)" >&2
 if wait "$cluster_pid"; then cluster_rc=0; else cluster_rc=$?; fi
 cluster_pid=
 cat target/test-logs/cluster.log
 [ "$cluster_rc" = 0 ] || { echo "test.sh: the 3-broker cluster test failed (exit $cluster_rc)" >&2; exit 1; }
-# k6 with our k6/x/mllp extension drives the debug ingress over MLLP and gRPC for a few seconds; thresholds
-# (every message CA, no errors, p99) must pass.
-scripts/k6.sh smoke
-# Helm chart and k8s/: lint, kubeconform, bad values refused, rendered configs accepted by the binaries,
-# committed renders up to date, dashboard/alert metric names, promtool; then install/upgrade/test/uninstall on a
-# local API server (port 7443). Installs its tools once into .cache/tools and stops its cluster on exit.
-scripts/chart-check.sh
 # The chart on a real node (containerd, kubelet, kube-proxy, CoreDNS; the debug binaries in a local image):
 # helm install/test, load through the Service while pods are deleted, workers scaled and the release upgraded,
 # the PodDisruptionBudget, a clean teardown. ~2.5 min warm.
