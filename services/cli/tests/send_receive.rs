@@ -228,6 +228,11 @@ fn send(to: &str, extra: &[&str], files: &[PathBuf]) -> Sent {
     hl7gw(&args, files)
 }
 
+/// `out` holds `want` (the whole output in the failure message).
+fn assert_contains(out: &str, want: &str) {
+    assert!(out.contains(want), "{want:?} not in:\n{out}");
+}
+
 #[test]
 fn samples_round_trip_byte_identical_and_receiver_stops_at_count() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,16 +247,8 @@ fn samples_round_trip_byte_identical_and_receiver_stops_at_count() {
         sent.stderr
     );
     // One ACK per message, segments on their own lines: enhanced mode for the ADT (MSH-15/16 valued).
-    assert!(
-        sent.stdout.contains("\nMSA|CA|DEMO0001\n"),
-        "{}",
-        sent.stdout
-    );
-    assert!(
-        sent.stdout.contains("\nMSA|AA|DEMO0002\n"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|CA|DEMO0001\n");
+    assert_contains(&sent.stdout, "\nMSA|AA|DEMO0002\n");
     assert_eq!(
         sent.stdout
             .lines()
@@ -304,17 +301,9 @@ fn reject_every_one_makes_send_exit_1_and_stores_nothing() {
     let rx = Receiver::start(dir.path(), &["--reject-every", "1"]);
     let sent = send(&rx.addr, &[], &samples());
     assert_eq!(sent.code(), 1, "{}\n{}", sent.stdout, sent.stderr);
-    assert!(
-        sent.stdout.contains("\nMSA|CR|DEMO0001\n"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|CR|DEMO0001\n");
     // v2.3: the text goes into MSA-3 and the ERR-1 layout is used.
-    assert!(
-        sent.stdout.contains("\nMSA|AR|DEMO0002|"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|AR|DEMO0002|");
     assert_eq!(
         sent.stdout
             .lines()
@@ -331,16 +320,8 @@ fn reject_every_second_message() {
     let rx = Receiver::start(dir.path(), &["--reject-every", "2"]);
     let sent = send(&rx.addr, &[], &samples());
     assert_eq!(sent.code(), 1, "{}", sent.stderr);
-    assert!(
-        sent.stdout.contains("\nMSA|CA|DEMO0001\n"),
-        "{}",
-        sent.stdout
-    );
-    assert!(
-        sent.stdout.contains("\nMSA|AR|DEMO0002|"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|CA|DEMO0001\n");
+    assert_contains(&sent.stdout, "\nMSA|AR|DEMO0002|");
     let stored = rx.stored();
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].0, "000001-DEMO0001.hl7");
@@ -369,11 +350,7 @@ fn garbage_gets_an_ar_nak_and_the_connection_goes_on() {
         "the NAK must not echo content: {err}"
     );
     // The next message on the same connection is taken.
-    assert!(
-        sent.stdout.contains("\nMSA|CA|DEMO0001\n"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|CA|DEMO0001\n");
     let stored = rx.stored();
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].0, "000002-DEMO0001.hl7");
@@ -515,11 +492,7 @@ fn tls_round_trip() {
     // By IP address (the certificate names 127.0.0.1) ...
     let sent = send(&rx.addr, &["--tls", "--ca", &ca], &files);
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert!(
-        sent.stdout.contains("\nMSA|CA|DEMO0001\n"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|CA|DEMO0001\n");
     // ... and by name, with --server-name.
     let sent = send(
         &rx.addr,
@@ -562,11 +535,7 @@ fn mutual_tls_round_trip() {
         &files,
     );
     assert_eq!(sent.code(), 0, "{}", sent.stderr);
-    assert!(
-        sent.stdout.contains("\nMSA|AA|DEMO0002\n"),
-        "{}",
-        sent.stdout
-    );
+    assert_contains(&sent.stdout, "\nMSA|AA|DEMO0002\n");
     let stored = rx.stored();
     assert_eq!(stored.len(), files.len());
     for ((_, bytes), file) in stored.iter().zip(&files) {

@@ -262,22 +262,6 @@ fn span_texts(r: &Received) -> Vec<(String, String)> {
     out
 }
 
-fn sigterm(child: &mut std::process::Child, name: &str) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(25);
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "{name} did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// `helm template` of the chart with default values and with each `ci/*-values.yaml` (alerts, HPAs and KEDA
 /// objects on), into `dir`; returns the files.
 fn render_chart(dir: &Path) -> Vec<PathBuf> {
@@ -515,7 +499,7 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
             ("transformer", p.transformer.as_mut()),
             ("egress", p.egress.as_mut()),
         ] {
-            sigterm(&mut child.unwrap().0, name);
+            support::sigterm_and_wait(&mut child.unwrap().0, name, Duration::from_secs(25));
         }
         std::thread::sleep(Duration::from_secs(2));
         chain = find_chain(&collector.spans(), &control_id);

@@ -9,7 +9,7 @@ use hl7gw_testkit as support;
 use hl7gw_testkit::pipeline as common;
 
 use common::{Pipeline, check_delivery, received, wait_delivered};
-use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest, StatusRequest};
+use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -39,23 +39,7 @@ fn ten_thousand_messages_arrive_transformed_and_in_patient_order() {
         ("transformer", p.transformer.as_mut()),
         ("egress", p.egress.as_mut()),
     ] {
-        let child = &mut child.unwrap().0;
-        let status = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(25);
-        let code = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name} did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let code = support::sigterm_and_wait(&mut child.unwrap().0, name, Duration::from_secs(25));
         assert!(code.success(), "{name} exited with {code}");
     }
 }
@@ -134,11 +118,7 @@ async fn outage_rejections_replay() {
             "a rejected message was not stored"
         );
     }
-    let status = egress
-        .status(StatusRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let status = common::egress_status(&mut egress).await;
     assert_eq!(status.destinations.len(), 1);
     assert!(status.destinations[0].dead_lettered >= dead.len() as u64);
 
@@ -228,11 +208,7 @@ use common::Egress;
 async fn wait_settled(egress: &mut Egress, n: u64, context: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let s = egress
-            .status(StatusRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
+        let s = common::egress_status(egress).await;
         let d = &s.destinations[0];
         if d.delivered + d.dead_lettered >= n {
             return;
@@ -248,15 +224,8 @@ async fn wait_settled(egress: &mut Egress, n: u64, context: impl Fn() -> String)
 
 /// (control id, MSA-1 of the receiver's answer) of every `lab` dead letter.
 async fn dead_letters(egress: &mut Egress) -> Vec<(String, String)> {
-    egress
-        .list_dead_letters(ListDeadLettersRequest {
-            destination: "lab".into(),
-            ..ListDeadLettersRequest::default()
-        })
+    common::lab_dead_letters(egress)
         .await
-        .unwrap()
-        .into_inner()
-        .dead_letters
         .into_iter()
         .map(|d| (d.control_id, d.ack_code))
         .collect()
@@ -306,8 +275,7 @@ fn two_senders_of_one_facility_and_two_routes_to_one_destination_all_arrive() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
-        let mut c = support::Mllp::connect(addr).await;
+        let mut c = p.mllp_client().await;
         for app in ["ADMIT", "REGISTER"] {
             let ack = c.call(&adt_from(app, "SAME-1", "MRN42")).await.unwrap();
             assert_eq!(support::ack_code(&ack), "AA");
@@ -370,11 +338,8 @@ fn answers_are_matched_by_msa2_not_by_arrival() {
     runtime().block_on(async {
         let mut p = Pipeline::new();
         let _receiver = two_ack_receiver(p.receiver_port).await;
-        p.start_egress();
-        p.start_transformer();
-        p.start_ingress();
-        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
-        let mut c = support::Mllp::connect(addr).await;
+        p.start_services();
+        let mut c = p.mllp_client().await;
         let ids: Vec<String> = (1..=6).map(|i| format!("TWOACK-{i}")).collect();
         for id in &ids {
             // One patient: one partition, one connection, in order.
@@ -394,11 +359,7 @@ fn answers_are_matched_by_msa2_not_by_arrival() {
             ["TWOACK-3"],
             "only the refused message is a dead letter"
         );
-        let s = egress
-            .status(StatusRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
+        let s = common::egress_status(&mut egress).await;
         assert_eq!(s.destinations[0].delivered, 5);
     });
 }
@@ -466,11 +427,8 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
     runtime().block_on(async {
         let mut p = Pipeline::new();
         let seen = policy_receiver(p.receiver_port).await;
-        p.start_egress();
-        p.start_transformer();
-        p.start_ingress();
-        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
-        let mut c = support::Mllp::connect(addr).await;
+        p.start_services();
+        let mut c = p.mllp_client().await;
         for (cid, msh15) in [("POL-1", ""), ("POL-2", ""), ("POL-3", "NE"), ("POL-4", "")] {
             let m = format!(
                 "MSH|^~\\&|ADMIT|FAC|HL7GW|HL7GW|20261123120000||ADT^A01^ADT_A01|{cid}|P|2.5.1|||{msh15}|\r\
@@ -547,11 +505,8 @@ fn a_stuck_partition_does_not_stop_the_others() {
                 });
             }
         });
-        p.start_egress();
-        p.start_transformer();
-        p.start_ingress();
-        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
-        let mut c = support::Mllp::connect(addr).await;
+        p.start_services();
+        let mut c = p.mllp_client().await;
         for i in 0..40 {
             let ack = c
                 .call(&adt_from("ADMIT", &format!("STUCK-{i}"), "MRN-STUCK"))
@@ -744,8 +699,7 @@ fn a_transformer_dead_letter_is_replayed_through_the_routes_once_they_are_fixed(
     let oru = "MSH|^~\\&|LAB|FAC|EHR|FAC|20261123120000||ORU^R01|RESULT-1|P|2.5.1\r\
                PID|1||MRN7^^^FAC^MR||DOE^JANE\rOBX|1|NM|GLU||5.5|mmol/L|||||F\r";
     runtime().block_on(async {
-        let addr = format!("127.0.0.1:{}", p.mllp).parse().unwrap();
-        let mut c = support::Mllp::connect(addr).await;
+        let mut c = p.mllp_client().await;
         let ack = c.call(oru.as_bytes()).await.unwrap();
         assert_eq!(support::ack_code(&ack), "AA");
 

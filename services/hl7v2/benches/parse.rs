@@ -23,7 +23,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
+use criterion::measurement::WallTime;
+use criterion::{BatchSize, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group};
 use hl7v2::ack::{AckIds, Outcome, ack_code, write_ack};
 use hl7v2::{Batch, Message, MllpCodec};
 use tokio_util::codec::Decoder;
@@ -382,6 +383,19 @@ const HL7V2: &str = "hl7v2";
 const HL7_PARSER: &str = "hl7-parser";
 const RUST_HL7: &str = "rust-hl7";
 
+/// T1 (parse) of `input` by hl7v2, hl7-parser and rust-hl7, under `id`.
+fn parse_three_ways(g: &mut BenchmarkGroup<'_, WallTime>, id: &str, input: &str) {
+    g.bench_with_input(BenchmarkId::new(HL7V2, id), input, |b, i| {
+        b.iter(|| ours::parse(black_box(i)))
+    });
+    g.bench_with_input(BenchmarkId::new(HL7_PARSER, id), input, |b, i| {
+        b.iter(|| hl7_parser_crate::parse(black_box(i)))
+    });
+    g.bench_with_input(BenchmarkId::new(RUST_HL7, id), input, |b, i| {
+        b.iter(|| rust_hl7_crate::parse(black_box(i)))
+    });
+}
+
 fn t1_parse(c: &mut Criterion) {
     let mut g = c.benchmark_group("T1_parse");
     let stress = stress_56kb();
@@ -393,15 +407,7 @@ fn t1_parse(c: &mut Criterion) {
     for (name, input) in &messages {
         let id = label(name, input);
         g.throughput(Throughput::Bytes(input.len() as u64));
-        g.bench_with_input(BenchmarkId::new(HL7V2, &id), input.as_str(), |b, i| {
-            b.iter(|| ours::parse(black_box(i)))
-        });
-        g.bench_with_input(BenchmarkId::new(HL7_PARSER, &id), input.as_str(), |b, i| {
-            b.iter(|| hl7_parser_crate::parse(black_box(i)))
-        });
-        g.bench_with_input(BenchmarkId::new(RUST_HL7, &id), input.as_str(), |b, i| {
-            b.iter(|| rust_hl7_crate::parse(black_box(i)))
-        });
+        parse_three_ways(&mut g, &id, input);
     }
     let batch = batch_5kb();
     let id = label("batch", &batch);
@@ -525,15 +531,7 @@ fn scaling(c: &mut Criterion) {
         let input = scaling_message(n);
         let id = format!("{n}_OBX_{}B", input.len());
         g.throughput(Throughput::Bytes(input.len() as u64));
-        g.bench_with_input(BenchmarkId::new(HL7V2, &id), input.as_str(), |b, i| {
-            b.iter(|| ours::parse(black_box(i)))
-        });
-        g.bench_with_input(BenchmarkId::new(HL7_PARSER, &id), input.as_str(), |b, i| {
-            b.iter(|| hl7_parser_crate::parse(black_box(i)))
-        });
-        g.bench_with_input(BenchmarkId::new(RUST_HL7, &id), input.as_str(), |b, i| {
-            b.iter(|| rust_hl7_crate::parse(black_box(i)))
-        });
+        parse_three_ways(&mut g, &id, &input);
     }
     g.finish();
 }

@@ -3,31 +3,40 @@
 use crate::Delimiters;
 use std::borrow::Cow;
 
+/// Copies `raw` with each escape sequence replaced by what `decode` writes: `decode` gets the bytes from an
+/// escape character `e` on and returns how many of them it consumed (at least one). Borrows when `raw` holds no
+/// escape character; runs between escapes are copied whole.
+fn decode_escapes<'a>(
+    raw: &'a [u8],
+    e: u8,
+    mut decode: impl FnMut(&[u8], &mut Vec<u8>) -> usize,
+) -> Cow<'a, [u8]> {
+    let Some(first) = memchr::memchr(e, raw) else {
+        return Cow::Borrowed(raw);
+    };
+    let mut out = Vec::with_capacity(raw.len());
+    let (mut i, mut at) = (0, Some(first));
+    while let Some(j) = at {
+        out.extend_from_slice(&raw[i..j]);
+        i = j + decode(&raw[j..], &mut out).max(1);
+        at = memchr::memchr(e, &raw[i..]).map(|k| i + k);
+    }
+    out.extend_from_slice(&raw[i..]);
+    Cow::Owned(out)
+}
+
 /// Resolves escape sequences in a raw value: the delimiter escapes and `\Xhh..\` become bytes; formatting
 /// sequences (`\.br\`, `\H\`, `\N\`, `\Z..\`, `\C..\`, `\M..\`) and anything unknown are kept as written.
 /// Borrows when the value holds no escape character.
 pub fn unescape<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
-    let Some(first) = memchr::memchr(d.escape, raw) else {
-        return Cow::Borrowed(raw);
-    };
-    let mut out = Vec::with_capacity(raw.len());
-    out.extend_from_slice(&raw[..first]);
-    let mut i = first;
-    while i < raw.len() {
-        let b = raw[i];
-        if b != d.escape {
-            out.push(b);
-            i += 1;
-            continue;
-        }
-        // Find the closing escape character.
-        let Some(len) = memchr::memchr(d.escape, &raw[i + 1..]) else {
-            out.extend_from_slice(&raw[i..]);
-            break;
+    decode_escapes(raw, d.escape, |s, out| {
+        // Up to the closing escape character; a lone one is kept with the rest.
+        let Some(len) = memchr::memchr(d.escape, &s[1..]) else {
+            out.extend_from_slice(s);
+            return s.len();
         };
-        let body = &raw[i + 1..i + 1 + len];
-        let whole = &raw[i..i + len + 2];
-        match body {
+        let whole = &s[..len + 2];
+        match &s[1..=len] {
             b"F" => out.push(d.field),
             b"S" => out.push(d.component),
             b"T" => out.push(d.subcomponent),
@@ -40,9 +49,8 @@ pub fn unescape<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
             ),
             _ => out.extend_from_slice(whole),
         }
-        i += len + 2;
-    }
-    Cow::Owned(out)
+        whole.len()
+    })
 }
 
 /// Decodes a value the way the canonical flat view does (see FLAT-FORMAT.md): delimiter escapes and the literal
@@ -50,20 +58,8 @@ pub fn unescape<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
 /// character is dropped.
 pub fn unescape_flat<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
     let e = d.escape;
-    let Some(first) = memchr::memchr(e, raw) else {
-        return Cow::Borrowed(raw);
-    };
-    let mut out = Vec::with_capacity(raw.len());
-    out.extend_from_slice(&raw[..first]);
-    let mut i = first;
-    while i < raw.len() {
-        let b = raw[i];
-        if b != e {
-            out.push(b);
-            i += 1;
-            continue;
-        }
-        let rest = &raw[i + 1..];
+    decode_escapes(raw, e, |s, out| {
+        let rest = &s[1..];
         if rest.len() >= 2 && rest[1] == e {
             let mapped = match rest[0] {
                 b'F' => Some(d.field),
@@ -75,36 +71,27 @@ pub fn unescape_flat<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
             };
             if let Some(m) = mapped {
                 out.push(m);
-                i += 3;
-                continue;
+                return 3;
             }
             if rest[0] == b'H' || rest[0] == b'N' {
-                out.extend_from_slice(&raw[i..i + 3]);
-                i += 3;
-                continue;
+                out.extend_from_slice(&s[..3]);
+                return 3;
             }
         }
         if e == b'\\' && rest.starts_with(b"X000d\\") {
             out.push(b'\r');
-            i += 7;
-            continue;
+            return 7;
         }
         if let Some(&c) = rest.first()
             && matches!(c, b'.' | b'C' | b'M' | b'X' | b'Z')
+            && let Some(end) = memchr::memchr(e, rest)
         {
-            match memchr::memchr(e, rest) {
-                Some(end) => {
-                    out.extend_from_slice(&raw[i..i + end + 2]);
-                    i += end + 2;
-                }
-                None => i += 1,
-            }
-            continue;
+            out.extend_from_slice(&s[..end + 2]);
+            return end + 2;
         }
         // Unknown, lone or trailing escape character: drop it.
-        i += 1;
-    }
-    Cow::Owned(out)
+        1
+    })
 }
 
 /// Appends `value` to `out` with every delimiter, CR and LF escaped, so the value reads back unchanged.

@@ -95,16 +95,9 @@ impl App {
 
     /// Serves until `stop` is cancelled, then drains within `service.drain_timeout`.
     pub async fn run(self, stop: CancellationToken) -> Result<(), IngressError> {
-        let App {
-            cfg,
-            tls,
-            key_salt,
-            metrics,
-            producer,
-            mllp,
-            listening,
-            bound: _,
-        } = self;
+        let cfg = self.cfg;
+        let producer = self.producer;
+        let listening = self.listening;
         let health = listening.health.clone();
         let probe_stop = CancellationToken::new();
         tokio::spawn(probe_kafka(
@@ -117,13 +110,13 @@ impl App {
         let pipe = Arc::new(pipeline::Pipeline::new(
             cfg.clone(),
             producer.clone(),
-            metrics,
-            key_salt,
+            self.metrics,
+            self.key_salt,
         ));
         let tracker = TaskTracker::new();
         let mllp_task = tokio::spawn(listener::serve(
-            mllp,
-            tls,
+            self.mllp,
+            self.tls,
             pipe.clone(),
             cfg.clone(),
             stop.clone(),
@@ -142,7 +135,9 @@ impl App {
         let deadline = tokio::time::Instant::now() + cfg.service.drain_timeout;
         health.set_draining();
         tracing::info!("draining: listener closed, answering messages in flight");
-        let _ = mllp_task.await;
+        if let Err(e) = mllp_task.await {
+            tracing::error!(error = %e, "the MLLP listener task failed");
+        }
         tracker.close();
         if tokio::time::timeout_at(deadline, tracker.wait())
             .await

@@ -331,6 +331,31 @@ pub fn read_topic(brokers: &str, topic: &str, expected: usize, limit: Duration) 
 /// A child process killed (SIGKILL) when the test ends, whether it passed or panicked.
 pub struct KillOnDrop(pub std::process::Child);
 
+/// Sends SIGTERM to `child` and waits up to `limit` for it to exit; its exit status. Panics, naming the
+/// process `name`, when it is still running then.
+pub fn sigterm_and_wait(
+    child: &mut Child,
+    name: &str,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM {name}");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();

@@ -274,9 +274,20 @@ impl Pipeline {
 
     pub fn start_all(&mut self, reject_every: Option<u32>) {
         self.start_receiver(reject_every);
+        self.start_services();
+    }
+
+    /// The egress, the transformer and the ingress, in that order (consumers first), without a receiver: for
+    /// tests that answer as the receiver themselves.
+    pub fn start_services(&mut self) {
         self.start_egress();
         self.start_transformer();
         self.start_ingress();
+    }
+
+    /// An MLLP connection to the ingress.
+    pub async fn mllp_client(&self) -> crate::Mllp {
+        crate::Mllp::connect(SocketAddr::from(([127, 0, 0, 1], self.mllp))).await
     }
 
     /// Runs `hl7gw-load` in count mode, recording ACKed control ids; returns them (all must be AA/CA).
@@ -317,19 +328,10 @@ impl Pipeline {
         ids: &[String],
         limit: Duration,
     ) -> (Vec<hl7gw_runtime::proto::v1::DeadLetter>, Received) {
-        use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, StatusRequest};
         let mut egress = self.egress_client().await;
         let deadline = Instant::now() + limit;
         loop {
-            let dead = egress
-                .list_dead_letters(ListDeadLettersRequest {
-                    destination: "lab".into(),
-                    ..ListDeadLettersRequest::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .dead_letters;
+            let dead = lab_dead_letters(&mut egress).await;
             let r = received(&self.received_dir());
             let settled = ids
                 .iter()
@@ -339,11 +341,7 @@ impl Pipeline {
                 return (dead, r);
             }
             if Instant::now() > deadline {
-                let status = egress
-                    .status(StatusRequest::default())
-                    .await
-                    .unwrap()
-                    .into_inner();
+                let status = egress_status(&mut egress).await;
                 panic!(
                     "{settled} of {} settled ({} received, {} dead letters); egress: {status:?}",
                     ids.len(),
@@ -387,6 +385,28 @@ impl tonic::service::Interceptor for Bearer {
 pub type Egress = EgressClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
 >;
+
+/// The egress's `Status`.
+pub async fn egress_status(egress: &mut Egress) -> hl7gw_runtime::proto::v1::StatusResponse {
+    egress
+        .status(hl7gw_runtime::proto::v1::StatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Every dead letter of destination `lab`, as `ListDeadLetters` returns them.
+pub async fn lab_dead_letters(egress: &mut Egress) -> Vec<hl7gw_runtime::proto::v1::DeadLetter> {
+    egress
+        .list_dead_letters(hl7gw_runtime::proto::v1::ListDeadLettersRequest {
+            destination: "lab".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .dead_letters
+}
 
 /// What the receiver stored: control id to (sequence, file content), and how many times each id arrived.
 pub struct Received {

@@ -158,20 +158,11 @@ impl App {
 
     /// Watches the routes and transforms until `stop` is cancelled, then finishes the batch in hand.
     pub async fn run(self, stop: CancellationToken) -> Result<(), TransformerError> {
-        let App {
-            cfg,
-            metrics,
-            live,
-            plugins,
-            routes,
-            make_producer,
-            producer,
-            consumer,
-            listening,
-        } = self;
+        let (cfg, metrics, live, consumer) = (self.cfg, self.metrics, self.live, self.consumer);
+        let listening = self.listening;
         let health = listening.health.clone();
         let side_stop = CancellationToken::new();
-        match routes {
+        match self.routes {
             Routes::File { path, loaded } => tokio::spawn(source::watch_file(
                 path,
                 loaded,
@@ -204,7 +195,7 @@ impl App {
         let grpc_server = listening.grpc.serve(grpc::DryRun::server(
             cfg.clone(),
             live.clone(),
-            plugins.clone(),
+            self.plugins.clone(),
         ));
 
         let worker_stop = CancellationToken::new();
@@ -212,10 +203,10 @@ impl App {
             worker::Worker {
                 cfg: cfg.clone(),
                 consumer: consumer.clone(),
-                producer,
-                make_producer,
+                producer: self.producer,
+                make_producer: self.make_producer,
                 live: live.clone(),
-                plugins,
+                plugins: self.plugins,
                 metrics,
                 readiness: health.clone(),
                 health: worker_health,

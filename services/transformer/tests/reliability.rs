@@ -192,6 +192,24 @@ fn route_file(path: &Path) {
     .unwrap();
 }
 
+/// `read_topic` on a blocking thread (it polls a consumer synchronously).
+async fn read_out(brokers: &str, topic: String, n: usize, limit: Duration) -> Vec<support::Record> {
+    let brokers = brokers.to_owned();
+    tokio::task::spawn_blocking(move || read_topic(&brokers, &topic, n, limit))
+        .await
+        .unwrap()
+}
+
+/// The control ids (MSH-10) of `records`, sorted.
+fn sorted_control_ids(records: &[support::Record]) -> Vec<String> {
+    let mut ids: Vec<String> = records
+        .iter()
+        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// Item 2: with the routes file missing at start, the transformer stays up, not ready, and consumes and commits
 /// nothing; once the file appears every message is routed, and the unmatched one goes to the DLQ.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,11 +254,7 @@ async fn nothing_is_consumed_before_the_routes_are_loaded() {
     route_file(&routes);
     tr.wait_ready(Duration::from_secs(30));
     let out = read_topic(brokers, &t.out("adt"), adts.len(), Duration::from_secs(60));
-    let mut ids: Vec<String> = out
-        .iter()
-        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
-        .collect();
-    ids.sort();
+    let ids = sorted_control_ids(&out);
     assert_eq!(ids, ["W0", "W1", "W2", "W3"]);
     let dlq = read_topic(brokers, &t.dlq(), 1, Duration::from_secs(30));
     assert_eq!(dlq.len(), 1);
@@ -398,18 +412,9 @@ async fn a_batch_slower_than_the_transaction_timeout_is_cut_not_fenced() {
     // All in the topic before the transformer starts, so its first batches hold many of them.
     let (_dir, env) = slow_route(&t, brokers, plugin, 3000, "S", n, "2s").await;
     let mut tr = Transformer::start(&env);
-    let out = tokio::task::spawn_blocking({
-        let topic = t.out("slow");
-        move || read_topic(brokers, &topic, n, Duration::from_secs(90))
-    })
-    .await
-    .unwrap();
+    let out = read_out(brokers, t.out("slow"), n, Duration::from_secs(90)).await;
     assert!(tr.running(), "the transformer exited (fenced?)");
-    let mut ids: Vec<String> = out
-        .iter()
-        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
-        .collect();
-    ids.sort();
+    let ids = sorted_control_ids(&out);
     let mut want: Vec<String> = (0..n).map(|i| format!("S{i}")).collect();
     want.sort();
     assert_eq!(ids, want, "every message once");
@@ -459,19 +464,9 @@ async fn a_broker_outage_during_a_commit_is_recovered_in_process() {
         .await
         .unwrap();
 
-    let out = tokio::task::spawn_blocking({
-        let topic = t.out("slow");
-        let brokers = brokers.clone();
-        move || read_topic(&brokers, &topic, n, Duration::from_secs(150))
-    })
-    .await
-    .unwrap();
+    let out = read_out(&brokers, t.out("slow"), n, Duration::from_secs(150)).await;
     let running = tr.running();
-    let mut ids: Vec<String> = out
-        .iter()
-        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
-        .collect();
-    ids.sort();
+    let ids = sorted_control_ids(&out);
     let want: Vec<String> = (0..n).map(|i| format!("O{i}")).collect();
     let recoveries = tr.metric("hl7gw_transformer_producer_recoveries_total");
     drop(tr);
@@ -514,18 +509,9 @@ async fn a_fenced_producer_is_recreated_in_process() {
     .await
     .unwrap();
 
-    let out = tokio::task::spawn_blocking({
-        let topic = t.out("slow");
-        move || read_topic(brokers, &topic, n, Duration::from_secs(90))
-    })
-    .await
-    .unwrap();
+    let out = read_out(brokers, t.out("slow"), n, Duration::from_secs(90)).await;
     assert!(tr.running(), "the transformer exited when fenced");
-    let mut ids: Vec<String> = out
-        .iter()
-        .map(|r| r.envelope.header.clone().unwrap_or_default().control_id)
-        .collect();
-    ids.sort();
+    let ids = sorted_control_ids(&out);
     let want: Vec<String> = (0..n).map(|i| format!("F{i}")).collect();
     assert_eq!(ids, want, "every message exactly once");
     assert!(tr.metric("hl7gw_transformer_producer_recoveries_total") >= 1.0);
@@ -556,12 +542,7 @@ async fn a_deidentifying_route_keys_its_output_without_the_patient_id() {
         routes.to_str().unwrap().to_owned(),
     ));
     let _tr = Transformer::start(&env);
-    let research = tokio::task::spawn_blocking({
-        let topic = t.out("research");
-        move || read_topic(brokers, &topic, 2, Duration::from_secs(60))
-    })
-    .await
-    .unwrap();
+    let research = read_out(brokers, t.out("research"), 2, Duration::from_secs(60)).await;
     assert_eq!(research.len(), 2);
     for r in &research {
         let key = String::from_utf8(r.key.clone().unwrap_or_default()).unwrap();
@@ -574,12 +555,7 @@ async fn a_deidentifying_route_keys_its_output_without_the_patient_id() {
         assert!(raw.contains(id), "the key's hash is the message's PID-3-1");
         assert!(!raw.contains("MRN") && !raw.contains("DOE"), "{raw}");
     }
-    let plain = tokio::task::spawn_blocking({
-        let topic = t.out("plain");
-        move || read_topic(brokers, &topic, 2, Duration::from_secs(60))
-    })
-    .await
-    .unwrap();
+    let plain = read_out(brokers, t.out("plain"), 2, Duration::from_secs(60)).await;
     let mut keys: Vec<String> = plain.iter().map(|r| r.envelope.key.clone()).collect();
     keys.sort();
     assert_eq!(
@@ -641,12 +617,7 @@ async fn https_plugins_are_called_over_mutual_tls() {
     env.push(("HL7GW_PLUGIN_TLS__CERT".into(), pki.file("client.pem")));
     env.push(("HL7GW_PLUGIN_TLS__KEY".into(), pki.file("client.key")));
     let _tr = Transformer::start(&env);
-    let out = tokio::task::spawn_blocking({
-        let topic = t.out("tls");
-        move || read_topic(brokers, &topic, 2, Duration::from_secs(60))
-    })
-    .await
-    .unwrap();
+    let out = read_out(brokers, t.out("tls"), 2, Duration::from_secs(60)).await;
     assert_eq!(out.len(), 2, "no output through the TLS plugin");
     assert!(out.iter().all(|r| r.envelope.raw.ends_with(b"ZPL|slow\r")));
     assert!(calls.load(Ordering::SeqCst) >= 2);
@@ -690,12 +661,7 @@ async fn two_instances_without_a_pod_name_do_not_fence_each_other() {
         produce(brokers, &t.inbound(), &[m]).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let out = tokio::task::spawn_blocking({
-        let topic = t.out("all");
-        move || read_topic(brokers, &topic, n, Duration::from_secs(60))
-    })
-    .await
-    .unwrap();
+    let out = read_out(brokers, t.out("all"), n, Duration::from_secs(60)).await;
     let recoveries = (
         a.metric("hl7gw_transformer_producer_recoveries_total"),
         b.metric("hl7gw_transformer_producer_recoveries_total"),

@@ -144,7 +144,7 @@ impl Pipeline {
             }
         };
         match self.cfg.ack_mode {
-            AckMode::Durable => Pending::Publishing {
+            AckMode::Durable => Pending::Publishing(Publish {
                 frame,
                 delivery,
                 started,
@@ -153,7 +153,7 @@ impl Pipeline {
                 msg_type: t,
                 span,
                 in_flight: InFlight::new(&self.metrics.in_flight),
-            },
+            }),
             AckMode::Fast => {
                 self.metrics.message(t, outcome::ACCEPTED);
                 let metrics = self.metrics.clone();

@@ -234,16 +234,19 @@ pub enum Pending {
         started: Instant,
         msg_type: MsgType,
     },
-    Publishing {
-        frame: Bytes,
-        delivery: DeliveryFuture,
-        started: Instant,
-        envelope_id: String,
-        ticket: Option<Ticket>,
-        msg_type: MsgType,
-        span: Span,
-        in_flight: InFlight,
-    },
+    Publishing(Publish),
+}
+
+/// A record handed to the producer (durable mode): its delivery report decides the answer.
+pub struct Publish {
+    frame: Bytes,
+    delivery: DeliveryFuture,
+    started: Instant,
+    envelope_id: String,
+    ticket: Option<Ticket>,
+    msg_type: MsgType,
+    span: Span,
+    in_flight: InFlight,
 }
 
 /// The shared per-process message pipeline.
@@ -408,11 +411,16 @@ impl std::fmt::Debug for Pending {
             Self::Ready(r) => f.debug_tuple("Ready").field(r).finish(),
             Self::Batch { parts, .. } => f.debug_struct("Batch").field("parts", parts).finish(),
             Self::Waiting { .. } => f.debug_struct("Waiting").finish_non_exhaustive(),
-            Self::Publishing { envelope_id, .. } => f
-                .debug_struct("Publishing")
-                .field("envelope_id", envelope_id)
-                .finish_non_exhaustive(),
+            Self::Publishing(p) => f.debug_tuple("Publishing").field(p).finish(),
         }
+    }
+}
+
+impl std::fmt::Debug for Publish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publish")
+            .field("envelope_id", &self.envelope_id)
+            .finish_non_exhaustive()
     }
 }
 

@@ -6,7 +6,7 @@ use super::*;
 impl Pipeline {
     /// Waits for Kafka's answer, bounded by `ack_timeout` from the publish.
     pub async fn resolve(&self, p: Pending) -> Reply {
-        let (frame, delivery, started, envelope_id, ticket, msg_type, span, in_flight) = match p {
+        let p = match p {
             Pending::Ready(r) => return r,
             Pending::Batch {
                 frame,
@@ -44,29 +44,12 @@ impl Pipeline {
                 started,
                 msg_type,
             } => return self.await_first_copy(frame, first, started, msg_type).await,
-            Pending::Publishing {
-                frame,
-                delivery,
-                started,
-                envelope_id,
-                ticket,
-                msg_type,
-                span,
-                in_flight,
-            } => (
-                frame,
-                delivery,
-                started,
-                envelope_id,
-                ticket,
-                msg_type,
-                span,
-                in_flight,
-            ),
+            Pending::Publishing(p) => p,
         };
+        let (frame, started, msg_type, span) = (p.frame, p.started, p.msg_type, p.span);
         let deadline = tokio::time::Instant::from_std(started + self.cfg.ack_timeout);
-        let res = tokio::time::timeout_at(deadline, delivery).await;
-        drop(in_flight);
+        let res = tokio::time::timeout_at(deadline, p.delivery).await;
+        drop(p.in_flight);
         match res {
             Ok(Ok(Ok(_))) => {
                 self.metrics
@@ -76,8 +59,8 @@ impl Pipeline {
                 Reply {
                     action: Action::Accept,
                     frame,
-                    envelope_id,
-                    ticket,
+                    envelope_id: p.envelope_id,
+                    ticket: p.ticket,
                 }
             }
             // The topic's own limit is below the record: no resend can succeed.
