@@ -97,20 +97,9 @@ fetch() {
 
 # --- processes -------------------------------------------------------------------------------------------------
 
-pidfile() { echo "$CLUSTER_DIR/$1.pid"; }
-
-# Alive and not a zombie (an unreaped exited daemon must not count as running).
-alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^[0-9]* (.*) Z' "/proc/$1/stat" 2>/dev/null; }
-
-# The PID in the file, if that process is alive and still runs the same program (PIDs get reused).
-pid_of() {
-  local f pid argv0; f=$(pidfile "$1")
-  [ -f "$f" ] || return 1
-  pid=$(cat "$f")
-  alive "$pid" || return 1
-  argv0=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | head -n 1)
-  case "${argv0##*/}" in *"$1"*) echo "$pid" ;; *) return 1 ;; esac
-}
+PROCS_DIR=$CLUSTER_DIR
+# shellcheck source=scripts/lib/procs.sh
+. "$root/scripts/lib/procs.sh"
 
 # TERM every component at once (each one's graceful exit takes 1-3 s), wait for all, KILL what is left after 15 s.
 down() {
@@ -129,16 +118,6 @@ down() {
     fi
   done
   log "stopped (${CLUSTER_DIR#"$root"/})"
-}
-
-# start NAME ARGS...: run in its own session, output to NAME.log, PID to NAME.pid.
-start() {
-  local name=$1; shift
-  # 8>&- 9>&-: the lock files stay ours; a daemon holding them would block the next up/down forever.
-  setsid "$@" >"$CLUSTER_DIR/$name.log" 2>&1 </dev/null 8>&- 9>&- &
-  echo $! >"$(pidfile "$name")"
-  # until the forked shell has exec'd the program, pid_of would not recognise it
-  for _ in $(seq 1 50); do pid_of "$name" >/dev/null && return; sleep 0.1; done
 }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

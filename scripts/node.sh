@@ -99,30 +99,9 @@ fetch() {
 
 # --- processes -----------------------------------------------------------------------------------------------------
 
-pidfile() { echo "$NODE_DIR/$1.pid"; }
-alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^[0-9]* (.*) Z' "/proc/$1/stat" 2>/dev/null; }
-pid_of() {
-  local f pid; f=$(pidfile "$1")
-  [ -f "$f" ] || return 1
-  pid=$(cat "$f")
-  alive "$pid" && [ "$(tr '\0' '\n' <"/proc/$pid/cmdline" | head -n 1 | xargs basename)" = "$1" ] && echo "$pid"
-}
-start() {
-  local name=$1; shift
-  setsid "$@" >"$NODE_DIR/$name.log" 2>&1 </dev/null 8>&- 9>&- &
-  echo $! >"$(pidfile "$name")"
-  # Until the forked shell has exec'd the program, pid_of would not recognise it (and `up` would take the
-  # kubelet for dead).
-  for _ in $(seq 1 50); do pid_of "$name" >/dev/null && return; sleep 0.1; done
-}
-stop_pid() {
-  local name=$1 pid
-  pid=$(pid_of "$name") || { rm -f "$(pidfile "$name")"; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
-  alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  rm -f "$(pidfile "$name")"
-}
+PROCS_DIR=$NODE_DIR
+# shellcheck source=scripts/lib/procs.sh
+. "$root/scripts/lib/procs.sh"
 
 kubectl() { "$root/.cache/k8s-$K8S_VERSION/bin/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 ctr_() { "$bin/ctr" --address "$sock" -n k8s.io "$@"; }

@@ -268,17 +268,9 @@ pub struct Warmup {
 /// The result of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub scenario: Option<String>,
-    pub to: String,
-    pub run_id: String,
-    /// The messages sent (fixture or files).
-    pub source: String,
-    /// `count` or `duration`.
-    pub mode: &'static str,
-    pub clients: u32,
-    /// Messages each connection had in flight at most (`--in-flight`).
-    pub in_flight: u32,
+    /// What the run was (its fields first in the JSON).
+    #[serde(flatten)]
+    pub run: RunInfo,
     /// Measured messages sent (answered or failed; connection attempts are not messages).
     pub messages: u64,
     /// Wall time of the measured phase (first client start to last client end).
@@ -308,14 +300,18 @@ pub struct Summary {
 }
 
 /// What a run is, for the summary.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct RunInfo {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scenario: Option<String>,
     pub to: String,
     pub run_id: String,
+    /// The messages sent (fixture or files).
     pub source: String,
+    /// `count` or `duration`.
     pub mode: &'static str,
     pub clients: u32,
+    /// Messages each connection had in flight at most (`--in-flight`).
     pub in_flight: u32,
 }
 
@@ -337,13 +333,7 @@ impl Summary {
             0.0
         };
         Self {
-            scenario: info.scenario,
-            to: info.to,
-            run_id: info.run_id,
-            source: info.source,
-            mode: info.mode,
-            clients: info.clients,
-            in_flight: info.in_flight,
+            run: info,
             messages: s.messages,
             seconds,
             msgs_per_sec,
@@ -379,17 +369,17 @@ impl Summary {
     pub fn text(&self) -> String {
         let l = &self.latency_us;
         let mut s = String::new();
-        if let Some(name) = &self.scenario {
+        if let Some(name) = &self.run.scenario {
             let _ = writeln!(s, "scenario     {name}");
         }
-        let _ = writeln!(s, "target       {}  (run {})", self.to, self.run_id);
-        let _ = writeln!(s, "sending      {}", self.source);
+        let _ = writeln!(s, "target       {}  (run {})", self.run.to, self.run.run_id);
+        let _ = writeln!(s, "sending      {}", self.run.source);
         let _ = writeln!(
             s,
             "clients      {}{}  (warm-up: {} messages, {} errors, not counted)",
-            self.clients,
-            if self.in_flight > 1 {
-                format!(", {} messages in flight each", self.in_flight)
+            self.run.clients,
+            if self.run.in_flight > 1 {
+                format!(", {} messages in flight each", self.run.in_flight)
             } else {
                 String::new()
             },
@@ -401,7 +391,7 @@ impl Summary {
             "messages     {} in {:.3} s ({} mode){}",
             self.messages,
             self.seconds,
-            self.mode,
+            self.run.mode,
             if self.stopped_by_limit {
                 ", STOPPED by --max-seconds"
             } else {
@@ -510,8 +500,8 @@ pub fn table(rows: &[Summary]) -> String {
         let _ = writeln!(
             s,
             "{:<12} {:>7} {:>9} {:>8.3} {:>9.0} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}",
-            r.scenario.as_deref().unwrap_or("-"),
-            r.clients,
+            r.run.scenario.as_deref().unwrap_or("-"),
+            r.run.clients,
             r.messages,
             r.seconds,
             r.msgs_per_sec,
@@ -686,7 +676,7 @@ mod tests {
     #[test]
     fn table_has_a_row_per_run() {
         let mut a = Summary::new(info(), &stats_with([10]));
-        a.scenario = Some("1x10000".into());
+        a.run.scenario = Some("1x10000".into());
         let t = table(&[a.clone(), a]);
         assert_eq!(t.lines().count(), 3);
         assert!(t.lines().nth(1).is_some_and(|l| l.starts_with("1x10000")));

@@ -1,7 +1,7 @@
 //! The subcommands.
 
 use crate::read;
-use hl7v2::ack::{AckError, AckIds, Outcome, Severity, ack_code, hl7_timestamp, write_ack};
+use hl7v2::ack::{AckError, AckIds, Outcome, ack_code, hl7_timestamp, write_ack};
 use hl7v2::{Header, Message};
 use serde_json::{Map, Value, json};
 use std::io::Write;
@@ -72,12 +72,10 @@ pub fn ack(path: &PathBuf, outcome: OutcomeArg) -> anyhow::Result<ExitCode> {
                 OutcomeArg::Error => Outcome::Error,
                 OutcomeArg::Reject => Outcome::Reject,
             };
-            let err = (outcome != Outcome::Accept).then_some(AckError {
-                code: hl7v2::ErrorCode::ApplicationInternalError,
-                severity: Severity::Error,
-                text: "rejected on request",
-                location: None,
-            });
+            let err = (outcome != Outcome::Accept).then_some(AckError::error(
+                hl7v2::ErrorCode::ApplicationInternalError,
+                "rejected on request",
+            ));
             let code = ack_code(m.header(), outcome);
             write_ack(&mut out, m.header(), code, err.as_ref(), &ids);
             code
@@ -85,12 +83,7 @@ pub fn ack(path: &PathBuf, outcome: OutcomeArg) -> anyhow::Result<ExitCode> {
         Err(e) => {
             let h = Header::salvage(&bytes);
             let text = e.to_string();
-            let err = AckError {
-                code: e.code(),
-                severity: Severity::Error,
-                text: &text,
-                location: None,
-            };
+            let err = AckError::error(e.code(), &text);
             let code = ack_code(&h, Outcome::Reject);
             write_ack(&mut out, &h, code, Some(&err), &ids);
             code

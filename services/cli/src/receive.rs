@@ -12,7 +12,7 @@ use crate::tls;
 use anyhow::Context;
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
-use hl7v2::ack::{AckError, AckIds, Outcome, Severity, ack_code, hl7_timestamp, write_ack};
+use hl7v2::ack::{AckError, AckIds, Outcome, ack_code, hl7_timestamp, write_ack};
 use hl7v2::mllp::DEFAULT_MAX_FRAME;
 use hl7v2::{ErrorCode, Header, Message, MllpCodec, MllpError};
 use std::io::Write;
@@ -371,12 +371,7 @@ async fn answer(
                 e.code()
             ));
             let text = e.to_string();
-            let err = AckError {
-                code: e.code(),
-                severity: Severity::Error,
-                text: &text,
-                location: None,
-            };
+            let err = AckError::error(e.code(), &text);
             write_ack(ack, &h, ack_code(&h, Outcome::Reject), Some(&err), &ids);
             return Answer::Reply {
                 accepted_slot: false,
@@ -394,12 +389,10 @@ async fn answer(
         log(format_args!(
             "{peer}: #{seq} rejected on request ({size} bytes, control id {control_id}, --reject-every)"
         ));
-        let err = AckError {
-            code: ErrorCode::ApplicationInternalError,
-            severity: Severity::Error,
-            text: "rejected on request (--reject-every); resend later",
-            location: None,
-        };
+        let err = AckError::error(
+            ErrorCode::ApplicationInternalError,
+            "rejected on request (--reject-every); resend later",
+        );
         write_ack(ack, h, ack_code(h, Outcome::Reject), Some(&err), &ids);
         return Answer::Reply {
             accepted_slot: false,
@@ -432,12 +425,10 @@ async fn answer(
             log(format_args!(
                 "{peer}: #{seq} not stored (control id {control_id}): {e}"
             ));
-            let err = AckError {
-                code: ErrorCode::ApplicationInternalError,
-                severity: Severity::Error,
-                text: "could not store the message; resend later",
-                location: None,
-            };
+            let err = AckError::error(
+                ErrorCode::ApplicationInternalError,
+                "could not store the message; resend later",
+            );
             write_ack(ack, h, ack_code(h, Outcome::Reject), Some(&err), &ids);
             Answer::Reply {
                 accepted_slot: false,
@@ -461,12 +452,7 @@ fn framing_nak(e: &MllpError, out: &mut Vec<u8>) -> bool {
         timestamp: &now,
     };
     let h = Header::default();
-    let err = AckError {
-        code: ErrorCode::ApplicationInternalError,
-        severity: Severity::Error,
-        text: &text,
-        location: None,
-    };
+    let err = AckError::error(ErrorCode::ApplicationInternalError, &text);
     write_ack(out, &h, ack_code(&h, Outcome::Reject), Some(&err), &ids);
     true
 }

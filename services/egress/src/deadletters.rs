@@ -8,7 +8,6 @@ use hl7gw_runtime::kafka::Producer;
 use hl7gw_runtime::proto::v1::{DeadLetter, Envelope};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
-use rdkafka::producer::FutureRecord;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::time::Duration;
 
@@ -254,16 +253,7 @@ pub async fn replay(
         };
         envelope::push_stage(&mut env, "replay");
         envelope::encode_into(&env, &mut buf);
-        let traceparent = env
-            .trace
-            .as_ref()
-            .map(|t| t.traceparent.clone())
-            .unwrap_or_default();
-        let headers = envelope::record_headers(&env, &traceparent);
-        let mut rec = FutureRecord::to(&topic).payload(&buf).headers(headers);
-        if !env.key.is_empty() {
-            rec = rec.key(env.key.as_str());
-        }
+        let rec = envelope::record(&topic, &env.key, &buf, &env, &envelope::traceparent(&env));
         producer.send(rec, Duration::from_secs(10)).await?;
         ids.push((env.id.clone(), label));
     }

@@ -11,7 +11,7 @@ use hl7gw_runtime::proto::v1::{Envelope, Rejection};
 use hl7v2::AckCode;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureRecord, Producer as _};
+use rdkafka::producer::Producer as _;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -515,20 +515,10 @@ impl DestCtx {
         envelope::push_stage(&mut env, "egress");
         let mut buf = Vec::new();
         envelope::encode_into(&env, &mut buf);
-        let traceparent = env
-            .trace
-            .as_ref()
-            .map(|t| t.traceparent.clone())
-            .unwrap_or_default();
+        let traceparent = envelope::traceparent(&env);
         let mut wait = Duration::from_millis(200);
         loop {
-            let headers = envelope::record_headers(&env, &traceparent);
-            let mut rec = FutureRecord::to(&self.cfg.dlq_topic)
-                .payload(&buf)
-                .headers(headers);
-            if !env.key.is_empty() {
-                rec = rec.key(env.key.as_str());
-            }
+            let rec = envelope::record(&self.cfg.dlq_topic, &env.key, &buf, &env, &traceparent);
             let producer = self.producer.get();
             match producer.send(rec, Duration::from_secs(5)).await {
                 Ok(_) => {

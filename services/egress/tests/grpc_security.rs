@@ -10,8 +10,7 @@ use hl7gw_testkit::pipeline as common;
 use common::Pipeline;
 use hl7gw_runtime::proto::v1::egress_client::EgressClient;
 use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest, StatusRequest};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use support::{KillOnDrop, bin, pki};
 use tonic::Code;
@@ -31,23 +30,14 @@ fn egress(p: &Pipeline, grpc_yaml: &str) -> (KillOnDrop, String, std::path::Path
     let mut cmd = Command::new(bin("hl7gw-egress"));
     cmd.args(["--config", cfg.to_str().unwrap()])
         .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap());
     for (k, v) in p.env.iter().chain(&p.egress_env) {
         cmd.env(k, v);
     }
     cmd.env("RUST_LOG", "warn,hl7gw::audit=info");
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let grpc = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("grpc="))
-        .unwrap_or_else(|| panic!("no grpc= in {line:?}"))
-        .to_owned();
-    (KillOnDrop(child), grpc, log)
+    let (child, line) = support::spawn_listening(&mut cmd);
+    let grpc = support::listening_field(&line, "grpc").to_owned();
+    (child, grpc, log)
 }
 
 async fn channel(

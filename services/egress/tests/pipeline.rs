@@ -300,24 +300,29 @@ fn two_senders_of_one_facility_and_two_routes_to_one_destination_all_arrive() {
 
 /// A receiver that answers every message twice, as enhanced-mode receivers do: first the accept ACK (CA, or CE,
 /// a content error, for control ids ending in `-3`), then later an application ACK (AA). Returns the task.
-async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
+/// A receiver on `port` that answers as the test scripts it: `answer` gets each message and returns the MSA
+/// fields of the ACKs to send back, in order (`AA|<control id>`, ...); none leaves the message unanswered.
+async fn scripted_receiver(
+    port: u16,
+    answer: impl Fn(&hl7v2::Message<'_>) -> Vec<String> + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
     use futures_util::{SinkExt, StreamExt};
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
+    let answer = std::sync::Arc::new(answer);
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::default());
                 let mut n = 0u32;
                 while let Some(Ok(frame)) = f.next().await {
-                    let m = hl7v2::Message::parse(&frame).unwrap();
-                    let cid = String::from_utf8_lossy(m.get("MSH-10").unwrap()).into_owned();
-                    let accept = if cid.ends_with("-3") { "CE" } else { "CA" };
-                    for code in [accept, "AA"] {
+                    let acks = answer(&hl7v2::Message::parse(&frame).unwrap());
+                    for msa in acks {
                         n += 1;
                         let ack = format!(
-                            "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{n}|P|2.5.1\rMSA|{code}|{cid}\r"
+                            "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{n}|P|2.5.1\rMSA|{msa}\r"
                         );
                         if f.send(ack.as_bytes()).await.is_err() {
                             return;
@@ -327,6 +332,22 @@ async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
             });
         }
     })
+}
+
+/// MSH-10 of `m`.
+fn control_id(m: &hl7v2::Message<'_>) -> String {
+    String::from_utf8_lossy(m.get("MSH-10").unwrap_or_default()).into_owned()
+}
+
+/// Answers every message twice, an accept ACK (CE for control ids ending in `-3`, else CA) then an application
+/// ACK (AA).
+async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
+    scripted_receiver(port, |m| {
+        let cid = control_id(m);
+        let accept = if cid.ends_with("-3") { "CE" } else { "CA" };
+        vec![format!("{accept}|{cid}"), format!("AA|{cid}")]
+    })
+    .await
 }
 
 /// Issue 9, item 4: the egress matches MSA-2 to the control id it sent. A receiver that sends an accept ACK
@@ -369,51 +390,27 @@ fn answers_are_matched_by_msa2_not_by_arrival() {
 /// answer at all (a compliant enhanced-mode receiver), and the rest get AA. Every message that reaches it is
 /// recorded in arrival order as (control id, MSH-15).
 async fn policy_receiver(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> {
-    use futures_util::{SinkExt, StreamExt};
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
     let log = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::default());
-                while let Some(Ok(frame)) = f.next().await {
-                    let m = hl7v2::Message::parse(&frame).unwrap();
-                    let get = |p: &str| {
-                        String::from_utf8_lossy(m.get(p).unwrap_or_default()).into_owned()
-                    };
-                    let (cid, msh15) = (get("MSH-10"), get("MSH-15"));
-                    let tries = {
-                        let mut l = log.lock().unwrap();
-                        l.push((cid.clone(), msh15.clone()));
-                        l.iter().filter(|(c, _)| *c == cid).count()
-                    };
-                    let answer = match (cid.as_str(), msh15.as_str()) {
-                        (_, "NE") => continue,
-                        ("POL-1", _) => "AE|POL-1\rERR|||102^Data type error^HL70357|E",
-                        ("POL-2", _) if tries <= 2 => {
-                            "AR|POL-2\rERR|||207^Application internal error^HL70357|E"
-                        }
-                        _ => "AA|",
-                    };
-                    let answer = if answer == "AA|" {
-                        format!("AA|{cid}")
-                    } else {
-                        answer.to_owned()
-                    };
-                    let ack = format!(
-                        "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{cid}|P|2.5.1\rMSA|{answer}\r"
-                    );
-                    if f.send(ack.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    scripted_receiver(port, move |m| {
+        let get = |p: &str| String::from_utf8_lossy(m.get(p).unwrap_or_default()).into_owned();
+        let (cid, msh15) = (get("MSH-10"), get("MSH-15"));
+        let tries = {
+            let mut l = log.lock().unwrap();
+            l.push((cid.clone(), msh15.clone()));
+            l.iter().filter(|(c, _)| *c == cid).count()
+        };
+        let msa = match (cid.as_str(), msh15.as_str()) {
+            (_, "NE") => return vec![],
+            ("POL-1", _) => "AE|POL-1\rERR|||102^Data type error^HL70357|E".to_owned(),
+            ("POL-2", _) if tries <= 2 => {
+                "AR|POL-2\rERR|||207^Application internal error^HL70357|E".to_owned()
+            }
+            _ => format!("AA|{cid}"),
+        };
+        vec![msa]
+    })
+    .await;
     seen
 }
 
@@ -464,7 +461,6 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
 /// the destination's other partitions: the full partition is held back and paused, the others go on.
 #[test]
 fn a_stuck_partition_does_not_stop_the_others() {
-    use futures_util::{SinkExt, StreamExt};
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let mut p = Pipeline::new();
@@ -478,33 +474,17 @@ fn a_stuck_partition_does_not_stop_the_others() {
         .unwrap();
         // The receiver never answers MRN-STUCK's messages and takes every other one.
         let delivered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", p.receiver_port))
-            .await
-            .unwrap();
         let log = delivered.clone();
-        tokio::spawn(async move {
-            while let Ok((s, _)) = listener.accept().await {
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::default());
-                    while let Some(Ok(frame)) = f.next().await {
-                        let m = hl7v2::Message::parse(&frame).unwrap();
-                        let cid = String::from_utf8_lossy(m.get("MSH-10").unwrap()).into_owned();
-                        if m.get("PID-3-1") == Some(&b"MRN-STUCK"[..]) {
-                            log.lock().unwrap().push(format!("stuck:{cid}"));
-                            continue;
-                        }
-                        log.lock().unwrap().push(cid.clone());
-                        let ack = format!(
-                            "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R{cid}|P|2.5.1\rMSA|AA|{cid}\r"
-                        );
-                        if f.send(ack.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
+        scripted_receiver(p.receiver_port, move |m| {
+            let cid = control_id(m);
+            if m.get("PID-3-1") == Some(&b"MRN-STUCK"[..]) {
+                log.lock().unwrap().push(format!("stuck:{cid}"));
+                return vec![];
             }
-        });
+            log.lock().unwrap().push(cid.clone());
+            vec![format!("AA|{cid}")]
+        })
+        .await;
         p.start_services();
         let mut c = p.mllp_client().await;
         for i in 0..40 {
@@ -516,8 +496,16 @@ fn a_stuck_partition_does_not_stop_the_others() {
         }
         // Wait until the egress is stuck on the first of them, its queue full behind it.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !delivered.lock().unwrap().iter().any(|d| d.starts_with("stuck:")) {
-            assert!(Instant::now() < deadline, "the stuck patient never reached the receiver");
+        while !delivered
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|d| d.starts_with("stuck:"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the stuck patient never reached the receiver"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;

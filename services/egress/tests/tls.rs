@@ -9,11 +9,10 @@ use hl7gw_egress::client::{MllpClient, Tls};
 use hl7gw_egress::config::{ClientTls, Destination, RetryPolicy};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{KillOnDrop, bin, pki};
+use support::{bin, pki};
 
 fn destination(address: &str, tls: ClientTls) -> Destination {
     Destination {
@@ -31,25 +30,19 @@ async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate()
     let pki = pki();
     let out = tempfile::tempdir().unwrap();
     let p = |n: &str| pki.path(n).display().to_string();
-    let mut child = Command::new(bin("hl7gw"))
-        .args(["receive", "--listen", "127.0.0.1:0", "--out"])
-        .arg(out.path())
-        .args([
-            "--tls-cert",
-            &p("server.pem"),
-            "--tls-key",
-            &p("server.key"),
-        ])
-        .args(["--client-ca", &p("ca.pem")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _receiver = KillOnDrop(child);
+    let (_receiver, line) = support::spawn_listening(
+        Command::new(bin("hl7gw"))
+            .args(["receive", "--listen", "127.0.0.1:0", "--out"])
+            .arg(out.path())
+            .args([
+                "--tls-cert",
+                &p("server.pem"),
+                "--tls-key",
+                &p("server.key"),
+            ])
+            .args(["--client-ca", &p("ca.pem")])
+            .stderr(Stdio::null()),
+    );
     let addr = line
         .trim()
         .strip_prefix("listening on ")

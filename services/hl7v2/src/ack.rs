@@ -174,6 +174,18 @@ pub struct AckError<'e> {
     pub location: Option<ErrorLocation<'e>>,
 }
 
+impl<'e> AckError<'e> {
+    /// An error-severity ERR with no location: what most refusals carry.
+    pub fn error(code: ErrorCode, text: &'e str) -> Self {
+        Self {
+            code,
+            severity: Severity::Error,
+            text,
+            location: None,
+        }
+    }
+}
+
 /// The new message's own control id (MSH-10) and time (MSH-7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AckIds<'p> {
@@ -401,12 +413,10 @@ mod tests {
     #[test]
     fn enhanced_mode_reject_with_err_v25() {
         let input = b"MSH|^~\\&|SAPP|SFAC|RAPP|RFAC|2020||ORU^R01|M2|T|2.6|||ER|NE\rPID|1";
-        let e = AckError {
-            code: ErrorCode::ApplicationInternalError,
-            severity: Severity::Error,
-            text: "system unavailable|retry",
-            location: None,
-        };
+        let e = AckError::error(
+            ErrorCode::ApplicationInternalError,
+            "system unavailable|retry",
+        );
         let a = ack(input, Outcome::Reject, Some(&e));
         assert_eq!(
             a,
@@ -447,12 +457,7 @@ mod tests {
     fn nak_for_unparseable_input_carries_what_could_be_read() {
         let h = Header::salvage(b"MSH|^~\\&|SAPP|SFAC|R|RF|2020||ADT|C77|P|");
         let mut out = Vec::with_capacity(256);
-        let e = AckError {
-            code: ErrorCode::UnsupportedMessageType,
-            severity: Severity::Error,
-            text: "MSH-9 incomplete",
-            location: None,
-        };
+        let e = AckError::error(ErrorCode::UnsupportedMessageType, "MSH-9 incomplete");
         write_ack(&mut out, &h, AckCode::AR, Some(&e), &IDS);
         let s = String::from_utf8(out).unwrap();
         assert!(s.starts_with("MSH|^~\\&|R|RF|SAPP|SFAC|"), "{s}");

@@ -270,32 +270,19 @@ fn count_field(s: &Segment<'_>) -> Option<u64> {
 }
 
 /// Re-bases a parse error's offset from a message inside the batch to the batch input.
-fn shift(e: ParseError, by: usize) -> ParseError {
+fn shift(mut e: ParseError, by: usize) -> ParseError {
     use ParseError::*;
-    match e {
-        MissingMsh { offset } => MissingMsh {
-            offset: offset + by,
-        },
-        MissingFieldSeparator { offset } => MissingFieldSeparator {
-            offset: offset + by,
-        },
-        BadEncodingCharacters { offset } => BadEncodingCharacters {
-            offset: offset + by,
-        },
-        BadSegmentName { offset } => BadSegmentName {
-            offset: offset + by,
-        },
-        TooFewFields { offset } => TooFewFields {
-            offset: offset + by,
-        },
-        MissingMessageType { offset } => MissingMessageType {
-            offset: offset + by,
-        },
-        MissingVersion { offset } => MissingVersion {
-            offset: offset + by,
-        },
-        other => other,
+    if let MissingMsh { offset }
+    | MissingFieldSeparator { offset }
+    | BadEncodingCharacters { offset }
+    | BadSegmentName { offset }
+    | TooFewFields { offset }
+    | MissingMessageType { offset }
+    | MissingVersion { offset } = &mut e
+    {
+        *offset += by;
     }
+    e
 }
 
 #[cfg(test)]

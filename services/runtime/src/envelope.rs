@@ -142,6 +142,29 @@ pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::Ow
     out
 }
 
+/// A worker's Kafka record of `env`, encoded in `payload`, for `topic`: keyed by `key` (no key when empty), with
+/// the [`record_headers`] that carry `traceparent`.
+pub fn record<'a>(
+    topic: &'a str,
+    key: &'a str,
+    payload: &'a [u8],
+    env: &Envelope,
+    traceparent: &str,
+) -> rdkafka::producer::FutureRecord<'a, str, [u8]> {
+    let rec = rdkafka::producer::FutureRecord::to(topic)
+        .payload(payload)
+        .headers(record_headers(env, traceparent));
+    if key.is_empty() { rec } else { rec.key(key) }
+}
+
+/// The W3C `traceparent` the envelope carries, empty when none.
+pub fn traceparent(env: &Envelope) -> String {
+    env.trace
+        .as_ref()
+        .map(|t| t.traceparent.clone())
+        .unwrap_or_default()
+}
+
 /// Appends a stage to the envelope's history.
 pub fn push_stage(env: &mut Envelope, name: &str) {
     env.stages.push(crate::proto::v1::Stage {

@@ -123,13 +123,8 @@ impl Ingress {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("reading the listening line");
-        let addr = |key: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{key}=")))
-                .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-                .parse()
-                .expect("address")
-        };
+        let addr =
+            |key: &str| -> SocketAddr { listening_field(&line, key).parse().expect("address") };
         let me = Self {
             mllp: addr("mllp"),
             grpc: addr("grpc"),
@@ -330,6 +325,27 @@ pub fn read_topic(brokers: &str, topic: &str, expected: usize, limit: Duration) 
 
 /// A child process killed (SIGKILL) when the test ends, whether it passed or panicked.
 pub struct KillOnDrop(pub std::process::Child);
+
+/// Starts `cmd` with its stdout piped and reads the listening line every service prints first (`... grpc=<addr>
+/// admin=<addr>`, or the receiver's `listening on <addr>`); the process, killed on drop, and the line.
+pub fn spawn_listening(cmd: &mut Command) -> (KillOnDrop, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("reading the listening line");
+    (KillOnDrop(child), line)
+}
+
+/// The value of `key=` in a listening line.
+pub fn listening_field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
 
 /// Sends SIGTERM to `child` and waits up to `limit` for it to exit; its exit status. Panics, naming the
 /// process `name`, when it is still running then.

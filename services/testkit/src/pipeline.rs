@@ -4,7 +4,6 @@
 use crate::{KillOnDrop, bin, broker, free_port, recorded};
 use hl7gw_runtime::proto::v1::egress_client::EgressClient;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -138,7 +137,7 @@ impl Pipeline {
                 .into(),
             None => Stdio::inherit(),
         };
-        cmd.args(args).stdout(Stdio::piped()).stderr(stderr);
+        cmd.args(args).stderr(stderr);
         let service = if name == "hl7gw" {
             &[][..]
         } else {
@@ -153,14 +152,8 @@ impl Pipeline {
         {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
         // Each service prints one line once its ports are bound.
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = crate::spawn_listening(&mut cmd);
         if line.is_empty() {
             // Its log says why (when it went to a file rather than to the test's output).
             let log = self
@@ -174,7 +167,7 @@ impl Pipeline {
             .split_whitespace()
             .find_map(|w| w.strip_prefix("admin="))
             .map(|a| a.parse().expect("admin address"));
-        (KillOnDrop(child), admin)
+        (child, admin)
     }
 
     /// An ingress on MLLP `port` (the test's topics): the process and its admin address.

@@ -14,7 +14,7 @@ use hl7v2::{Charset, Message as Hl7Message};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 use std::collections::BTreeMap;
@@ -259,11 +259,7 @@ fn dlq(
 ) -> OutRecord {
     envelope::push_stage(&mut env, "transformer");
     metrics.dead_lettered(reason);
-    let traceparent = env
-        .trace
-        .as_ref()
-        .map(|t| t.traceparent.clone())
-        .unwrap_or_default();
+    let traceparent = envelope::traceparent(&env);
     OutRecord {
         topic: cfg.dlq_topic.clone(),
         key: env.key.clone(),
@@ -609,13 +605,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let mut deliveries = Vec::with_capacity(routed.iter().map(Vec::len).sum());
         for r in routed.into_iter().flatten() {
             envelope::encode_into(&r.envelope, buf);
-            let headers = envelope::record_headers(&r.envelope, &r.traceparent);
-            let mut rec = FutureRecord::to(&r.topic)
-                .payload(buf.as_slice())
-                .headers(headers);
-            if !r.key.is_empty() {
-                rec = rec.key(r.key.as_str());
-            }
+            let rec = envelope::record(&r.topic, &r.key, buf, &r.envelope, &r.traceparent);
             deliveries.push(self.producer.send_result(rec).map_err(|(e, _)| e)?);
         }
         let mut offsets = TopicPartitionList::new();

@@ -10,11 +10,11 @@ use hl7gw_testkit as support;
 use hl7gw_runtime::proto::v1::transform_client::TransformClient;
 use hl7gw_runtime::proto::v1::{Envelope, TransformRequest};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{KillOnDrop, broker, read_topic, repo_root};
+use support::{broker, read_topic, repo_root};
 
 const API_PORT: &str = "7543";
 
@@ -213,34 +213,23 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     let id = uuid::Uuid::now_v7().simple().to_string();
     let inbound = format!("k{id}.inbound");
     let out_prefix = format!("k{id}.out.");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hl7gw-transformer"))
-        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .env("HL7GW_KAFKA__BROKERS", broker())
-        .env("HL7GW_INBOUND_TOPIC", &inbound)
-        .env("HL7GW_DLQ_TOPIC", format!("k{id}.dlq"))
-        .env("HL7GW_OUT_TOPIC_PREFIX", &out_prefix)
-        .env("HL7GW_GROUP_ID", format!("k{id}"))
-        .env("HL7GW_TRANSACTIONAL_ID", format!("k{id}-0"))
-        .env("HL7GW_ROUTES__KUBERNETES", "true")
-        .env("HL7GW_ROUTES__NAMESPACE", ns)
-        .env("HL7GW_GRPC__KUBERNETES_AUTH", "true")
-        .env("POD_NAMESPACE", ns)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _transformer = KillOnDrop(child);
-    let grpc = format!(
-        "http://{}",
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no grpc= in {line:?}"))
+    let (_transformer, line) = support::spawn_listening(
+        Command::new(env!("CARGO_BIN_EXE_hl7gw-transformer"))
+            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .env("HL7GW_KAFKA__BROKERS", broker())
+            .env("HL7GW_INBOUND_TOPIC", &inbound)
+            .env("HL7GW_DLQ_TOPIC", format!("k{id}.dlq"))
+            .env("HL7GW_OUT_TOPIC_PREFIX", &out_prefix)
+            .env("HL7GW_GROUP_ID", format!("k{id}"))
+            .env("HL7GW_TRANSACTIONAL_ID", format!("k{id}-0"))
+            .env("HL7GW_ROUTES__KUBERNETES", "true")
+            .env("HL7GW_ROUTES__NAMESPACE", ns)
+            .env("HL7GW_GRPC__KUBERNETES_AUTH", "true")
+            .env("POD_NAMESPACE", ns)
+            .env("RUST_LOG", "warn"),
     );
+    let grpc = format!("http://{}", support::listening_field(&line, "grpc"));
 
     // An HL7Route: accepted in its status, and routing.
     cluster.apply(ns, &route("adt", "lab"));

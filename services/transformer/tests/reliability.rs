@@ -58,6 +58,22 @@ impl Topics {
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
     }
+    /// [`Topics::env`] with `routes` as the routes file.
+    fn env_with_routes(&self, brokers: &str, routes: &Path) -> Vec<(String, String)> {
+        let mut env = self.env(brokers);
+        env.push((
+            "HL7GW_ROUTES__FILE".into(),
+            routes.to_str().unwrap().to_owned(),
+        ));
+        env
+    }
+}
+
+/// `n` ADT^A01 messages, control ids `<prefix>0`, `<prefix>1`, ..., patient `MRN<i>` each.
+fn adts(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| message("ADT^A01", &format!("{prefix}{i}"), &format!("MRN{i}")))
+        .collect()
 }
 
 /// A running transformer and its admin address.
@@ -218,18 +234,12 @@ async fn nothing_is_consumed_before_the_routes_are_loaded() {
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes.yaml");
     let brokers = broker();
-    let adts: Vec<Vec<u8>> = (0..4)
-        .map(|i| message("ADT^A01", &format!("W{i}"), &format!("MRN{i}")))
-        .collect();
+    let adts = adts("W", 4);
     let mut all = adts.clone();
     all.push(message("ORU^R01", "W-ORU", "MRN9"));
     produce(brokers, &t.inbound(), &all).await;
 
-    let mut env = t.env(brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
+    let mut env = t.env_with_routes(brokers, &routes);
     env.push(("HL7GW_ROUTES__RELOAD_INTERVAL".into(), "200ms".into()));
     let mut tr = Transformer::start(&env);
 
@@ -286,9 +296,7 @@ async fn an_unreachable_api_server_means_nothing_is_consumed() {
     )
     .unwrap();
     let brokers = broker();
-    let msgs: Vec<Vec<u8>> = (0..3)
-        .map(|i| message("ADT^A01", &format!("K{i}"), &format!("MRN{i}")))
-        .collect();
+    let msgs = adts("K", 3);
     produce(brokers, &t.inbound(), &msgs).await;
     let mut env = t.env(brokers);
     env.push(("HL7GW_ROUTES__KUBERNETES".into(), "true".into()));
@@ -373,15 +381,9 @@ async fn slow_route(
         ),
     )
     .unwrap();
-    let msgs: Vec<Vec<u8>> = (0..n)
-        .map(|i| message("ADT^A01", &format!("{prefix}{i}"), &format!("MRN{i}")))
-        .collect();
+    let msgs = adts(prefix, n);
     produce(brokers, &t.inbound(), &msgs).await;
-    let mut env = t.env(brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
+    let mut env = t.env_with_routes(brokers, &routes);
     env.push((
         "HL7GW_TRANSACTION_TIMEOUT".into(),
         transaction_timeout.into(),
@@ -532,15 +534,9 @@ async fn a_deidentifying_route_keys_its_output_without_the_patient_id() {
     )
     .unwrap();
     let brokers = broker();
-    let msgs: Vec<Vec<u8>> = (0..2)
-        .map(|i| message("ADT^A01", &format!("D{i}"), &format!("MRN{i}")))
-        .collect();
+    let msgs = adts("D", 2);
     produce(brokers, &t.inbound(), &msgs).await;
-    let mut env = t.env(brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
+    let env = t.env_with_routes(brokers, &routes);
     let _tr = Transformer::start(&env);
     let research = read_out(brokers, t.out("research"), 2, Duration::from_secs(60)).await;
     assert_eq!(research.len(), 2);
@@ -604,15 +600,9 @@ async fn https_plugins_are_called_over_mutual_tls() {
     )
     .unwrap();
     let brokers = broker();
-    let msgs: Vec<Vec<u8>> = (0..2)
-        .map(|i| message("ADT^A01", &format!("T{i}"), &format!("MRN{i}")))
-        .collect();
+    let msgs = adts("T", 2);
     produce(brokers, &t.inbound(), &msgs).await;
-    let mut env = t.env(brokers);
-    env.push((
-        "HL7GW_ROUTES__FILE".into(),
-        routes.to_str().unwrap().to_owned(),
-    ));
+    let mut env = t.env_with_routes(brokers, &routes);
     env.push(("HL7GW_PLUGIN_TLS__CA".into(), pki.file("ca.pem")));
     env.push(("HL7GW_PLUGIN_TLS__CERT".into(), pki.file("client.pem")));
     env.push(("HL7GW_PLUGIN_TLS__KEY".into(), pki.file("client.key")));
