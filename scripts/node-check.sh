@@ -84,7 +84,8 @@ YAML
   kubectl logs -n hl7gw job/hl7gw-loadtest >"$work/loadtest.json"
   python3 - "$work/loadtest.json" <<'EOF'
 import json, sys
-j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+text = open(sys.argv[1]).read()
+j = json.loads(text[text.index("{"):])  # hl7gw-load --json: one pretty-printed object, after any log lines
 l = j["latency_us"]
 print("node-check:    load Job: %.0f msg/s, latency p50 %s us, p99 %s us, acks %s, errors %s" % (
     j["msgs_per_sec"], l["p50"], l["p99"], j["acks"], j["errors"]), file=sys.stderr)

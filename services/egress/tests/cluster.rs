@@ -204,7 +204,7 @@ fn scenario(
 }
 
 #[test]
-#[ignore = "3 brokers, ~5 min: scripts/test.sh (make test) runs it beside the other tests; by hand: cargo test -p hl7gw-egress --test cluster -- --ignored"]
+#[ignore = "3 brokers, ~5 min: scripts/test.sh (make test) runs it beside the doc tests and chart checks; by hand: cargo test -p hl7gw-egress --test cluster -- --ignored"]
 fn broker_failures_and_rolling_restarts_lose_nothing_and_stop_no_service() {
     let cluster = Cluster::up(PORT);
     let brokers = cluster.brokers();
