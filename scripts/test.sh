@@ -54,5 +54,5 @@ cat target/test-logs/cluster.log
 [ "$cluster_rc" = 0 ] || { echo "test.sh: the 3-broker cluster test failed (exit $cluster_rc)" >&2; exit 1; }
 # The chart on a real node (containerd, kubelet, kube-proxy, CoreDNS; the debug binaries in a local image):
 # helm install/test, load through the Service while pods are deleted, workers scaled and the release upgraded,
-# the PodDisruptionBudget, a clean teardown. ~2.5 min warm.
+# the PodDisruptionBudget, a clean teardown. ~1.5 min warm.
 scripts/node-check.sh
