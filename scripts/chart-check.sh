@@ -169,6 +169,14 @@ offline() {
     helm template hl7gw "$CHART" --namespace hl7gw $(values_args "$v") >"$tmp/rendered-$n.yaml"
     kubeconform_strict "$tmp/rendered-$n.yaml"
     log "  $v: $(sed -n 's/^Summary: //p' "$tmp/kubeconform.out")"
+    # HPAs ask for hl7gw's own metrics only with autoscaling.customMetrics: without prometheus-adapter an HPA
+    # that cannot read a metric never scales down.
+    if [ "$v" = default ] && grep -Eq '^ +(pods|external):$' "$tmp/rendered-$n.yaml"; then
+      die "the default HPAs ask for custom or external metrics"
+    fi
+    if [ "$v" = "$CHART/ci/all-features-values.yaml" ] && [ "$(grep -Ec '^ +(pods|external):$' "$tmp/rendered-$n.yaml")" != 3 ]; then
+      die "autoscaling.customMetrics: the HPAs' Pods/External metrics are missing"
+    fi
   done
   kubeconform_strict "$CHART"/crds/*.yaml scripts/chart/crds/*.yaml
   local k
