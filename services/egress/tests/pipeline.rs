@@ -558,7 +558,9 @@ fn a_backlog_on_one_partition_is_read_without_pausing() {
     p.start_receiver(None);
     p.start_transformer();
     p.start_ingress();
-    let ids = p.load(4, 500);
+    // The first test of this binary: on a broker just started, a few writes can miss ack_timeout (NAKed).
+    let ids = p.load_acked(4, 500);
+    assert!(ids.len() > 1_900, "{} of 2,000 ACKed", ids.len());
     p.start_egress();
     let r = wait_delivered(&p.received_dir(), &ids, Duration::from_secs(120));
     assert_eq!(check_delivery(&r, &[]), 0, "duplicates");
