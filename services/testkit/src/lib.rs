@@ -332,7 +332,7 @@ pub fn spawn_listening(cmd: &mut Command) -> (KillOnDrop, String) {
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
-        .expect("starting the process");
+        .unwrap_or_else(|e| panic!("starting {}: {e}", cmd.get_program().to_string_lossy()));
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
