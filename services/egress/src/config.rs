@@ -185,6 +185,8 @@ impl Default for Config {
     }
 }
 
+hl7gw_runtime::service_config!(Config);
+
 impl Config {
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Status", "ListDeadLetters", "Replay"];

@@ -49,75 +49,76 @@ pub struct App {
     listening: Listening,
 }
 
-/// Checks the config, makes the producer and each destination's consumer and TLS settings, binds gRPC and
-/// the admin server.
-pub async fn build(cfg: Config) -> Result<App, EgressError> {
-    cfg.validate()?;
-    let cfg = Arc::new(cfg);
-    let (registry, metrics) = metrics::EgressMetrics::registered();
-    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
-        "hl7gw-egress",
-        cfg.kafka.clone(),
-        Duration::from_secs(30),
-        metrics.producer_recoveries.clone(),
-    )?);
+impl hl7gw_runtime::service::Service for App {
+    type Config = Config;
+    type Error = EgressError;
 
-    let mut dests = Vec::new();
-    for (name, d) in &cfg.destinations {
-        let tls = client::Tls::from_config(d).map_err(|source| EgressError::Tls {
-            destination: name.clone(),
-            source,
-        })?;
-        // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
-        let consumer: deliver::DestConsumer = consumer_config(
-            &cfg.group(name),
+    /// Makes the producer and each destination's consumer and TLS settings, binds gRPC and
+    /// the admin server.
+    async fn build(cfg: Arc<Config>) -> Result<Self, EgressError> {
+        let (registry, metrics) = metrics::EgressMetrics::registered();
+        let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
             "hl7gw-egress",
-            &cfg.kafka,
-            Commit::StoredEvery(Duration::from_millis(500)),
-        )?
-        .create_with_context(hl7gw_runtime::kafka::Assignment::default())?;
-        dests.push(Arc::new(deliver::DestCtx {
-            name: name.clone(),
-            topic: cfg.topic(name),
-            dest: Arc::new(d.clone()),
-            tls,
-            cfg: cfg.clone(),
-            consumer: Arc::new(consumer),
-            producer: producer.clone(),
-            metrics: metrics.clone(),
-            m: metrics.destination(name),
-            // Entries hold no ACK: the count bounds the bytes.
-            dedup: Dedup::new(
-                cfg.duplicate_window,
-                cfg.duplicate_capacity,
-                cfg.duplicate_capacity
-                    .saturating_mul(hl7gw_runtime::dedup::ENTRY_OVERHEAD_BYTES),
-            ),
-            state: deliver::DestState::default(),
-        }));
+            cfg.kafka.clone(),
+            Duration::from_secs(30),
+            metrics.producer_recoveries.clone(),
+        )?);
+
+        let mut dests = Vec::new();
+        for (name, d) in &cfg.destinations {
+            let tls = client::Tls::from_config(d).map_err(|source| EgressError::Tls {
+                destination: name.clone(),
+                source,
+            })?;
+            // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
+            let consumer: deliver::DestConsumer = consumer_config(
+                &cfg.group(name),
+                "hl7gw-egress",
+                &cfg.kafka,
+                Commit::StoredEvery(Duration::from_millis(500)),
+            )?
+            .create_with_context(hl7gw_runtime::kafka::Assignment::default())?;
+            dests.push(Arc::new(deliver::DestCtx {
+                name: name.clone(),
+                topic: cfg.topic(name),
+                dest: Arc::new(d.clone()),
+                tls,
+                cfg: cfg.clone(),
+                consumer: Arc::new(consumer),
+                producer: producer.clone(),
+                metrics: metrics.clone(),
+                m: metrics.destination(name),
+                // Entries hold no ACK: the count bounds the bytes.
+                dedup: Dedup::new(
+                    cfg.duplicate_window,
+                    cfg.duplicate_capacity,
+                    cfg.duplicate_capacity
+                        .saturating_mul(hl7gw_runtime::dedup::ENTRY_OVERHEAD_BYTES),
+                ),
+                state: deliver::DestState::default(),
+            }));
+        }
+
+        let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+        let bound = listening.bound;
+        tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
+        Ok(App {
+            cfg,
+            dests,
+            producer,
+            metrics,
+            listening,
+        })
     }
 
-    let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let bound = listening.bound;
-    tracing::info!(grpc = %bound.grpc, admin = %bound.admin, destinations = dests.len(), "egress listening");
-    Ok(App {
-        cfg,
-        dests,
-        producer,
-        metrics,
-        listening,
-    })
-}
-
-impl App {
     /// Where each listener is bound.
-    pub fn bound(&self) -> Bound {
+    fn bound(&self) -> Bound {
         self.listening.bound
     }
 
     /// Delivers until `stop` is cancelled, then drains: deliveries in hand finish (or are left for the next
     /// owner), stored offsets are committed and the consumer groups are left.
-    pub async fn run(self, stop: CancellationToken) -> Result<(), EgressError> {
+    async fn run(self, stop: CancellationToken) -> Result<(), EgressError> {
         let App {
             cfg,
             dests,

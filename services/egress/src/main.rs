@@ -17,23 +17,8 @@ struct Flags {
 }
 
 fn main() -> std::process::ExitCode {
-    hl7gw_runtime::exit(run())
-}
-
-fn run() -> anyhow::Result<()> {
     let flags = Flags::parse();
-    let cfg: hl7gw_egress::config::Config =
-        hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
-    cfg.validate()?;
-    if flags.common.check_config {
-        hl7gw_runtime::service::check_config(&cfg.kafka, &cfg.grpc)?;
-        println!("configuration is valid");
-        return Ok(());
-    }
-    hl7gw_runtime::shutdown::block_on("hl7gw-egress", cfg.service.log_json, |stop| async move {
-        let app = hl7gw_egress::build(cfg).await?;
-        app.bound().print("hl7gw-egress");
-        app.run(stop).await
-    })?;
-    Ok(())
+    let run =
+        hl7gw_runtime::service::main::<hl7gw_egress::App>("hl7gw-egress", &flags.common, &flags);
+    hl7gw_runtime::exit(run)
 }

@@ -16,16 +16,9 @@ async fn runs_in_process_on_port_0() {
             support::free_port()
         ),
     );
-    let egress = InProcess::start(|stop, bound| async move {
-        let app = hl7gw_egress::build(cfg).await?;
-        let _ = bound.send(app.bound());
-        app.run(stop).await
-    })
-    .await;
+    let egress = InProcess::service::<hl7gw_egress::App>(cfg).await;
     assert!(egress.bound.mllp.is_none());
-    assert_eq!(egress.admin_get("/healthz").await.0, 200);
-    egress.ready(Duration::from_secs(60)).await.unwrap();
-    let (_, metrics) = egress.admin_get("/metrics").await;
+    let metrics = egress.serving().await;
     assert!(
         metrics.contains("hl7gw_egress_connections_active{destination=\"lab\"}"),
         "{metrics}"

@@ -167,6 +167,8 @@ impl Default for Config {
     }
 }
 
+hl7gw_runtime::service_config!(Config);
+
 impl Config {
     /// `key_salt_file`'s content (at least 16 bytes: a short salt makes identifiers guessable).
     pub fn read_key_salt(&self) -> Result<Option<Vec<u8>>, ConfigError> {

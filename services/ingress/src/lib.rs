@@ -1,8 +1,8 @@
 //! hl7gw-ingress: takes HL7 v2 messages over MLLP (TCP or TLS) and gRPC, publishes them to Kafka keyed by
 //! patient, and acknowledges them only once Kafka holds them (durable mode).
 //!
-//! [`build`] checks the config, makes the Kafka producer and binds every listener; [`App::run`] serves until the
-//! shutdown token is cancelled, then drains: readiness goes false, the listeners stop, every message already
+//! [`App`] is a [`Service`](hl7gw_runtime::service::Service): `build` makes the Kafka producer and binds every
+//! listener; `run` serves until the shutdown token is cancelled, then drains: readiness goes false, the listeners stop, every message already
 //! read is answered, the producer flushes.
 
 pub mod config;
@@ -53,48 +53,55 @@ impl std::fmt::Debug for App {
     }
 }
 
-/// Checks the config, makes the producer and binds MLLP, gRPC and the admin server.
-pub async fn build(cfg: Config) -> Result<App, IngressError> {
-    cfg.validate()?;
-    let key_salt = cfg.read_key_salt()?;
-    let cfg = Arc::new(cfg);
-    let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
-    let (registry, metrics) = metrics::IngressMetrics::registered();
-    let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
-        "hl7gw-ingress",
-        cfg.kafka.clone(),
-        cfg.ack_timeout,
-        metrics.producer_recoveries.clone(),
-    )?);
+impl hl7gw_runtime::service::Service for App {
+    type Config = Config;
+    type Error = IngressError;
 
-    // No port is bound before the gRPC TLS is checked; MLLP is bound before the port-0 listeners, which could
-    // otherwise take a port that was free a moment ago and given for MLLP.
-    cfg.grpc.check_start()?;
-    let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
-    let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let mut bound = listening.bound;
-    bound.mllp = Some(mllp.local_addr().unwrap_or(cfg.mllp_addr));
-    tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
-    Ok(App {
-        cfg,
-        tls,
-        key_salt,
-        metrics,
-        producer,
-        mllp,
-        listening,
-        bound,
-    })
-}
+    /// Reads the key salt and the TLS files, makes the producer and binds MLLP, gRPC and the admin server.
+    async fn build(cfg: Arc<Config>) -> Result<Self, IngressError> {
+        let key_salt = cfg.read_key_salt()?;
+        let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
+        let (registry, metrics) = metrics::IngressMetrics::registered();
+        let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+            "hl7gw-ingress",
+            cfg.kafka.clone(),
+            cfg.ack_timeout,
+            metrics.producer_recoveries.clone(),
+        )?);
 
-impl App {
+        // No port is bound before the gRPC TLS is checked; MLLP is bound before the port-0 listeners, which could
+        // otherwise take a port that was free a moment ago and given for MLLP.
+        cfg.grpc.check_start()?;
+        let mllp = admin::bind("MLLP", cfg.mllp_addr).await?;
+        let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+        let mut bound = listening.bound;
+        bound.mllp = Some(mllp.local_addr().unwrap_or(cfg.mllp_addr));
+        tracing::info!(mllp = %mllp_addr(&bound), grpc = %bound.grpc, admin = %bound.admin, ack_mode = ?cfg.ack_mode, "ingress listening");
+        Ok(App {
+            cfg,
+            tls,
+            key_salt,
+            metrics,
+            producer,
+            mllp,
+            listening,
+            bound,
+        })
+    }
+
     /// Where each listener is bound.
-    pub fn bound(&self) -> Bound {
+    fn bound(&self) -> Bound {
         self.bound
     }
 
+    /// The key salt file is read.
+    fn check(cfg: &Config) -> Result<(), IngressError> {
+        cfg.read_key_salt()?;
+        Ok(())
+    }
+
     /// Serves until `stop` is cancelled, then drains within `service.drain_timeout`.
-    pub async fn run(self, stop: CancellationToken) -> Result<(), IngressError> {
+    async fn run(self, stop: CancellationToken) -> Result<(), IngressError> {
         let cfg = self.cfg;
         let producer = self.producer;
         let listening = self.listening;

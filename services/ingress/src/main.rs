@@ -1,7 +1,7 @@
 //! `hl7gw-ingress`: reads the config, starts telemetry, runs the ingress until SIGTERM.
 
 use clap::Parser;
-use hl7gw_ingress::config::{AckMode, Config};
+use hl7gw_ingress::config::AckMode;
 use serde::Serialize;
 use std::net::SocketAddr;
 
@@ -29,23 +29,8 @@ struct Flags {
 }
 
 fn main() -> std::process::ExitCode {
-    hl7gw_runtime::exit(run())
-}
-
-fn run() -> anyhow::Result<()> {
     let flags = Flags::parse();
-    let cfg: Config = hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
-    cfg.validate()?;
-    if flags.common.check_config {
-        cfg.read_key_salt()?;
-        hl7gw_runtime::service::check_config(&cfg.kafka, &cfg.grpc)?;
-        println!("configuration is valid");
-        return Ok(());
-    }
-    hl7gw_runtime::shutdown::block_on("hl7gw-ingress", cfg.service.log_json, |stop| async move {
-        let app = hl7gw_ingress::build(cfg).await?;
-        app.bound().print("hl7gw-ingress");
-        app.run(stop).await
-    })?;
-    Ok(())
+    let run =
+        hl7gw_runtime::service::main::<hl7gw_ingress::App>("hl7gw-ingress", &flags.common, &flags);
+    hl7gw_runtime::exit(run)
 }

@@ -15,14 +15,8 @@ async fn runs_in_process_on_port_0() {
             support::unique_topic("inproc.dlq"),
         ),
     );
-    let ingress = InProcess::start(|stop, bound| async move {
-        let app = hl7gw_ingress::build(cfg).await?;
-        let _ = bound.send(app.bound());
-        app.run(stop).await
-    })
-    .await;
-    assert_eq!(ingress.admin_get("/healthz").await.0, 200);
-    ingress.ready(Duration::from_secs(60)).await.unwrap();
+    let ingress = InProcess::service::<hl7gw_ingress::App>(cfg).await;
+    ingress.serving().await;
     let mllp = ingress.bound.mllp.expect("the ingress bound MLLP");
     let mut c = Mllp::connect(mllp).await;
     let ack = c

@@ -104,24 +104,43 @@ pub fn encode_into(env: &Envelope, buf: &mut Vec<u8>) {
     let _ = env.encode(buf);
 }
 
-/// The Kafka headers of a worker's record: `hl7.type` (`ADT^A01`), `hl7.control_id`, `traceparent` (the
-/// given one, which continues the message's trace), `content-type`, and `hl7gw.destination` when set.
+/// The Kafka headers of a worker's record: those of [`kafka_headers`], with `traceparent` the given one (which
+/// continues the message's trace) and `hl7gw.destination` when the envelope names one.
 pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::OwnedHeaders {
-    use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-    let h = env.header.clone().unwrap_or_default();
-    let ty = if h.trigger_event.is_empty() {
-        h.message_type.clone()
-    } else {
-        format!("{}^{}", h.message_type, h.trigger_event)
+    let (ty, control_id) = match &env.header {
+        Some(h) if h.trigger_event.is_empty() => (h.message_type.clone(), h.control_id.as_str()),
+        Some(h) => (
+            format!("{}^{}", h.message_type, h.trigger_event),
+            h.control_id.as_str(),
+        ),
+        None => (String::new(), ""),
     };
+    kafka_headers(
+        ty.as_bytes(),
+        control_id.as_bytes(),
+        traceparent,
+        &env.destination,
+    )
+}
+
+/// The Kafka headers consumers filter on, on every record the gateway writes: `hl7.type` (`ADT^A01`),
+/// `hl7.control_id`, `traceparent` (when not empty), `content-type`, and `hl7gw.destination` (when not
+/// empty).
+pub fn kafka_headers(
+    ty: &[u8],
+    control_id: &[u8],
+    traceparent: &str,
+    destination: &str,
+) -> rdkafka::message::OwnedHeaders {
+    use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
     let mut out = OwnedHeaders::new_with_capacity(5)
         .insert(KafkaHeader {
             key: headers::TYPE,
-            value: Some(&ty),
+            value: Some(ty),
         })
         .insert(KafkaHeader {
             key: headers::CONTROL_ID,
-            value: Some(&h.control_id),
+            value: Some(control_id),
         });
     if !traceparent.is_empty() {
         out = out.insert(KafkaHeader {
@@ -133,10 +152,10 @@ pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::Ow
         key: headers::CONTENT_TYPE,
         value: Some(headers::ENVELOPE_CONTENT_TYPE),
     });
-    if !env.destination.is_empty() {
+    if !destination.is_empty() {
         out = out.insert(KafkaHeader {
             key: headers::DESTINATION,
-            value: Some(&env.destination),
+            value: Some(destination),
         });
     }
     out

@@ -1,21 +1,8 @@
 //! hl7gw-runtime: what every hl7gw service shares — config loading, telemetry, metrics, Kafka client setup,
 //! the envelope contract, shutdown, and the admin HTTP server.
 
-pub mod proto {
-    //! Generated from `proto/hl7gw/v1`.
-    #![allow(
-        missing_docs,
-        missing_debug_implementations,
-        clippy::all,
-        clippy::pedantic
-    )]
-    pub mod v1 {
-        tonic::include_proto!("hl7gw.v1");
-    }
-    /// The encoded `FileDescriptorSet` of proto/hl7gw/v1 (served by gRPC reflection).
-    pub const DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/hl7gw_descriptor.bin"));
-}
+/// The wire contracts' generated code (`hl7gw-proto`).
+pub use hl7gw_proto as proto;
 
 pub mod admin;
 pub mod config;
@@ -39,15 +26,52 @@ pub fn pod_name() -> String {
         .unwrap_or_else(|_| "local".to_owned())
 }
 
-/// A binary's end: `Ok` exits 0; an error prints one line, `error: ` and its causes joined by `: ` (no
-/// backtrace, whatever `RUST_BACKTRACE` says), and exits 1.
-pub fn exit<E: std::fmt::Display>(result: Result<(), E>) -> std::process::ExitCode {
+/// A binary's end: `Ok` exits 0; an error prints one line, `error: ` and [`error_line`] (no backtrace, whatever
+/// `RUST_BACKTRACE` says), and exits 1.
+pub fn exit<E: std::error::Error>(result: Result<(), E>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            let line = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {line}");
+            eprintln!("error: {}", error_line(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, joined by `: `. A cause whose text the line already holds (an error
+/// that writes its source into its own message, as `config file {path}: {source}` does) is not repeated.
+pub fn error_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_line_names_each_cause_once() {
+        let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        // The config error writes its source into its message and also returns it from `source()`.
+        let e = config::ConfigError::File {
+            path: "/etc/x.yaml".into(),
+            source: missing,
+        };
+        assert_eq!(error_line(&e), "config file /etc/x.yaml: no such file");
+        // A wrapper that does not: the cause is appended.
+        #[derive(Debug, thiserror::Error)]
+        #[error("starting")]
+        struct Outer(#[source] config::ConfigError);
+        let e = Outer(config::ConfigError::Rule("two\nlines".into()));
+        assert_eq!(error_line(&e), "starting: invalid configuration: two lines");
     }
 }

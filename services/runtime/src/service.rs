@@ -38,6 +38,97 @@ impl Bound {
     }
 }
 
+/// A service as its binary runs it: built from its validated config (clients made, ports bound), then run
+/// until the token is cancelled. [`main`] is every service binary's `main` over it; tests start one in-process
+/// the same way (`hl7gw_testkit::InProcess::service`).
+pub trait Service: Sized + Send + 'static {
+    type Config: ServiceConfig;
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Makes the clients and binds every port; serves nothing yet. `cfg` has passed
+    /// [`ServiceConfig::validate`].
+    fn build(cfg: Arc<Self::Config>) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+    /// The addresses bound.
+    fn bound(&self) -> Bound;
+    /// Serves until `stop` is cancelled, then drains; errors from every task are returned.
+    fn run(self, stop: CancellationToken) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `--check-config`'s checks of what only this service has (secret files, route files), before the
+    /// shared ones.
+    fn check(_cfg: &Self::Config) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// What the scaffold reads of a service's config: its validation and the sections every service has.
+/// [`service_config`](crate::service_config) implements it for a config with `service`, `kafka` and `grpc`
+/// fields and a `validate` method.
+pub trait ServiceConfig:
+    serde::de::DeserializeOwned + serde::Serialize + Default + Send + Sync + 'static
+{
+    fn validate(&self) -> Result<(), crate::config::ConfigError>;
+    fn service(&self) -> &crate::config::ServiceSettings;
+    fn kafka(&self) -> &KafkaSettings;
+    fn grpc(&self) -> &GrpcSettings;
+}
+
+/// Implements [`ServiceConfig`] for a service's `Config`.
+#[macro_export]
+macro_rules! service_config {
+    ($t:ty) => {
+        impl $crate::service::ServiceConfig for $t {
+            fn validate(&self) -> Result<(), $crate::config::ConfigError> {
+                <$t>::validate(self)
+            }
+            fn service(&self) -> &$crate::config::ServiceSettings {
+                &self.service
+            }
+            fn kafka(&self) -> &$crate::kafka::KafkaSettings {
+                &self.kafka
+            }
+            fn grpc(&self) -> &$crate::grpc::GrpcSettings {
+                &self.grpc
+            }
+        }
+    };
+}
+
+/// Why a service binary stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum MainError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Check(#[from] CheckError),
+    #[error(transparent)]
+    Run(#[from] crate::shutdown::RunError<E>),
+}
+
+/// The service binary `name`'s `main` once its flags are parsed: the config from the defaults, the file,
+/// `HL7GW_` variables and `flags` (each over the one before), validated; with `--check-config`
+/// [`Service::check`] and the shared checks (which print their warnings), then `configuration is valid`;
+/// otherwise telemetry named `name`, [`Service::build`], the listening line and [`Service::run`] until SIGTERM
+/// or SIGINT.
+pub fn main<S: Service>(
+    name: &'static str,
+    common: &crate::config::CommonFlags,
+    flags: &impl serde::Serialize,
+) -> Result<(), MainError<S::Error>> {
+    let cfg: S::Config = crate::config::load(common.config.as_deref(), flags)?;
+    cfg.validate()?;
+    if common.check_config {
+        S::check(&cfg).map_err(crate::shutdown::RunError::Service)?;
+        check_config(cfg.kafka(), cfg.grpc())?;
+        println!("configuration is valid");
+        return Ok(());
+    }
+    let log_json = cfg.service().log_json;
+    crate::shutdown::block_on(name, log_json, |stop| async move {
+        let app = S::build(Arc::new(cfg)).await?;
+        app.bound().print(name);
+        app.run(stop).await
+    })?;
+    Ok(())
+}
+
 /// The admin HTTP server (`/healthz`, `/readyz`, `/metrics`), serving until [`AdminServer::stop`], which a
 /// service calls last so that probes and scrapes see the whole drain.
 #[derive(Debug)]

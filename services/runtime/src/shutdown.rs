@@ -1,12 +1,12 @@
 //! Shutdown: SIGTERM or SIGINT cancels one token; services stop accepting, drain, flush and exit in order.
-//! [`block_on`] is the part of every service's `main` after its config is read.
+//! [`block_on`] is the part of every service's `main` after its config is read ([`crate::service::main`]).
 
 use std::io::Write;
 use tokio_util::sync::CancellationToken;
 
-/// Why a service process stopped with an error.
+/// Why running a service stopped with an error.
 #[derive(Debug, thiserror::Error)]
-pub enum MainError<E: std::error::Error + 'static> {
+pub enum RunError<E: std::error::Error + 'static> {
     #[error("starting the tokio runtime: {0}")]
     Runtime(std::io::Error),
     #[error(transparent)]
@@ -21,7 +21,7 @@ pub fn block_on<E, Fut>(
     service: &'static str,
     log_json: bool,
     run: impl FnOnce(CancellationToken) -> Fut,
-) -> Result<(), MainError<E>>
+) -> Result<(), RunError<E>>
 where
     E: std::error::Error + 'static,
     Fut: Future<Output = Result<(), E>>,
@@ -29,12 +29,12 @@ where
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(MainError::Runtime)?;
+        .map_err(RunError::Runtime)?;
     rt.block_on(async move {
         let _telemetry = crate::telemetry::init(service, log_json)?;
         let stop = CancellationToken::new();
         cancel_on_signal(stop.clone());
-        run(stop).await.map_err(MainError::Service)
+        run(stop).await.map_err(RunError::Service)
     })
 }
 

@@ -83,6 +83,19 @@ pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
 }
 
+/// An ingress's own inbound and DLQ topics (`<prefix>.<unique>`, `<prefix>.dlq.<unique>`) and the environment
+/// that points it at them on `brokers`.
+pub fn topics_env(brokers: &str, prefix: &str) -> (String, String, Vec<(&'static str, String)>) {
+    let inbound = unique_topic(prefix);
+    let dlq = unique_topic(&format!("{prefix}.dlq"));
+    let env = vec![
+        ("HL7GW_KAFKA__BROKERS", brokers.to_owned()),
+        ("HL7GW_INBOUND_TOPIC", inbound.clone()),
+        ("HL7GW_DLQ_TOPIC", dlq.clone()),
+    ];
+    (inbound, dlq, env)
+}
+
 /// `hl7gw-ingress` flags for every listener on a free port of 127.0.0.1 (the service prints the ones it got).
 pub const INGRESS_ON_PORT_0: [&str; 6] = [
     "--mllp-addr",
@@ -245,13 +258,15 @@ impl Mllp {
 
 /// MSA-1 of an ACK.
 pub fn ack_code(ack: &[u8]) -> String {
-    hl7v2::Message::parse(ack)
-        .ok()
-        .and_then(|m| {
-            m.get("MSA-1")
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        })
+    field(ack, "MSA-1")
         .unwrap_or_else(|| format!("unparseable: {:?}", String::from_utf8_lossy(ack)))
+}
+
+/// The value at terser `path` (`MSH-10`, `ERR-3-1`) of a message, as text; None when the message does not
+/// parse or has no such field.
+pub fn field(msg: &[u8], path: &str) -> Option<String> {
+    let m = hl7v2::Message::parse(msg).ok()?;
+    m.get(path).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// A record read back from Kafka.
@@ -379,6 +394,33 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Runs `cmd` to its end; its stdout, or a panic naming the program with its stderr when it failed.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{:?} did not start: {e}", cmd.get_program()));
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        cmd.get_program(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A tool `scripts/tools.sh` installs (`helm`, `grpcurl`, `kubeconform`), installed first when missing
+/// (instant once cached in .cache/tools).
+pub fn tool(name: &str) -> PathBuf {
+    let script = repo_root().join("scripts/tools.sh");
+    run_ok(Command::new("bash").arg(&script));
+    run_ok(Command::new("bash").arg(&script).arg("path"))
+        .trim()
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{name} is not among scripts/tools.sh's tools"))
+}
+
 /// A workspace binary (`hl7gw-ingress`, `hl7gw-load`, `hl7gw`, ...) next to the test's own directory:
 /// `cargo test --workspace --all-targets` builds every binary before any test runs.
 pub fn bin(name: &str) -> PathBuf {
@@ -401,27 +443,24 @@ pub fn load_binary() -> PathBuf {
 /// Runs `hl7gw-load` for `secs` seconds with `clients` connections, recording every ACKed id in `record`;
 /// stdout (the JSON summary) is piped.
 pub fn start_load(port: u16, clients: u32, secs: u32, record: &Path) -> Child {
-    Command::new(load_binary())
-        .args(["--to", &format!("127.0.0.1:{port}")])
-        .args([
-            "--clients",
-            &clients.to_string(),
-            "--duration",
-            &secs.to_string(),
-        ])
-        .args([
-            "--warmup",
-            "0",
-            "--timeout",
-            "10",
-            "--json",
-            "--record-acked",
-        ])
-        .arg(record)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+    load_command(port, clients, secs, record)
+        .args(["--timeout", "10"])
         .spawn()
         .expect("starting hl7gw-load")
+}
+
+/// `hl7gw-load` to the MLLP port for `secs` seconds with `clients` connections, no warmup, every ACKed id
+/// recorded in `record`, the JSON summary on a piped stdout, stderr discarded; add options and spawn it.
+pub fn load_command(port: u16, clients: u32, secs: u32, record: &Path) -> Command {
+    let mut cmd = Command::new(load_binary());
+    cmd.args(["--to", &format!("127.0.0.1:{port}")])
+        .args(["--clients", &clients.to_string()])
+        .args(["--duration", &secs.to_string(), "--warmup", "0", "--json"])
+        .arg("--record-acked")
+        .arg(record)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    cmd
 }
 
 pub fn free_port() -> u16 {
@@ -682,20 +721,22 @@ pub struct InProcess<E> {
 }
 
 impl<E: Send + 'static> InProcess<E> {
-    /// Spawns `run` (a service's `build` then `App::run`, given the stop token and where to send
-    /// `App::bound()`) and waits until it has bound its ports.
-    pub async fn start<Fut>(
-        run: impl FnOnce(
-            tokio_util::sync::CancellationToken,
-            tokio::sync::oneshot::Sender<hl7gw_runtime::service::Bound>,
-        ) -> Fut,
-    ) -> Self
+    /// Validates `cfg`, then builds and runs the service `S` on a task, as its binary would, and waits until
+    /// it has bound its ports.
+    pub async fn service<S>(cfg: S::Config) -> Self
     where
-        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        S: hl7gw_runtime::service::Service<Error = E>,
     {
+        use hl7gw_runtime::service::ServiceConfig;
+        cfg.validate().expect("a valid config");
         let stop = tokio_util::sync::CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(run(stop.clone(), tx));
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            let app = S::build(std::sync::Arc::new(cfg)).await?;
+            let _ = tx.send(app.bound());
+            app.run(token).await
+        });
         let bound = tokio::time::timeout(Duration::from_secs(30), rx)
             .await
             .expect("the service bound its ports within 30 s")
@@ -719,6 +760,13 @@ impl<E: Send + 'static> InProcess<E> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Checks the service is alive (`/healthz` 200) and waits up to 60 s until it is ready; its `/metrics`.
+    pub async fn serving(&self) -> String {
+        assert_eq!(self.admin_get("/healthz").await.0, 200);
+        self.ready(Duration::from_secs(60)).await.expect("ready");
+        self.admin_get("/metrics").await.1
     }
 
     /// `GET path` on the admin server.

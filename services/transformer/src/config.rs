@@ -132,6 +132,8 @@ impl Default for Config {
     }
 }
 
+hl7gw_runtime::service_config!(Config);
+
 impl Config {
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Transform"];

@@ -1,7 +1,8 @@
 //! hl7gw-transformer: consumes `hl7.inbound`, applies the matching `HL7Route`s and produces each destination's
 //! copy to `hl7.out.<destination>` (failures to `hl7.dlq`), in Kafka transactions with the consumer offsets.
 //!
-//! [`run`] loads the routes (file or Kubernetes), starts the worker, gRPC dry run and admin HTTP, and on
+//! [`App`] is a [`Service`](hl7gw_runtime::service::Service): `build` loads the routes (file or Kubernetes),
+//! makes the Kafka clients and binds gRPC (the dry run) and admin HTTP; `run` starts the worker and on
 //! shutdown finishes the batch in hand, commits it and leaves the consumer group.
 
 pub mod config;
@@ -42,6 +43,9 @@ pub enum TransformerError {
     WorkerPanicked(String),
     #[error(transparent)]
     PluginTls(#[from] plugin::PluginTlsError),
+    /// `--check-config`: route documents of the routes file were refused.
+    #[error("{0} route(s) refused")]
+    RoutesRefused(usize),
 }
 hl7gw_runtime::common_error_from!(TransformerError);
 
@@ -81,83 +85,107 @@ impl std::fmt::Debug for App {
     }
 }
 
-/// Checks the config, reads the plugin TLS files and the routes file (or reaches the API server), makes the
-/// transactional producer and the consumer, binds gRPC and the admin server.
-pub async fn build(cfg: Config) -> Result<App, TransformerError> {
-    cfg.validate()?;
-    let cfg = Arc::new(cfg);
-    let (registry, metrics) = metrics::TransformerMetrics::registered();
-    let live = Arc::new(source::LiveRoutes::default());
-    // Plugin TLS files are read before any port is bound.
-    let plugins = Arc::new(plugin::GrpcPlugins::new(&cfg.plugin_tls)?);
+impl hl7gw_runtime::service::Service for App {
+    type Config = Config;
+    type Error = TransformerError;
 
-    let routes = if let Some(path) = &cfg.routes.file {
-        // Missing or bad at start: not fatal; the worker consumes nothing until a route list is loaded.
-        let loaded = source::load_file_at_start(path, &live, &metrics);
-        Routes::File {
-            path: path.clone(),
-            loaded,
-        }
-    } else {
-        let client = kube::Client::try_default()
-            .await
-            .map_err(source::SourceError::Kube)?;
-        let ns = cfg
-            .routes
-            .namespace
-            .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok())
-            .unwrap_or_else(|| client.default_namespace().to_owned());
-        tracing::info!(namespace = %ns, "watching HL7Routes");
-        Routes::Kubernetes(Box::new(kube::Api::<route::HL7Route>::namespaced(
-            client, &ns,
-        )))
-    };
+    /// Reads the plugin TLS files and the routes file (or reaches the API server), makes the
+    /// transactional producer and the consumer, binds gRPC and the admin server.
+    async fn build(cfg: Arc<Config>) -> Result<Self, TransformerError> {
+        let (registry, metrics) = metrics::TransformerMetrics::registered();
+        let live = Arc::new(source::LiveRoutes::default());
+        // Plugin TLS files are read before any port is bound.
+        let plugins = Arc::new(plugin::GrpcPlugins::new(&cfg.plugin_tls)?);
 
-    let txn_id = transactional_id(&cfg);
-    let pc = transactional_producer_config(
-        "hl7gw-transformer",
-        &cfg.kafka,
-        &txn_id,
-        cfg.transaction_timeout,
-    )?;
-    let make_producer: worker::ProducerFactory =
-        Arc::new(move || pc.create_with_context(KafkaContext));
-    let producer = make_producer()?;
-    let consumer: Arc<worker::Consumer_> = Arc::new(
-        consumer_config(
-            &cfg.group_id,
+        let routes = if let Some(path) = &cfg.routes.file {
+            // Missing or bad at start: not fatal; the worker consumes nothing until a route list is loaded.
+            let loaded = source::load_file_at_start(path, &live, &metrics);
+            Routes::File {
+                path: path.clone(),
+                loaded,
+            }
+        } else {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(source::SourceError::Kube)?;
+            let ns = cfg
+                .routes
+                .namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            tracing::info!(namespace = %ns, "watching HL7Routes");
+            Routes::Kubernetes(Box::new(kube::Api::<route::HL7Route>::namespaced(
+                client, &ns,
+            )))
+        };
+
+        let txn_id = transactional_id(&cfg);
+        let pc = transactional_producer_config(
             "hl7gw-transformer",
             &cfg.kafka,
-            Commit::Manual,
-        )?
-        .create_with_context(hl7gw_runtime::kafka::Assignment::default())?,
-    );
+            &txn_id,
+            cfg.transaction_timeout,
+        )?;
+        let make_producer: worker::ProducerFactory =
+            Arc::new(move || pc.create_with_context(KafkaContext));
+        let producer = make_producer()?;
+        let consumer: Arc<worker::Consumer_> = Arc::new(
+            consumer_config(
+                &cfg.group_id,
+                "hl7gw-transformer",
+                &cfg.kafka,
+                Commit::Manual,
+            )?
+            .create_with_context(hl7gw_runtime::kafka::Assignment::default())?,
+        );
 
-    let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
-    let bound = listening.bound;
-    tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
-    Ok(App {
-        cfg,
-        metrics,
-        live,
-        plugins,
-        routes,
-        make_producer,
-        producer,
-        consumer,
-        listening,
-    })
-}
+        let listening = Listening::bind(&cfg.service, cfg.grpc.clone(), registry).await?;
+        let bound = listening.bound;
+        tracing::info!(grpc = %bound.grpc, admin = %bound.admin, transactional_id = %txn_id, "transformer listening");
+        Ok(App {
+            cfg,
+            metrics,
+            live,
+            plugins,
+            routes,
+            make_producer,
+            producer,
+            consumer,
+            listening,
+        })
+    }
 
-impl App {
     /// Where each listener is bound.
-    pub fn bound(&self) -> Bound {
+    fn bound(&self) -> Bound {
         self.listening.bound
     }
 
+    /// Each route of the routes file (when routes come from one), accepted or refused and why, on stdout.
+    fn check(cfg: &Config) -> Result<(), TransformerError> {
+        let Some(path) = &cfg.routes.file else {
+            return Ok(());
+        };
+        let (_r, m) = metrics::TransformerMetrics::registered();
+        let verdicts = source::load_file(path, &source::LiveRoutes::default(), &m)?;
+        let mut refused = 0;
+        for v in verdicts {
+            match v.refused {
+                None => println!("route {}: accepted", v.name),
+                Some(r) => {
+                    refused += 1;
+                    println!("route {}: refused: {r}", v.name);
+                }
+            }
+        }
+        match refused {
+            0 => Ok(()),
+            n => Err(TransformerError::RoutesRefused(n)),
+        }
+    }
+
     /// Watches the routes and transforms until `stop` is cancelled, then finishes the batch in hand.
-    pub async fn run(self, stop: CancellationToken) -> Result<(), TransformerError> {
+    async fn run(self, stop: CancellationToken) -> Result<(), TransformerError> {
         let (cfg, metrics, live, consumer) = (self.cfg, self.metrics, self.live, self.consumer);
         let listening = self.listening;
         let health = listening.health.clone();

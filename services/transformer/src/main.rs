@@ -33,47 +33,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    hl7gw_runtime::exit(run())
-}
-
-fn run() -> anyhow::Result<()> {
     let flags = Flags::parse();
     if let Some(Command::Crd) = flags.command {
-        print!("{}", hl7gw_transformer::route::crd_yaml()?);
-        return Ok(());
+        let crd = hl7gw_transformer::route::crd_yaml();
+        return hl7gw_runtime::exit(crd.map(|yaml| print!("{yaml}")));
     }
-    let cfg: hl7gw_transformer::config::Config =
-        hl7gw_runtime::config::load(flags.common.config.as_deref(), &flags)?;
-    cfg.validate()?;
-    if flags.common.check_config {
-        hl7gw_runtime::service::check_config(&cfg.kafka, &cfg.grpc)?;
-        if let Some(path) = &cfg.routes.file {
-            let (_r, m) = hl7gw_transformer::metrics::TransformerMetrics::registered();
-            let live = hl7gw_transformer::source::LiveRoutes::default();
-            let verdicts = hl7gw_transformer::source::load_file(path, &live, &m)?;
-            let mut bad = 0;
-            for v in verdicts {
-                match v.refused {
-                    None => println!("route {}: accepted", v.name),
-                    Some(r) => {
-                        bad += 1;
-                        println!("route {}: refused: {r}", v.name);
-                    }
-                }
-            }
-            anyhow::ensure!(bad == 0, "{bad} route(s) refused");
-        }
-        println!("configuration is valid");
-        return Ok(());
-    }
-    hl7gw_runtime::shutdown::block_on(
+    let run = hl7gw_runtime::service::main::<hl7gw_transformer::App>(
         "hl7gw-transformer",
-        cfg.service.log_json,
-        |stop| async move {
-            let app = hl7gw_transformer::build(cfg).await?;
-            app.bound().print("hl7gw-transformer");
-            app.run(stop).await
-        },
-    )?;
-    Ok(())
+        &flags.common,
+        &flags,
+    );
+    hl7gw_runtime::exit(run)
 }

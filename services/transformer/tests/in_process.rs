@@ -24,16 +24,9 @@ async fn runs_in_process_on_port_0() {
             routes.display()
         ),
     );
-    let transformer = InProcess::start(|stop, bound| async move {
-        let app = hl7gw_transformer::build(cfg).await?;
-        let _ = bound.send(app.bound());
-        app.run(stop).await
-    })
-    .await;
+    let transformer = InProcess::service::<hl7gw_transformer::App>(cfg).await;
     assert!(transformer.bound.mllp.is_none());
-    assert_eq!(transformer.admin_get("/healthz").await.0, 200);
-    transformer.ready(Duration::from_secs(60)).await.unwrap();
-    let (_, metrics) = transformer.admin_get("/metrics").await;
+    let metrics = transformer.serving().await;
     assert!(
         metrics.contains("hl7gw_transformer_routes_active 1"),
         "{metrics}"

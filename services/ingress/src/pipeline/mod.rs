@@ -17,7 +17,7 @@ use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
 use hl7gw_runtime::dedup::{Claim, Claimed, Dedup, FirstCopy, Key};
 use hl7gw_runtime::delivery::DeliveryFuture;
-use hl7gw_runtime::envelope::{self, headers};
+use hl7gw_runtime::envelope;
 use hl7gw_runtime::producer::{ProducerSlot, is_fatal};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
@@ -26,7 +26,7 @@ use hl7v2::ack::{
 };
 use hl7v2::{Charset, ErrorCode, Header, Message};
 use prometheus_client::metrics::gauge::Gauge;
-use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureRecord, Producer as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -332,26 +332,7 @@ impl EnvelopeExt for Envelope {
 /// The Kafka headers consumers filter on: `hl7.type`, `hl7.control_id`, `traceparent` (when traced),
 /// `content-type`.
 fn kafka_headers(h: &Header<'_>, traceparent: Option<&str>) -> OwnedHeaders {
-    let type_header = type_header(h);
-    let mut hdrs = OwnedHeaders::new_with_capacity(4)
-        .insert(KafkaHeader {
-            key: headers::TYPE,
-            value: Some(&type_header),
-        })
-        .insert(KafkaHeader {
-            key: headers::CONTROL_ID,
-            value: Some(h.control_id),
-        });
-    if let Some(tp) = traceparent {
-        hdrs = hdrs.insert(KafkaHeader {
-            key: headers::TRACEPARENT,
-            value: Some(tp),
-        });
-    }
-    hdrs.insert(KafkaHeader {
-        key: headers::CONTENT_TYPE,
-        value: Some(headers::ENVELOPE_CONTENT_TYPE),
-    })
+    envelope::kafka_headers(&type_header(h), h.control_id, traceparent.unwrap_or(""), "")
 }
 
 /// `ADT^A01` for the `hl7.type` header.

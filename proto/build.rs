@@ -1,7 +1,7 @@
 //! Compiles proto/hl7gw/v1/*.proto with protox (pure Rust: no system protoc) and tonic-prost-build.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let files = [
         "hl7gw/v1/envelope.proto",
         "hl7gw/v1/ingest.proto",
@@ -11,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
-    let fds = protox::compile(files, [&root])?;
+    let fds = protox::compile(files, [root])?;
     // The descriptor set the gRPC listeners serve through reflection (grpcurl works without the protos).
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
