@@ -32,13 +32,9 @@ scripts/kafka.sh up
 out=target/bench-pipeline
 rm -rf "$out"
 mkdir -p "$out"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  scripts/kafka.sh down || true
-}
-trap cleanup EXIT
+# shellcheck source=scripts/lib/procs.sh
+. scripts/lib/procs.sh
+trap 'stop_children; scripts/kafka.sh down || true' EXIT
 run="bench$(date +%s)"
 # librdkafka statistics every second: the Kafka requests per delivered message, by service and API, come from them.
 export HL7GW_KAFKA__BROKERS=127.0.0.1:$KAFKA_PORT RUST_LOG=warn HL7GW_KAFKA__STATISTICS_INTERVAL=1s

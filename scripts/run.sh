@@ -11,13 +11,9 @@ log=.cache/run
 received=$log/received
 mkdir -p "$log"
 rm -rf "$received"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  scripts/kafka.sh down || true
-}
-trap cleanup EXIT
+# shellcheck source=scripts/lib/procs.sh
+. scripts/lib/procs.sh
+trap 'stop_children; scripts/kafka.sh down || true' EXIT
 trap 'exit 0' INT TERM
 
 scripts/kafka.sh up

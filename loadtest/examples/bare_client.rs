@@ -7,7 +7,7 @@
 //! ```
 
 use bytes::BytesMut;
-use hl7gw_load::messages::{Fixture, MessageSet};
+use hl7gw_load::messages::{Fixture, MessageId, MessageSet};
 use hl7v2::MllpCodec;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,7 +23,15 @@ fn main() -> anyhow::Result<()> {
     let mut frame = Vec::new();
     MessageSet::fixture(Fixture::Adt, false)
         .pick(0)
-        .write_frame(&mut frame, b"BARE", 0, 0, false);
+        .write_frame(
+            &mut frame,
+            MessageId {
+                run: b"BARE",
+                client: 0,
+                seq: 0,
+                warmup: false,
+            },
+        );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

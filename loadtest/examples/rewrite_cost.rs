@@ -6,7 +6,7 @@
 //! ```
 
 use hl7gw_load::ids::{new_run_id, push_control_id};
-use hl7gw_load::messages::{Fixture, MessageSet};
+use hl7gw_load::messages::{Fixture, MessageId, MessageSet};
 use hl7v2::Message;
 use std::hint::black_box;
 use std::time::Instant;
@@ -24,14 +24,14 @@ fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         for seq in 0..N {
             buf.clear();
-            black_box(template.write_frame(&mut buf, run, 3, seq, false));
+            black_box(template.write_frame(&mut buf, id(run, seq)));
             black_box(&buf);
         }
         let splice = t.elapsed().as_nanos() as f64 / N as f64;
         let size = buf.len() - 3;
 
         let mut original = Vec::new();
-        template.write_payload(&mut original, run, 3, 0, false);
+        template.write_payload(&mut original, id(run, 0));
         let mut cid = Vec::with_capacity(32);
         let t = Instant::now();
         for seq in 0..N {
@@ -50,4 +50,14 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Message `seq` of client 3 in `run`.
+fn id(run: &[u8], seq: u64) -> MessageId<'_> {
+    MessageId {
+        run,
+        client: 3,
+        seq,
+        warmup: false,
+    }
 }

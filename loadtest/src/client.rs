@@ -8,7 +8,7 @@
 
 use crate::ack::{self, AckCheck};
 use crate::grpc::GrpcTarget;
-use crate::messages::MessageSet;
+use crate::messages::{MessageId, MessageSet};
 use crate::record::RecordHandle;
 use crate::stats::{ClientStats, ErrorKind};
 use bytes::BytesMut;
@@ -263,13 +263,13 @@ impl Client<'_> {
         };
         let built = Instant::now();
         self.wbuf.clear();
-        let cid = self.plan.messages.pick(seq).write_frame(
-            &mut self.wbuf,
-            &self.plan.run_id,
-            self.id,
+        let id = MessageId {
+            run: &self.plan.run_id,
+            client: self.id,
             seq,
             warmup,
-        );
+        };
+        let cid = self.plan.messages.pick(seq).write_frame(&mut self.wbuf, id);
         let t0 = Instant::now();
         if !warmup {
             self.stats.build += t0 - built;
@@ -357,13 +357,13 @@ impl Client<'_> {
                 };
                 let built = Instant::now();
                 self.wbuf.clear();
-                let cid = plan.messages.pick(seq).write_frame(
-                    &mut self.wbuf,
-                    &plan.run_id,
-                    self.id,
+                let id = MessageId {
+                    run: &plan.run_id,
+                    client: self.id,
                     seq,
-                    false,
-                );
+                    warmup: false,
+                };
+                let cid = plan.messages.pick(seq).write_frame(&mut self.wbuf, id);
                 let t0 = Instant::now();
                 self.stats.build += t0 - built;
                 let sent = Sent {

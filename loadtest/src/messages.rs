@@ -142,45 +142,40 @@ impl Template {
         &self.name
     }
 
-    /// Appends the message for (`client`, `seq`) wrapped in an MLLP frame; returns the range of the control id
-    /// inside `out`.
-    pub fn write_frame(
-        &self,
-        out: &mut Vec<u8>,
-        run: &[u8],
-        client: u32,
-        seq: u64,
-        warmup: bool,
-    ) -> Range<usize> {
+    /// Appends the message `id` wrapped in an MLLP frame; returns the range of the control id inside `out`.
+    pub fn write_frame(&self, out: &mut Vec<u8>, id: MessageId<'_>) -> Range<usize> {
         out.push(SB);
-        let cid = self.write_payload(out, run, client, seq, warmup);
+        let cid = self.write_payload(out, id);
         out.extend_from_slice(&[EB, CR]);
         cid
     }
 
-    /// Appends the bare message; returns the range of the control id inside `out`.
-    pub fn write_payload(
-        &self,
-        out: &mut Vec<u8>,
-        run: &[u8],
-        client: u32,
-        seq: u64,
-        warmup: bool,
-    ) -> Range<usize> {
+    /// Appends the bare message `id`; returns the range of the control id inside `out`.
+    pub fn write_payload(&self, out: &mut Vec<u8>, id: MessageId<'_>) -> Range<usize> {
         let mut cid = 0..0;
         for piece in &self.pieces {
             match piece {
                 Piece::Lit(b) => out.extend_from_slice(b),
                 Piece::ControlId => {
                     let start = out.len();
-                    push_control_id(out, run, client, seq, warmup);
+                    push_control_id(out, id.run, id.client, id.seq, id.warmup);
                     cid = start..out.len();
                 }
-                Piece::PatientId => push_patient_id(out, client, seq),
+                Piece::PatientId => push_patient_id(out, id.client, id.seq),
             }
         }
         cid
     }
+}
+
+/// Which message to write: message `seq` of `client` in run `run` (its control id `<run>-<client>-<seq>`, marked
+/// when `warmup`).
+#[derive(Debug, Clone, Copy)]
+pub struct MessageId<'a> {
+    pub run: &'a [u8],
+    pub client: u32,
+    pub seq: u64,
+    pub warmup: bool,
 }
 
 /// The templates of a run, sent round-robin: message `seq` of every client uses template `seq % len`.
@@ -295,7 +290,15 @@ mod tests {
 
     fn render(t: &Template, client: u32, seq: u64) -> (Vec<u8>, Range<usize>) {
         let mut out = Vec::new();
-        let cid = t.write_payload(&mut out, b"RUNID", client, seq, false);
+        let cid = t.write_payload(
+            &mut out,
+            MessageId {
+                run: b"RUNID",
+                client,
+                seq,
+                warmup: false,
+            },
+        );
         (out, cid)
     }
 
@@ -331,7 +334,15 @@ mod tests {
         let mut out = Vec::new();
         for seq in 0..4 {
             out.clear();
-            let cid = set.pick(seq).write_frame(&mut out, b"R", 0, seq, seq == 0);
+            let cid = set.pick(seq).write_frame(
+                &mut out,
+                MessageId {
+                    run: b"R",
+                    client: 0,
+                    seq,
+                    warmup: seq == 0,
+                },
+            );
             assert_eq!(out[0], SB);
             assert_eq!(&out[out.len() - 2..], &[EB, CR]);
             let m = Message::parse(&out[1..out.len() - 2]).expect("parses");
@@ -340,7 +351,15 @@ mod tests {
             assert_eq!(m.header().message_type, want);
         }
         let mut out = Vec::new();
-        let cid = set.pick(0).write_payload(&mut out, b"R", 1, 2, true);
+        let cid = set.pick(0).write_payload(
+            &mut out,
+            MessageId {
+                run: b"R",
+                client: 1,
+                seq: 2,
+                warmup: true,
+            },
+        );
         assert_eq!(&out[cid], b"R-1-W2");
     }
 

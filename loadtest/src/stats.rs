@@ -193,6 +193,11 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// p50, p90, p95, p99, p99.9 and max in milliseconds, as the reports print them.
+    pub fn ms(&self) -> [String; 6] {
+        [self.p50, self.p90, self.p95, self.p99, self.p999, self.max].map(ms)
+    }
+
     pub fn of(h: &Histogram<u64>) -> Self {
         if h.is_empty() {
             return Self::default();
@@ -399,15 +404,10 @@ impl Summary {
             }
         );
         let _ = writeln!(s, "throughput   {:.0} msg/s", self.msgs_per_sec);
+        let [p50, p90, p95, p99, p999, max] = l.ms();
         let _ = writeln!(
             s,
-            "latency ms   p50 {}  p90 {}  p95 {}  p99 {}  p99.9 {}  max {}  mean {:.3}",
-            ms(l.p50),
-            ms(l.p90),
-            ms(l.p95),
-            ms(l.p99),
-            ms(l.p999),
-            ms(l.max),
+            "latency ms   p50 {p50}  p90 {p90}  p95 {p95}  p99 {p99}  p99.9 {p999}  max {max}  mean {:.3}",
             l.mean / 1000.0
         );
         let mut acks = String::new();
@@ -416,15 +416,11 @@ impl Summary {
                 let _ = write!(acks, "{name} {n}  ");
             }
         }
-        let _ = writeln!(
-            s,
-            "acks         {}",
-            if acks.is_empty() {
-                "none"
-            } else {
-                acks.trim_end()
-            }
-        );
+        let acks = match acks.trim_end() {
+            "" => "none",
+            listed => listed,
+        };
+        let _ = writeln!(s, "acks         {acks}");
         let kinds = self.error_kinds.describe();
         let _ = writeln!(
             s,
@@ -456,15 +452,11 @@ impl Summary {
         if let Some(e) = &self.record_error {
             let _ = writeln!(s, "record file  INCOMPLETE: {e}");
         }
-        let _ = writeln!(
-            s,
-            "result       {}",
-            if self.ok() {
-                "OK: every message got AA/CA"
-            } else {
-                "FAILED: not every message got AA/CA"
-            }
-        );
+        let result = match self.ok() {
+            true => "OK: every message got AA/CA",
+            false => "FAILED: not every message got AA/CA",
+        };
+        let _ = writeln!(s, "result       {result}");
         s
     }
 }
@@ -496,21 +488,15 @@ pub fn table(rows: &[Summary]) -> String {
         "errors"
     );
     for r in rows {
-        let l = &r.latency_us;
+        let [p50, p90, p95, p99, p999, max] = r.latency_us.ms();
         let _ = writeln!(
             s,
-            "{:<12} {:>7} {:>9} {:>8.3} {:>9.0} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}",
+            "{:<12} {:>7} {:>9} {:>8.3} {:>9.0} {p50:>8} {p90:>8} {p95:>8} {p99:>8} {p999:>8} {max:>8} {:>9} {:>6} {:>6}",
             r.run.scenario.as_deref().unwrap_or("-"),
             r.run.clients,
             r.messages,
             r.seconds,
             r.msgs_per_sec,
-            ms(l.p50),
-            ms(l.p90),
-            ms(l.p95),
-            ms(l.p99),
-            ms(l.p999),
-            ms(l.max),
             r.acks.accepted(),
             r.acks.total() - r.acks.accepted(),
             r.errors

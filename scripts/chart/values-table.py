@@ -20,20 +20,12 @@ KEY = re.compile(r"^(\s*)([A-Za-z0-9_.\-\"]+):(\s|$)")
 START, END = "<!-- values-table:start -->", "<!-- values-table:end -->"
 
 
+# bool before int: a YAML boolean is a Python int too.
+TYPES = ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"), (list, "list"), (dict, "object"))
+
+
 def type_of(v):
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "list"
-    if isinstance(v, dict):
-        return "object"
-    return "null"
+    return next((name for t, name in TYPES if isinstance(v, t)), "null")
 
 
 def cell(text):

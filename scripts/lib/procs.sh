@@ -1,5 +1,5 @@
-# Daemons started and stopped by PID, shared by scripts/cluster.sh and scripts/node.sh (sourced; PROCS_DIR
-# holds each one's NAME.pid and NAME.log).
+# Processes started and stopped by PID (sourced). Daemons of scripts/cluster.sh and scripts/node.sh: PROCS_DIR
+# holds each one's NAME.pid and NAME.log. A foreground script's children: `pids` and stop_children.
 
 pidfile() { echo "$PROCS_DIR/$1.pid"; }
 
@@ -35,4 +35,13 @@ stop_pid() {
   for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
   if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
   rm -f "$(pidfile "$name")"
+}
+
+# Children a foreground script started in the background (pids+=($!)); stop_children sends each SIGTERM and
+# waits for them all (scripts/run.sh, scripts/bench-pipeline.sh, from their EXIT trap).
+pids=()
+stop_children() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }

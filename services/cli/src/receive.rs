@@ -356,7 +356,6 @@ async fn answer(
     let message = match Message::parse(payload) {
         Ok(m) => m,
         Err(e) => {
-            shared.rejected.fetch_add(1, Ordering::Relaxed);
             let h = Header::salvage(payload);
             let control_id = sanitise(h.control_id);
             let name = file_name(seq, h.control_id);
@@ -371,11 +370,7 @@ async fn answer(
                 e.code()
             ));
             let text = e.to_string();
-            let err = AckError::error(e.code(), &text);
-            write_ack(ack, &h, ack_code(&h, Outcome::Reject), Some(&err), &ids);
-            return Answer::Reply {
-                accepted_slot: false,
-            };
+            return reject(shared, ack, &h, &ids, AckError::error(e.code(), &text));
         }
     };
     let h = message.header();
@@ -385,7 +380,6 @@ async fn answer(
         .reject_every
         .is_some_and(|every| nth.is_multiple_of(every))
     {
-        shared.rejected.fetch_add(1, Ordering::Relaxed);
         log(format_args!(
             "{peer}: #{seq} rejected on request ({size} bytes, control id {control_id}, --reject-every)"
         ));
@@ -393,10 +387,7 @@ async fn answer(
             ErrorCode::ApplicationInternalError,
             "rejected on request (--reject-every); resend later",
         );
-        write_ack(ack, h, ack_code(h, Outcome::Reject), Some(&err), &ids);
-        return Answer::Reply {
-            accepted_slot: false,
-        };
+        return reject(shared, ack, h, &ids, err);
     }
     if let Some(limit) = shared.count
         && shared.reserved.fetch_add(1, Ordering::AcqRel) >= limit
@@ -421,7 +412,6 @@ async fn answer(
             if shared.count.is_some() {
                 shared.reserved.fetch_sub(1, Ordering::AcqRel);
             }
-            shared.rejected.fetch_add(1, Ordering::Relaxed);
             log(format_args!(
                 "{peer}: #{seq} not stored (control id {control_id}): {e}"
             ));
@@ -429,11 +419,23 @@ async fn answer(
                 ErrorCode::ApplicationInternalError,
                 "could not store the message; resend later",
             );
-            write_ack(ack, h, ack_code(h, Outcome::Reject), Some(&err), &ids);
-            Answer::Reply {
-                accepted_slot: false,
-            }
+            reject(shared, ack, h, &ids, err)
         }
+    }
+}
+
+/// Counts a rejection and writes its AR/CR, carrying `err`, into `ack`.
+fn reject(
+    shared: &Shared,
+    ack: &mut Vec<u8>,
+    h: &Header<'_>,
+    ids: &AckIds<'_>,
+    err: AckError<'_>,
+) -> Answer {
+    shared.rejected.fetch_add(1, Ordering::Relaxed);
+    write_ack(ack, h, ack_code(h, Outcome::Reject), Some(&err), ids);
+    Answer::Reply {
+        accepted_slot: false,
     }
 }
 

@@ -12,17 +12,17 @@ use hl7gw_testkit::pipeline as common;
 use common::{Pipeline, received, wait_delivered};
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::{Cluster, bin, read_topic, recorded};
+use support::{Cluster, read_topic, recorded};
 
 /// Client port of node 1 (nodes 2 and 3: +10, +20), below the ephemeral port range.
 const PORT: u16 = 29500;
 /// Messages per second per client: steady load that leaves the 2-core machine room for three brokers.
 const RATE: &str = "40";
-const CLIENTS: &str = "4";
+const CLIENTS: u32 = 4;
 
 /// One row of the failure matrix.
 struct Row {
@@ -36,14 +36,8 @@ struct Row {
 }
 
 fn start_load(p: &Pipeline, secs: u32, record: &Path) -> Child {
-    Command::new(bin("hl7gw-load"))
-        .args(["--to", &format!("127.0.0.1:{}", p.mllp)])
-        .args(["--clients", CLIENTS, "--rate", RATE, "--warmup", "0"])
-        .args(["--duration", &secs.to_string(), "--timeout", "15", "--json"])
-        .arg("--record-acked")
-        .arg(record)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+    support::load_command(p.mllp, CLIENTS, secs, record)
+        .args(["--rate", RATE, "--timeout", "15"])
         .spawn()
         .expect("starting hl7gw-load")
 }

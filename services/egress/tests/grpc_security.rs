@@ -203,16 +203,7 @@ async fn admin_calls_need_tls_and_an_allowed_caller_and_are_audited() {
     assert!(ok && err.contains("0 replayed"), "{err}");
 
     // grpcurl as the README shows it, through reflection (no protos needed), with the token.
-    let tools = Command::new("bash")
-        .arg(support::repo_root().join("scripts/tools.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        tools.status.success(),
-        "scripts/tools.sh: {}",
-        String::from_utf8_lossy(&tools.stderr)
-    );
-    let grpcurl = support::repo_root().join(".cache/tools/grpcurl-v1.9.3/bin/grpcurl");
+    let grpcurl = support::tool("grpcurl");
     let out = Command::new(&grpcurl)
         .args(["-cacert", &pki.file("ca.pem")])
         .args(["-H", &format!("authorization: Bearer {OPS}")])

@@ -267,27 +267,7 @@ fn span_texts(r: &Received) -> Vec<(String, String)> {
 fn render_chart(dir: &Path) -> Vec<PathBuf> {
     let root = repo_root();
     // helm comes from the project's tool installer (instant once cached in .cache/tools).
-    let out = Command::new("bash")
-        .arg(root.join("scripts/tools.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/tools.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new("bash")
-        .arg(root.join("scripts/tools.sh"))
-        .arg("path")
-        .output()
-        .unwrap();
-    let helm = String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .split(':')
-        .map(|d| Path::new(d).join("helm"))
-        .find(|p| p.exists())
-        .expect("helm in scripts/tools.sh path");
+    let helm = support::tool("helm");
     let chart = root.join("helm/hl7-gateway");
     let mut values: Vec<Option<PathBuf>> = vec![None];
     let mut ci: Vec<_> = std::fs::read_dir(chart.join("ci"))

@@ -622,19 +622,14 @@ fn a_backlog_of_500_kb_results_stays_well_under_the_pods_memory_limit() {
     // The backlog: every result stored in the inbound topic before the transformer starts.
     p.start_ingress();
     let record = p.dir.path().join("acked.txt");
-    let out = Command::new(bin("hl7gw-load"))
-        .args(["--to", &format!("127.0.0.1:{}", p.mllp)])
-        .args(["--clients", "2", "--messages", &(N / 2).to_string()])
-        .args(["--warmup", "0", "--timeout", "30", "--record-acked"])
-        .arg(&record)
-        .arg("--files")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "hl7gw-load: {}",
-        String::from_utf8_lossy(&out.stderr)
+    support::run_ok(
+        Command::new(bin("hl7gw-load"))
+            .args(["--to", &format!("127.0.0.1:{}", p.mllp)])
+            .args(["--clients", "2", "--messages", &(N / 2).to_string()])
+            .args(["--warmup", "0", "--timeout", "30", "--record-acked"])
+            .arg(&record)
+            .arg("--files")
+            .arg(&file),
     );
     let ids = recorded(&record);
     assert_eq!(ids.len(), N as usize);

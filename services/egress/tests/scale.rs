@@ -11,25 +11,13 @@ use common::{Pipeline, check_delivery, wait_delivered};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{KillOnDrop, bin, recorded};
+use support::{KillOnDrop, recorded};
 
 /// Paced load on one ingress: `clients` × 40 msg/s for `secs`, ACKed ids recorded in `record`.
 fn load(port: u16, clients: u32, secs: u32, record: &Path) -> Child {
-    Command::new(bin("hl7gw-load"))
-        .args(["--to", &format!("127.0.0.1:{port}")])
-        .args([
-            "--clients",
-            &clients.to_string(),
-            "--rate",
-            "40",
-            "--warmup",
-            "0",
-        ])
-        .args(["--duration", &secs.to_string(), "--timeout", "15"])
-        .arg("--record-acked")
-        .arg(record)
+    support::load_command(port, clients, secs, record)
+        .args(["--rate", "40", "--timeout", "15"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .spawn()
         .expect("starting hl7gw-load")
 }

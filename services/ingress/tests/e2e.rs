@@ -8,14 +8,7 @@ use std::time::Duration;
 use support::*;
 
 fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
-    let inbound = unique_topic("test.inbound");
-    let dlq = unique_topic("test.dlq");
-    let env = vec![
-        ("HL7GW_KAFKA__BROKERS", brokers.to_owned()),
-        ("HL7GW_INBOUND_TOPIC", inbound.clone()),
-        ("HL7GW_DLQ_TOPIC", dlq.clone()),
-    ];
-    (inbound, dlq, env)
+    support::topics_env(brokers, "test.inbound")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,13 +137,7 @@ fn acks_in(bytes: &[u8]) -> Vec<(String, String)> {
     let mut out = Vec::new();
     while let Ok(Some(f)) = codec.decode(&mut buf) {
         let (code, id) = hl7v2::read_ack(&f).expect("an ACK");
-        let err3 = hl7v2::Message::parse(&f)
-            .ok()
-            .and_then(|m| {
-                m.get("ERR-3-1")
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            })
-            .unwrap_or_default();
+        let err3 = field(&f, "ERR-3-1").unwrap_or_default();
         let _ = id;
         out.push((code.as_str().to_owned(), err3));
     }
@@ -600,14 +587,12 @@ fn bad_config_is_refused_before_any_port_is_bound() {
         assert!(!out.status.success(), "kafka.properties.{key} accepted");
         assert!(stderr.contains(key), "{key}: {stderr}");
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress"))
-        .args(["--check-config", "--ack-mode", "fast"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    support::run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hl7gw-ingress")).args([
+            "--check-config",
+            "--ack-mode",
+            "fast",
+        ]),
     );
 }
 

@@ -26,14 +26,7 @@ use tokio_util::codec::{Decoder, Framed};
 const ACK_WAIT: Duration = Duration::from_secs(15);
 
 fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
-    let inbound = unique_topic("test.features");
-    let dlq = unique_topic("test.features.dlq");
-    let env = vec![
-        ("HL7GW_KAFKA__BROKERS", brokers.to_owned()),
-        ("HL7GW_INBOUND_TOPIC", inbound.clone()),
-        ("HL7GW_DLQ_TOPIC", dlq.clone()),
-    ];
-    (inbound, dlq, env)
+    support::topics_env(brokers, "test.features")
 }
 
 /// An ADT^A01 with MSH-12 `version` and MSH-15/16 (empty: original acknowledgement mode).
@@ -94,10 +87,7 @@ fn msa(ack: &[u8]) -> (String, String) {
 }
 
 fn err3(ack: &[u8]) -> Option<String> {
-    hl7v2::Message::parse(ack).ok().and_then(|m| {
-        m.get("ERR-3-1")
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-    })
+    support::field(ack, "ERR-3-1")
 }
 
 /// Writes `bytes` on a new plain TCP connection and reads until close or `wait`: (bytes read, closed).

@@ -433,13 +433,7 @@ pub fn received(dir: &Path) -> Received {
             continue;
         };
         let bytes = std::fs::read(e.path()).unwrap();
-        let cid = hl7v2::Message::parse(&bytes)
-            .ok()
-            .and_then(|m| {
-                m.get("MSH-10")
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            })
-            .unwrap_or_default();
+        let cid = crate::field(&bytes, "MSH-10").unwrap_or_default();
         *copies.entry(cid.clone()).or_default() += 1;
         first
             .entry(cid)
