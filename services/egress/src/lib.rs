@@ -53,8 +53,7 @@ impl hl7gw_runtime::service::Service for App {
     type Config = Config;
     type Error = EgressError;
 
-    /// Makes the producer and each destination's consumer and TLS settings, binds gRPC and
-    /// the admin server.
+    /// Makes the producer and each destination's consumer and TLS settings, binds gRPC and the admin server.
     async fn build(cfg: Arc<Config>) -> Result<Self, EgressError> {
         let (registry, metrics) = metrics::EgressMetrics::registered();
         let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
