@@ -2,8 +2,8 @@
 //! patient, and acknowledges them only once Kafka holds them (durable mode).
 //!
 //! [`App`] is a [`Service`](hl7gw_runtime::service::Service): `build` makes the Kafka producer and binds every
-//! listener; `run` serves until the shutdown token is cancelled, then drains: readiness goes false, the listeners stop, every message already
-//! read is answered, the producer flushes.
+//! listener; `run` serves until the shutdown token is cancelled, then drains: readiness goes false, the
+//! listeners stop, every message already read is answered, the producer flushes.
 
 pub mod config;
 pub mod connection;
