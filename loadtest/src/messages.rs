@@ -396,13 +396,11 @@ mod tests {
 
     #[test]
     fn files_load_and_reject_what_does_not_parse() {
+        let two =
+            "MSH|^~\\&|A|B|C|D|1||ADT^A01|1|P|2.5\nPID|1\nMSH|^~\\&|A|B|C|D|1||ORU^R01|2|P|2.5\n";
         let dir = tempfile::tempdir().expect("tempdir");
         let good = dir.path().join("good.hl7");
-        std::fs::write(
-            &good,
-            "MSH|^~\\&|A|B|C|D|1||ADT^A01|1|P|2.5\nPID|1\nMSH|^~\\&|A|B|C|D|1||ORU^R01|2|P|2.5\n",
-        )
-        .expect("write");
+        std::fs::write(&good, two).expect("write");
         let set = MessageSet::from_files(&[&good]).expect("loads");
         assert_eq!(set.templates().len(), 2);
         assert!(set.templates()[1].name().ends_with("good.hl7#2"));

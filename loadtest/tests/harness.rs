@@ -453,13 +453,10 @@ async fn a_stall_shows_in_the_latency_of_the_messages_scheduled_behind_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_are_sent_with_msh10_rewritten() {
     let server = Server::start(Policy::AcceptAll).await;
+    let two = "MSH|^~\\&|A|B|C|D|20260101||SIU^S12|FIXED|P|2.5\nSCH|1\nMSH|^~\\&|A|B|C|D|20260101||MDM^T02|FIXED|P|2.5\n";
     let dir = tempfile::tempdir().expect("tempdir");
     let msgs = dir.path().join("msgs.hl7");
-    std::fs::write(
-        &msgs,
-        "MSH|^~\\&|A|B|C|D|20260101||SIU^S12|FIXED|P|2.5\nSCH|1\nMSH|^~\\&|A|B|C|D|20260101||MDM^T02|FIXED|P|2.5\n",
-    )
-    .expect("write");
+    std::fs::write(&msgs, two).expect("write");
     let to = server.to();
     let run = load(&argv(
         "--to {} --messages 20 --warmup 0 --files {}",

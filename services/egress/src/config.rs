@@ -169,7 +169,6 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            service: ServiceSettings::default(),
             out_topic_prefix: "hl7.out.".into(),
             dlq_topic: "hl7.dlq".into(),
             inbound_topic: "hl7.inbound".into(),
@@ -179,6 +178,7 @@ impl Default for Config {
             duplicate_capacity: 200_000,
             queue_per_partition: 64,
             queue_bytes_per_partition: 4 << 20,
+            service: ServiceSettings::default(),
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }

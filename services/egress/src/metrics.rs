@@ -1,26 +1,14 @@
 //! The egress's metrics. Labels are bounded: destination names (from configuration), ACK codes, reason kinds.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct DestLabels {
-    pub destination: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct AckLabels {
-    pub destination: String,
-    pub code: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub destination: String,
-    pub reason: &'static str,
+hl7gw_runtime::label_sets! {
+    pub struct DestLabels { pub destination: String }
+    pub struct AckLabels { pub destination: String, pub code: &'static str }
+    pub struct ReasonLabels { pub destination: String, pub reason: &'static str }
 }
 
 hl7gw_runtime::metric_set! {

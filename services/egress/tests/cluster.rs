@@ -74,12 +74,10 @@ fn watch_acks(
 
 /// Prints what each service's metrics say (on a failure).
 fn diagnose(p: &Pipeline) {
-    for (name, admin) in [
-        ("ingress", p.ingress_admin),
-        ("transformer", p.transformer_admin),
-        ("egress", p.egress_admin),
-    ] {
-        let Some(admin) = admin else { continue };
+    for part in p.parts() {
+        let (name, Some(admin)) = (part.name, part.admin) else {
+            continue;
+        };
         let (_, body) = support::http_get(admin, "/metrics");
         let interesting: Vec<&str> = body
             .lines()
@@ -92,7 +90,7 @@ fn diagnose(p: &Pipeline) {
         );
     }
     // Where each thread of the transformer is (a stuck librdkafka call shows here).
-    if let Some(t) = p.transformer.as_ref() {
+    if let Some(t) = p.transformer.process.as_ref() {
         let out = Command::new("gdb")
             .args([
                 "-p",
@@ -112,12 +110,9 @@ fn diagnose(p: &Pipeline) {
 }
 
 fn assert_all_running(p: &mut Pipeline, scenario: &str) {
-    for (name, child) in [
-        ("ingress", p.ingress.as_mut()),
-        ("transformer", p.transformer.as_mut()),
-        ("egress", p.egress.as_mut()),
-    ] {
-        let status = child.unwrap().0.try_wait().unwrap();
+    for part in p.parts_mut() {
+        let name = part.name;
+        let status = part.process.as_mut().unwrap().0.try_wait().unwrap();
         assert!(
             status.is_none(),
             "{scenario}: the {name} exited ({status:?})"
@@ -286,12 +281,7 @@ fn broker_failures_and_rolling_restarts_lose_nothing_and_stop_no_service() {
     );
 
     // Exactly once into the destination topic: no control id twice for read_committed readers.
-    let out_topic = p
-        .transformer_env
-        .iter()
-        .find(|(k, _)| *k == "HL7GW_OUT_TOPIC_PREFIX")
-        .map(|(_, v)| format!("{v}lab"))
-        .unwrap();
+    let out_topic = p.topic("out.lab");
     let records = read_topic(&brokers, &out_topic, all.len(), Duration::from_secs(120));
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut outputs: HashMap<String, usize> = HashMap::new();
@@ -306,12 +296,7 @@ fn broker_failures_and_rolling_restarts_lose_nothing_and_stop_no_service() {
     // consecutive offsets of hl7.inbound, written by the ingress's idempotent producer while a broker was
     // SIGKILLed; most likely a timed-out request sent again under a bumped producer epoch, which the broker
     // cannot recognise as a retry). The egress's duplicate window keeps such a copy from the receiver.
-    let inbound_topic = p
-        .transformer_env
-        .iter()
-        .find(|(k, _)| *k == "HL7GW_INBOUND_TOPIC")
-        .map(|(_, v)| v.clone())
-        .unwrap();
+    let inbound_topic = p.topic("inbound");
     let mut inputs: HashMap<String, usize> = HashMap::new();
     for r in read_topic(
         &brokers,

@@ -31,7 +31,7 @@ fn egress(p: &Pipeline, grpc_yaml: &str) -> (KillOnDrop, String, std::path::Path
     cmd.args(["--config", cfg.to_str().unwrap()])
         .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
         .stderr(std::fs::File::create(&log).unwrap());
-    for (k, v) in p.env.iter().chain(&p.egress_env) {
+    for (k, v) in p.env.iter().chain(&p.egress.env) {
         cmd.env(k, v);
     }
     cmd.env("RUST_LOG", "warn,hl7gw::audit=info");

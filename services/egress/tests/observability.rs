@@ -302,12 +302,9 @@ fn render_chart(dir: &Path) -> Vec<PathBuf> {
 /// The three scrapes, written to `dir`.
 fn scrape(p: &Pipeline, dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for (name, admin) in [
-        ("ingress", p.ingress_admin),
-        ("transformer", p.transformer_admin),
-        ("egress", p.egress_admin),
-    ] {
-        let (status, body) = http_get(admin.unwrap(), "/metrics");
+    for part in p.parts() {
+        let name = part.name;
+        let (status, body) = http_get(part.admin.unwrap(), "/metrics");
         assert_eq!(status, 200, "{name} /metrics");
         assert!(
             body.contains(&format!("hl7gw_{name}_")),
@@ -393,12 +390,11 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     .unwrap();
     p.start_all(None);
     // Send once every service is ready (Kafka answers, routes loaded).
-    for (name, admin) in [
-        ("ingress", p.ingress_admin),
-        ("transformer", p.transformer_admin),
-        ("egress", p.egress_admin),
-    ] {
-        let admin = admin.unwrap_or_else(|| panic!("{name} printed no admin= address"));
+    for part in p.parts() {
+        let name = part.name;
+        let admin = part
+            .admin
+            .unwrap_or_else(|| panic!("{name} printed no admin= address"));
         let deadline = Instant::now() + Duration::from_secs(60);
         while http_get(admin, "/readyz").0 != 200 {
             assert!(Instant::now() < deadline, "{name} not ready");
@@ -474,12 +470,9 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     };
 
     if chain.is_err() {
-        for (name, child) in [
-            ("ingress", p.ingress.as_mut()),
-            ("transformer", p.transformer.as_mut()),
-            ("egress", p.egress.as_mut()),
-        ] {
-            support::sigterm_and_wait(&mut child.unwrap().0, name, Duration::from_secs(25));
+        for part in p.parts_mut() {
+            let child = &mut part.process.as_mut().unwrap().0;
+            support::sigterm_and_wait(child, part.name, Duration::from_secs(25));
         }
         std::thread::sleep(Duration::from_secs(2));
         chain = find_chain(&collector.spans(), &control_id);

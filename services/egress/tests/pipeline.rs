@@ -36,8 +36,8 @@ fn ten_thousand_messages_arrive_transformed_and_in_patient_order() {
 
     // SIGTERM: both workers drain (finish, commit, leave the group) and exit 0 well within the grace period.
     for (name, child) in [
-        ("transformer", p.transformer.as_mut()),
-        ("egress", p.egress.as_mut()),
+        ("transformer", p.transformer.process.as_mut()),
+        ("egress", p.egress.process.as_mut()),
     ] {
         let code = support::sigterm_and_wait(&mut child.unwrap().0, name, Duration::from_secs(25));
         assert!(code.success(), "{name} exited with {code}");
@@ -151,10 +151,10 @@ fn sigkill_of_the_transformer_and_the_egress_loses_nothing() {
     let record = p.dir.path().join("acked.txt");
     let mut load = support::start_load(p.mllp, 2, 20, &record);
     std::thread::sleep(Duration::from_secs(5));
-    p.transformer = None; // SIGKILL
+    p.transformer.process = None; // SIGKILL
     p.start_transformer();
     std::thread::sleep(Duration::from_secs(5));
-    p.egress = None; // SIGKILL
+    p.egress.process = None; // SIGKILL
     p.start_egress();
     let out = load.wait_with_output_or_kill();
     assert!(out, "the load run finished");
@@ -535,7 +535,7 @@ fn a_stuck_partition_does_not_stop_the_others() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let pauses = counter_sum(
-            p.egress_admin.unwrap(),
+            p.egress.admin.unwrap(),
             "hl7gw_egress_partition_pauses_total",
             "lab",
         );
@@ -567,7 +567,7 @@ fn a_backlog_on_one_partition_is_read_without_pausing() {
     let r = wait_delivered(&p.received_dir(), &ids, Duration::from_secs(120));
     assert_eq!(check_delivery(&r, &[]), 0, "duplicates");
     let pauses = counter_sum(
-        p.egress_admin.unwrap(),
+        p.egress.admin.unwrap(),
         "hl7gw_egress_partition_pauses_total",
         "lab",
     );
@@ -636,7 +636,7 @@ fn a_backlog_of_500_kb_results_stays_well_under_the_pods_memory_limit() {
 
     // The transformer works through it into the destination topic while no egress runs.
     p.start_transformer();
-    let admin = p.transformer_admin.unwrap();
+    let admin = p.transformer.admin.unwrap();
     let deadline = Instant::now() + Duration::from_secs(180);
     while counter_sum(
         admin,
@@ -650,14 +650,14 @@ fn a_backlog_of_500_kb_results_stays_well_under_the_pods_memory_limit() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    let transformer_peak = peak_rss(p.transformer.as_ref().unwrap());
+    let transformer_peak = peak_rss(p.transformer.process.as_ref().unwrap());
 
     // The egress works through the destination's backlog into a receiver that fsyncs every file.
     p.start_receiver(None);
     p.start_egress();
     let r = wait_delivered(&p.received_dir(), &ids, Duration::from_secs(300));
     assert!(r.first.values().all(|(_, b)| b.len() > 500 * 1024));
-    let egress_peak = peak_rss(p.egress.as_ref().unwrap());
+    let egress_peak = peak_rss(p.egress.process.as_ref().unwrap());
     eprintln!(
         "backlog of {N} x 500 KB: transformer peak RSS {} MiB, egress peak RSS {} MiB",
         transformer_peak >> 20,
@@ -757,7 +757,8 @@ fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
     let cfg = p.dir.path().join("egress.yaml");
     let yaml = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
-    p.egress_env
+    p.egress
+        .env
         .push(("FAILPOINT_KAFKA_FATAL_AFTER", "2".into()));
     p.start_all(Some(2));
     let ids = p.load(1, 20);
@@ -767,13 +768,20 @@ fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
         let dead = dead_letters(&mut egress).await;
         assert_eq!(dead.len(), 10, "every second message refused: {dead:?}");
     });
-    let admin = p.egress_admin.unwrap();
+    let admin = p.egress.admin.unwrap();
     assert_eq!(
         counter_sum(admin, "hl7gw_egress_producer_recoveries_total", ""),
         1.0
     );
     assert!(
-        p.egress.as_mut().unwrap().0.try_wait().unwrap().is_none(),
+        p.egress
+            .process
+            .as_mut()
+            .unwrap()
+            .0
+            .try_wait()
+            .unwrap()
+            .is_none(),
         "the egress is up"
     );
 }

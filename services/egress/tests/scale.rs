@@ -68,11 +68,11 @@ fn instances_added_and_removed_under_load_lose_nothing_and_keep_patient_order() 
     at(8);
     let mut transformer3 = p.extra_transformer(2);
     at(14);
-    sigterm(p.transformer.as_mut().unwrap(), "transformer 1");
+    sigterm(p.transformer.process.as_mut().unwrap(), "transformer 1");
     at(20);
     let mut egress3 = p.extra_egress();
     at(26);
-    sigkill(p.egress.as_mut().unwrap());
+    sigkill(p.egress.process.as_mut().unwrap());
     at(32);
     sigkill(&mut transformer2);
     at(38);
@@ -99,7 +99,7 @@ fn instances_added_and_removed_under_load_lose_nothing_and_keep_patient_order() 
         ids.len() - from_a,
         started.elapsed().as_secs_f64()
     );
-    assert_running(p.ingress.as_mut().unwrap(), "ingress 1");
+    assert_running(p.ingress.process.as_mut().unwrap(), "ingress 1");
     assert_running(&mut transformer3, "transformer 3");
     assert_running(&mut egress2, "egress 2");
     assert_running(&mut egress3, "egress 3");

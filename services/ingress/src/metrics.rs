@@ -1,7 +1,6 @@
 //! The ingress's metrics and the events that move them. Every label value is bounded (message type codes,
 //! outcomes, ACK codes, reason kinds): no label can carry patient data or explode in cardinality.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -9,22 +8,17 @@ use prometheus_client::metrics::histogram::Histogram;
 
 pub use hl7gw_runtime::metrics::{MessageLabels, MsgType, ReasonLabels};
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct CodeLabels {
-    pub code: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ProtocolLabels {
-    pub protocol: &'static str,
-}
-
 /// Message outcomes (the `outcome` label).
 pub mod outcome {
     pub const ACCEPTED: &str = "accepted";
     pub const REJECTED: &str = "rejected";
     pub const DUPLICATE: &str = "duplicate";
     pub const UNAVAILABLE: &str = "unavailable";
+}
+
+hl7gw_runtime::label_sets! {
+    pub struct CodeLabels { pub code: &'static str }
+    pub struct ProtocolLabels { pub protocol: &'static str }
 }
 
 hl7gw_runtime::metric_set! {

@@ -11,11 +11,14 @@ fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
     support::topics_env(brokers, "test.inbound")
 }
 
+/// An ingress on fresh topics, with `extra` settings.
+fn start(extra: impl IntoIterator<Item = (&'static str, String)>) -> (Ingress, Topics) {
+    Ingress::on_fresh_topics("test.inbound", extra)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_connections_thousand_messages_each_are_acked_stored_and_ordered() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut tasks = Vec::new();
     for c in 0..8 {
         let addr = ingress.mllp;
@@ -41,7 +44,7 @@ async fn eight_connections_thousand_messages_each_are_acked_stored_and_ordered()
     }
     assert_eq!(aa, 8000);
 
-    let records = read_topic(brokers, &inbound, 8000, Duration::from_secs(120));
+    let records = t.inbound_records(8000, Duration::from_secs(120));
     assert_eq!(
         records.len(),
         8000,
@@ -146,14 +149,11 @@ fn acks_in(bytes: &[u8]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
-    let brokers = broker();
-    let (_, dlq, mut env) = topics_env(brokers);
-    env.extend([
+    let (mut ingress, t) = start([
         ("HL7GW_MAX_FRAME_BYTES", "4096".to_owned()),
         ("HL7GW_FRAME_TIMEOUT", "1s".to_owned()),
         ("HL7GW_IDLE_TIMEOUT", "2s".to_owned()),
     ]);
-    let mut ingress = Ingress::start(&env);
     let addr = ingress.mllp;
     let wait = Duration::from_secs(10);
     let ok = adt("OK1", "P1");
@@ -264,16 +264,16 @@ async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
     assert!(ingress.metric("hl7gw_ingress_framing_errors_total{reason=\"truncated\"}") >= 1.0);
 
     // A sender that stalls mid-frame is cut off after frame_timeout (1 s).
-    let t = std::time::Instant::now();
+    let since = std::time::Instant::now();
     let (out, closed) = raw_exchange(addr, b"\x0bMSH|^~\\&|stall", Duration::from_secs(5)).await;
     assert!(out.is_empty() && closed, "stalled frame closed");
-    assert!(t.elapsed() < Duration::from_secs(4));
+    assert!(since.elapsed() < Duration::from_secs(4));
     assert!(ingress.metric("hl7gw_ingress_framing_errors_total{reason=\"frame_timeout\"}") >= 1.0);
 
     // An idle connection is closed after idle_timeout (2 s).
-    let t = std::time::Instant::now();
+    let since = std::time::Instant::now();
     let (_, closed) = raw_exchange(addr, b"", Duration::from_secs(6)).await;
-    assert!(closed && t.elapsed() >= Duration::from_millis(1500));
+    assert!(closed && since.elapsed() >= Duration::from_millis(1500));
 
     // Memory stays bounded under a stream of oversized frames.
     let mut flood = Vec::new();
@@ -296,7 +296,7 @@ async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
     assert_eq!(ack_code(&c.call(&adt("OK2", "P1")).await.unwrap()), "AA");
 
     // The rejected messages that could be stored are in the DLQ with their reason.
-    let dlq_records = read_topic(brokers, &dlq, cases.len(), Duration::from_secs(60));
+    let dlq_records = t.dlq_records(cases.len(), Duration::from_secs(60));
     let reasons: HashSet<String> = dlq_records
         .iter()
         .map(|r| r.envelope.rejection.as_ref().unwrap().reason.clone())
@@ -308,9 +308,7 @@ async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_get_the_first_ack_and_are_published_once() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     let first = c.call(&adt("DUP1", "P1")).await.unwrap();
     let again = c.call(&adt("DUP1", "P1")).await.unwrap();
@@ -319,7 +317,7 @@ async fn duplicates_get_the_first_ack_and_are_published_once() {
     assert_eq!(ack_code(&first), "AA");
     assert_eq!(first, again);
     assert_eq!(first, third);
-    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    let records = t.inbound_records(1, Duration::from_secs(30));
     assert_eq!(records.len(), 1);
     assert_eq!(
         ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
@@ -332,9 +330,7 @@ async fn duplicates_get_the_first_ack_and_are_published_once() {
 /// answered, never given the first message's ACK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_control_id_with_other_content_is_a_new_message() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     let first = c.call(&adt("REUSED-1", "MRN111")).await.unwrap();
     let second = c.call(&adt("REUSED-1", "MRN222")).await.unwrap();
@@ -344,7 +340,7 @@ async fn a_reused_control_id_with_other_content_is_a_new_message() {
     // A true resend of the second is still answered from memory.
     let resend = c.call(&adt("REUSED-1", "MRN222")).await.unwrap();
     assert_eq!(resend, second);
-    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let records = t.inbound_records(2, Duration::from_secs(30));
     let mut patients: Vec<String> = records
         .iter()
         .map(|r| {
@@ -438,9 +434,7 @@ async fn message_size_limits_are_aligned_and_too_large_is_permanent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_answers_what_was_read_and_exits_zero() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let mut ingress = Ingress::start(&env);
+    let (mut ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     for i in 0..300 {
         c.send(&adt(&format!("D{i}"), "P1")).await;
@@ -458,11 +452,11 @@ async fn sigterm_drains_answers_what_was_read_and_exits_zero() {
         .unwrap();
     assert!(status.success(), "exit status {status:?}");
     assert!(!acked.is_empty());
-    let stored: HashSet<String> =
-        read_topic(brokers, &inbound, acked.len(), Duration::from_secs(60))
-            .into_iter()
-            .map(|r| r.envelope.header.unwrap().control_id)
-            .collect();
+    let stored: HashSet<String> = t
+        .inbound_records(acked.len(), Duration::from_secs(60))
+        .into_iter()
+        .map(|r| r.envelope.header.unwrap().control_id)
+        .collect();
     for id in &acked {
         assert!(stored.contains(id), "{id} was ACKed but is not stored");
     }
@@ -472,9 +466,7 @@ async fn sigterm_drains_answers_what_was_read_and_exits_zero() {
 async fn grpc_ingest_follows_the_same_rules() {
     use hl7gw_runtime::proto::v1::SendRequest;
     use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut client = IngestClient::connect(format!("http://{}", ingress.grpc))
         .await
         .unwrap();
@@ -519,7 +511,7 @@ async fn grpc_ingest_follows_the_same_rules() {
         n += 1;
     }
     assert_eq!(n, 50);
-    let records = read_topic(brokers, &inbound, 51, Duration::from_secs(60));
+    let records = t.inbound_records(51, Duration::from_secs(60));
     assert_eq!(records.len(), 51);
 
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", ingress.grpc))
@@ -602,9 +594,7 @@ fn bad_config_is_refused_before_any_port_is_bound() {
 /// at the same moment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_while_the_first_copy_is_in_flight_is_published_once() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut a = Mllp::connect(ingress.mllp).await;
     let mut b = Mllp::connect(ingress.mllp).await;
     const N: usize = 20;
@@ -629,7 +619,7 @@ async fn a_resend_while_the_first_copy_is_in_flight_is_published_once() {
             "message {i}: the resend on another connection got the first ACK"
         );
     }
-    let records = read_topic(brokers, &inbound, N, Duration::from_secs(30));
+    let records = t.inbound_records(N, Duration::from_secs(30));
     assert_eq!(records.len(), N, "each message published once");
     assert_eq!(
         ingress.metric("hl7gw_ingress_messages_total{message_type=\"ADT\",outcome=\"duplicate\"}"),
@@ -641,15 +631,13 @@ async fn a_resend_while_the_first_copy_is_in_flight_is_published_once() {
 /// reference parser accepts it, and stored as sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_encoding_character_in_msh2_is_accepted() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     let msg = b"MSH|^~\\\\&|APP|FAC|GW|GW|20261123120000||ADT^A01^ADT_A01|MSH2-REPEAT|P|2.5.1\r\
                 EVN|A01|20261123120000\rPID|1||MRN9^^^FAC^MR||DOE^JANE\r";
     let ack = c.call(msg).await.unwrap();
     assert_eq!(ack_code(&ack), "AA", "{}", String::from_utf8_lossy(&ack));
-    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    let records = t.inbound_records(1, Duration::from_secs(30));
     assert_eq!(records.len(), 1);
     assert_eq!(&records[0].envelope.raw[..], &msg[..]);
 }
@@ -660,9 +648,7 @@ async fn a_repeated_encoding_character_in_msh2_is_accepted() {
 /// and nothing is published twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_split_each_message_answered_and_a_bad_one_rejected_alone() {
-    let brokers = broker();
-    let (inbound, dlq, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     let mut batch = b"FHS|^~\\&|LAB|FAC|GW|GW|20261123120000||||FILE-7\rBHS|^~\\&|LAB|FAC|GW|GW|20261123120000||||BATCH-7\r"
         .to_vec();
@@ -708,14 +694,14 @@ async fn a_batch_is_split_each_message_answered_and_a_bad_one_rejected_alone() {
     assert_eq!(segments[segments.len() - 2], "BTS|4");
     assert_eq!(segments[segments.len() - 1], "FTS|1");
 
-    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let records = t.inbound_records(2, Duration::from_secs(30));
     let mut ids: Vec<String> = records
         .iter()
         .map(|r| r.envelope.header.clone().unwrap().control_id)
         .collect();
     ids.sort();
     assert_eq!(ids, ["B-1", "B-3"]);
-    let rejected = read_topic(brokers, &dlq, 1, Duration::from_secs(30));
+    let rejected = t.dlq_records(1, Duration::from_secs(30));
     assert_eq!(rejected.len(), 1);
     assert!(String::from_utf8_lossy(&rejected[0].envelope.raw).contains("|B-2|"));
 
@@ -730,9 +716,6 @@ async fn a_batch_is_split_each_message_answered_and_a_bad_one_rejected_alone() {
     for a in first_acks {
         assert!(again.contains(a), "{again}");
     }
-    assert_eq!(
-        read_topic(brokers, &inbound, 2, Duration::from_secs(5)).len(),
-        2
-    );
+    assert_eq!(t.inbound_records(2, Duration::from_secs(5)).len(), 2);
     assert_eq!(ingress.metric("hl7gw_ingress_batches_total"), 2.0);
 }

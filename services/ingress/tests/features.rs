@@ -29,6 +29,11 @@ fn topics_env(brokers: &str) -> (String, String, Vec<(&'static str, String)>) {
     support::topics_env(brokers, "test.features")
 }
 
+/// An ingress on fresh topics, with `extra` settings.
+fn start(extra: impl IntoIterator<Item = (&'static str, String)>) -> (Ingress, Topics) {
+    Ingress::on_fresh_topics("test.features", extra)
+}
+
 /// An ADT^A01 with MSH-12 `version` and MSH-15/16 (empty: original acknowledgement mode).
 fn adt_enhanced(control_id: &str, version: &str, msh15: &str, msh16: &str) -> Vec<u8> {
     format!(
@@ -205,11 +210,8 @@ async fn tls_refused(addr: SocketAddr, config: Arc<rustls::ClientConfig>, contro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_accepts_mllp_over_tls_and_refuses_plain_tcp() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
     let pki = pki();
-    env.extend(pki.env(false));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start(pki.env(false));
 
     let mut conn = tls_connect(ingress.mllp, client_config(&pki, None))
         .await
@@ -240,7 +242,7 @@ async fn tls_accepts_mllp_over_tls_and_refuses_plain_tcp() {
     .await;
     assert_eq!(refused, 1.0);
 
-    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let records = t.inbound_records(2, Duration::from_secs(30));
     assert_eq!(records.len(), 2, "only the TLS messages are stored");
     let src = record_of(&records, "TLS1").envelope.source.clone().unwrap();
     assert_eq!(src.protocol, "mllp");
@@ -257,11 +259,8 @@ async fn tls_accepts_mllp_over_tls_and_refuses_plain_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
     let pki = pki();
-    env.extend(pki.env(true));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start(pki.env(true));
     let refused_series = "hl7gw_ingress_connections_refused_total{reason=\"tls_handshake\"}";
 
     let mut conn = tls_connect(
@@ -294,7 +293,7 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
         2.0
     );
 
-    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    let records = t.inbound_records(1, Duration::from_secs(30));
     assert_eq!(records.len(), 1, "only the authenticated message is stored");
     let src = record_of(&records, "MTLS1")
         .envelope
@@ -311,11 +310,8 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
 /// identified the sender", so a consumer can tell which client sent a message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_envelope_names_the_client_certificate_subject() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
     let pki = pki();
-    env.extend(pki.env(true));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start(pki.env(true));
     let mut conn = tls_connect(
         ingress.mllp,
         client_config(&pki, Some(("client.pem", "client.key"))),
@@ -324,7 +320,7 @@ async fn mutual_tls_envelope_names_the_client_certificate_subject() {
     .expect("mutual TLS handshake");
     let ack = call_on(&mut conn, &adt("SUBJ1", "P1")).await.unwrap();
     assert_eq!(msa(&ack).0, "AA");
-    let records = read_topic(brokers, &inbound, 1, Duration::from_secs(30));
+    let records = t.inbound_records(1, Duration::from_secs(30));
     let src = record_of(&records, "SUBJ1")
         .envelope
         .source
@@ -354,10 +350,7 @@ fn proxy_v2_header() -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_protocol_v1_and_v2_give_the_senders_address_and_a_missing_header_is_refused() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
-    env.push(("HL7GW_PROXY_PROTOCOL", "true".to_owned()));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([("HL7GW_PROXY_PROTOCOL", "true".to_owned())]);
 
     // v1: header and frame in one write; the ingress must consume the header and nothing after it.
     let mut s = TcpStream::connect(ingress.mllp).await.unwrap();
@@ -402,7 +395,7 @@ async fn proxy_protocol_v1_and_v2_give_the_senders_address_and_a_missing_header_
         1.0
     );
 
-    let records = read_topic(brokers, &inbound, 3, Duration::from_secs(30));
+    let records = t.inbound_records(3, Duration::from_secs(30));
     assert_eq!(records.len(), 3, "NOPROXY is not stored");
     let peer = |id: &str| {
         record_of(&records, id)
@@ -433,10 +426,7 @@ async fn read4(s: &mut TcpStream, payload: &[u8]) -> [u8; 4] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mllp2_commit_acks_are_exactly_four_bytes() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
-    env.push(("HL7GW_MLLP2_COMMIT_ACKS", "true".to_owned()));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([("HL7GW_MLLP2_COMMIT_ACKS", "true".to_owned())]);
 
     let mut s = TcpStream::connect(ingress.mllp).await.unwrap();
     assert_eq!(
@@ -465,7 +455,7 @@ async fn mllp2_commit_acks_are_exactly_four_bytes() {
         Err(_) => {}
         Ok(r) => panic!("unexpected bytes after the commit blocks: {r:?} {extra:?}"),
     }
-    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let records = t.inbound_records(2, Duration::from_secs(30));
     assert_eq!(records.len(), 2);
 }
 
@@ -474,9 +464,7 @@ async fn mllp2_commit_acks_are_exactly_four_bytes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enhanced_mode_follows_msh15() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     let quiet = Duration::from_millis(1500);
 
@@ -522,7 +510,7 @@ async fn enhanced_mode_follows_msh15() {
     assert_eq!(msa(&ack), ("AA".to_owned(), "ENH-LAST".to_owned()));
 
     // Unanswered is not unstored: the good messages without an ACK are in the topic too.
-    let records = read_topic(brokers, &inbound, 6, Duration::from_secs(30));
+    let records = t.inbound_records(6, Duration::from_secs(30));
     let ids: HashSet<String> = records
         .iter()
         .map(|r| r.envelope.header.as_ref().unwrap().control_id.clone())
@@ -545,9 +533,7 @@ async fn enhanced_mode_follows_msh15() {
 /// and is not published twice". A message whose MSH-15 asks for no accept ACK is a resend all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enhanced_mode_resend_without_an_ack_is_published_once() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut c = Mllp::connect(ingress.mllp).await;
     for _ in 0..2 {
         c.send(&adt_enhanced("ENH-NE-DUP", "2.5.1", "NE", "AL"))
@@ -559,7 +545,7 @@ async fn enhanced_mode_resend_without_an_ack_is_published_once() {
     }
     let ack = c.call(&adt("ENH-DUP-END", "P1")).await.unwrap();
     assert_eq!(msa(&ack), ("AA".to_owned(), "ENH-DUP-END".to_owned()));
-    let records = read_topic(brokers, &inbound, 2, Duration::from_secs(30));
+    let records = t.inbound_records(2, Duration::from_secs(30));
     let copies = records
         .iter()
         .filter(|r| r.envelope.header.as_ref().unwrap().control_id == "ENH-NE-DUP")
@@ -575,10 +561,7 @@ async fn enhanced_mode_resend_without_an_ack_is_published_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_slows_a_fast_sender_without_refusing_it() {
-    let brokers = broker();
-    let (_, _, mut env) = topics_env(brokers);
-    env.push(("HL7GW_RATE_LIMIT_PER_CONNECTION", "20".to_owned()));
-    let ingress = Ingress::start(&env);
+    let (ingress, _) = start([("HL7GW_RATE_LIMIT_PER_CONNECTION", "20".to_owned())]);
     let mut c = Mllp::connect(ingress.mllp).await;
     // Warm the producer up on another connection so the timing below measures the limiter.
     let mut w = Mllp::connect(ingress.mllp).await;
@@ -601,9 +584,7 @@ async fn rate_limit_slows_a_fast_sender_without_refusing_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_frames_are_answered_in_order() {
-    let brokers = broker();
-    let (inbound, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let ids: Vec<String> = (0..200).map(|i| format!("PIPE{i}")).collect();
     let mut bytes = Vec::new();
     for (i, id) in ids.iter().enumerate() {
@@ -632,7 +613,7 @@ async fn pipelined_frames_are_answered_in_order() {
         assert_eq!(code, "AA", "{id}");
         assert_eq!(id, &ids[i], "ACK {i} answers the {i}th frame");
     }
-    let records = read_topic(brokers, &inbound, 200, Duration::from_secs(60));
+    let records = t.inbound_records(200, Duration::from_secs(60));
     assert_eq!(records.len(), 200);
     // Per connection, the envelopes' sequence follows the order sent.
     for r in &records {
@@ -647,10 +628,7 @@ async fn pipelined_frames_are_answered_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_mode_acks_and_stores_every_message() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
-    env.push(("HL7GW_ACK_MODE", "fast".to_owned()));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([("HL7GW_ACK_MODE", "fast".to_owned())]);
     let mut c = Mllp::connect(ingress.mllp).await;
     for i in 0..100 {
         let ack = c
@@ -659,7 +637,7 @@ async fn fast_mode_acks_and_stores_every_message() {
             .unwrap();
         assert_eq!(msa(&ack), ("AA".to_owned(), format!("FAST{i}")));
     }
-    let records = read_topic(brokers, &inbound, 100, Duration::from_secs(60));
+    let records = t.inbound_records(100, Duration::from_secs(60));
     assert_eq!(records.len(), 100);
     let ids: HashSet<String> = records
         .iter()
@@ -949,9 +927,7 @@ async fn grpc_connections_beyond_the_limit_wait_for_a_free_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_answer_and_metrics_carry_no_patient_data() {
-    let brokers = broker();
-    let (_, _, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, _) = start([]);
     let (status, _) = http_get(ingress.admin, "/healthz");
     assert_eq!(status, 200);
     let (status, _) = http_get(ingress.admin, "/readyz");
@@ -996,10 +972,10 @@ async fn admin_endpoints_answer_and_metrics_carry_no_patient_data() {
 /// connection is closed after `idle_timeout` and counted (`idle_closes_total`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connections_refusals_and_idle_closes_are_counted() {
-    let (_, _, mut env) = topics_env(broker());
-    env.push(("HL7GW_MAX_CONNECTIONS", "2".into()));
-    env.push(("HL7GW_IDLE_TIMEOUT", "2s".into()));
-    let ingress = Ingress::start(&env);
+    let (ingress, _) = start([
+        ("HL7GW_MAX_CONNECTIONS", "2".into()),
+        ("HL7GW_IDLE_TIMEOUT", "2s".into()),
+    ]);
     let mut a = Mllp::connect(ingress.mllp).await;
     let _b = Mllp::connect(ingress.mllp).await;
     assert_eq!(ack_code(&a.call(&adt("MAXC-1", "P1")).await.unwrap()), "AA");
@@ -1020,9 +996,7 @@ async fn max_connections_refusals_and_idle_closes_are_counted() {
 /// its payload goes to the DLQ (reason `missing_cr`) like the other rejects, not only a framing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_missing_its_final_cr_is_answered_and_dead_lettered() {
-    let brokers = broker();
-    let (_, dlq, env) = topics_env(brokers);
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([]);
     let mut bytes = vec![0x0b];
     bytes.extend_from_slice(&adt("NOCR-1", "P1"));
     bytes.extend_from_slice(&[0x1c, b'X']);
@@ -1031,7 +1005,7 @@ async fn a_frame_missing_its_final_cr_is_answered_and_dead_lettered() {
     assert_eq!(frames.len(), 1, "one answer");
     let (code, control_id) = msa(&frames[0]);
     assert_eq!((code.as_str(), control_id.as_str()), ("AE", "NOCR-1"));
-    let records = read_topic(brokers, &dlq, 1, Duration::from_secs(30));
+    let records = t.dlq_records(1, Duration::from_secs(30));
     assert_eq!(records.len(), 1);
     let rej = records[0].envelope.rejection.clone().unwrap();
     assert_eq!(rej.reason, "missing_cr");
@@ -1043,10 +1017,7 @@ async fn a_frame_missing_its_final_cr_is_answered_and_dead_lettered() {
 /// (never AA), later messages are accepted again, and the process stays up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatal_producer_error_is_recovered_in_process() {
-    let brokers = broker();
-    let (inbound, _, mut env) = topics_env(brokers);
-    env.push(("FAILPOINT_KAFKA_FATAL_AFTER", "5".into()));
-    let mut ingress = Ingress::start(&env);
+    let (mut ingress, t) = start([("FAILPOINT_KAFKA_FATAL_AFTER", "5".into())]);
     let mut c = Mllp::connect(ingress.mllp).await;
     let mut codes = Vec::new();
     for i in 1..=12 {
@@ -1066,7 +1037,7 @@ async fn a_fatal_producer_error_is_recovered_in_process() {
         .filter(|&i| codes[i] == "AA")
         .map(|i| format!("FATAL-{}", i + 1))
         .collect();
-    check_all_acked_are_stored(brokers, &inbound, &accepted);
+    check_all_acked_are_stored(t.brokers, &t.inbound, &accepted);
     ingress.wait_ready(Duration::from_secs(15));
 }
 
@@ -1171,9 +1142,7 @@ async fn the_kafka_key_can_be_a_salted_hash_of_the_patient_id() {
 /// Issue 12: librdkafka's statistics reach `/metrics`: the Produce requests behind the messages, per broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_requests_per_broker_and_api_are_metrics() {
-    let (_, _, mut env) = topics_env(broker());
-    env.push(("HL7GW_KAFKA__STATISTICS_INTERVAL", "500ms".to_owned()));
-    let ingress = Ingress::start(&env);
+    let (ingress, _) = start([("HL7GW_KAFKA__STATISTICS_INTERVAL", "500ms".to_owned())]);
     let mut c = Mllp::connect(ingress.mllp).await;
     for id in ["STATS1", "STATS2", "STATS3"] {
         assert_eq!(ack_code(&c.call(&adt(id, "P1")).await.unwrap()), "AA");
@@ -1235,17 +1204,15 @@ fn java_murmur2(data: &[u8]) -> u32 {
 /// producers of one topic keep one patient in one partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_land_in_the_partition_a_java_producer_would_choose() {
-    let (inbound, _, mut env) = topics_env(broker());
-    env.push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "6".to_owned()));
-    let ingress = Ingress::start(&env);
+    let (ingress, t) = start([("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "6".to_owned())]);
     let mut c = Mllp::connect(ingress.mllp).await;
     for i in 0..24 {
         let ack = c.call(&adt(&format!("PART{i}"), &format!("MRN{i}"))).await;
         assert_eq!(ack_code(&ack.unwrap()), "AA");
     }
-    let records_topic = inbound.clone();
+    let records_topic = t.inbound.clone();
     let records = tokio::task::spawn_blocking(move || {
-        read_topic(broker(), &inbound, 24, Duration::from_secs(30))
+        read_topic(broker(), &t.inbound, 24, Duration::from_secs(30))
     })
     .await
     .unwrap();

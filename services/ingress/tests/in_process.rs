@@ -6,7 +6,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_in_process_on_port_0() {
-    let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
+    let brokers = support::broker_async().await;
     let cfg: hl7gw_ingress::config::Config = support::config_on_port_0(
         brokers,
         &format!(

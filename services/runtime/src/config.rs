@@ -82,8 +82,8 @@ pub fn check_destination_name(name: &str) -> Result<(), String> {
 }
 
 /// Loads a service config: `T::default()`, overlaid by the YAML file, by `HL7GW_` environment variables
-/// (`HL7GW_MLLP_ADDR` sets `mllp_addr`, `HL7GW_TLS__CERT` sets `tls.cert`), and by `flags` (only the fields
-/// that are `Some` there; serialize them with `skip_serializing_if = "Option::is_none"`).
+/// (`HL7GW_MLLP_ADDR` sets `mllp_addr`, `HL7GW_TLS__CERT` sets `tls.cert`), and by `flags` (a flag left out,
+/// `None`, overrides nothing).
 pub fn load<T, F>(file: Option<&Path>, flags: &F) -> Result<T, ConfigError>
 where
     T: DeserializeOwned + Serialize + Default,
@@ -136,10 +136,23 @@ where
         })?;
         fig = fig.merge(Yaml::string(&text));
     }
+    let flags = serde_json::to_value(flags).map_err(|e| ConfigError::Invalid(e.to_string()))?;
     fig.merge(env)
-        .merge(Serialized::defaults(flags))
+        .merge(Serialized::defaults(without_nulls(flags)))
         .extract()
         .map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+/// `value` without its null members (the flags not given), at every depth.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k, without_nulls(v)))
+            .collect(),
+        other => other,
+    }
 }
 
 /// Flags for the `service:` section.
@@ -147,11 +160,9 @@ where
 pub struct ServiceFlags {
     /// gRPC listener address (service.grpc_addr).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_addr: Option<SocketAddr>,
     /// Admin HTTP (/healthz, /readyz, /metrics) address (service.admin_addr).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_addr: Option<SocketAddr>,
 }
 
@@ -160,12 +171,10 @@ pub struct ServiceFlags {
 pub struct KafkaFlags {
     /// Kafka bootstrap servers (kafka.brokers).
     #[arg(long = "kafka-brokers")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub brokers: Option<String>,
 }
 
-/// The flags every service takes; a service's own flags flatten this in (`#[command(flatten)]` and
-/// `#[serde(flatten)]`) and add theirs. Flags override the file and the environment.
+/// The flags every service takes (see [`Flags`]). Flags override the file and the environment.
 #[derive(Debug, Clone, Default, clap::Args, Serialize)]
 pub struct CommonFlags {
     /// YAML config file (every key also settable as HL7GW_<KEY>, nested keys with __).
@@ -182,9 +191,35 @@ pub struct CommonFlags {
     pub kafka: KafkaFlags,
     /// Topic for rejected or undeliverable messages.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub dlq_topic: Option<String>,
 }
+
+/// A service binary's command line: the flags every service takes, then the service's own (`S`, [`NoFlags`]
+/// for none).
+#[derive(Debug, clap::Parser, Serialize)]
+#[command(version)]
+pub struct Flags<S: clap::Args> {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: CommonFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub own: S,
+}
+
+impl<S: clap::Args> Flags<S> {
+    /// Parses the process's arguments as the binary `name`, which `about` describes in `--help`; a usage
+    /// error, `--help` and `--version` exit here, as clap's `parse` does.
+    pub fn parse_as(name: &'static str, about: &'static str) -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Self::command().name(name).about(about).get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// The own flags of a service that has none.
+#[derive(Debug, clap::Args, Serialize)]
+pub struct NoFlags {}
 
 #[cfg(test)]
 #[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
@@ -229,7 +264,6 @@ mod tests {
 
     #[derive(Serialize)]
     struct Flags {
-        #[serde(skip_serializing_if = "Option::is_none")]
         port: Option<u16>,
     }
 

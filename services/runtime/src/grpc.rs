@@ -910,13 +910,10 @@ mod tests {
 
     #[tokio::test]
     async fn admin_methods_are_denied_by_default_and_allow_lists_decide() {
+        let tokens = "# ops\nops 0123456789abcdef0123\nviewer fedcba9876543210fedc\n";
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("tokens");
-        std::fs::write(
-            &file,
-            "# ops\nops 0123456789abcdef0123\nviewer fedcba9876543210fedc\n",
-        )
-        .expect("write");
+        std::fs::write(&file, tokens).expect("write");
         let settings = GrpcSettings {
             tokens_file: Some(file.clone()),
             allow: [(

@@ -86,17 +86,24 @@ pub fn latency_histogram() -> prometheus_client::metrics::histogram::Histogram {
     prometheus_client::metrics::histogram::Histogram::new(latency_buckets())
 }
 
-/// `message_type` and `outcome`: the labels of the ingress's and the transformer's `messages_total`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
-pub struct MessageLabels {
-    pub message_type: MsgType,
-    pub outcome: &'static str,
+/// Declares the label sets of metric families, one struct a line: `pub struct CodeLabels { pub code: &'static
+/// str }` derives what a `Family` key needs (the field names are the label names).
+#[macro_export]
+macro_rules! label_sets {
+    ($($(#[$meta:meta])* pub struct $name:ident { $(pub $field:ident: $ty:ty),+ $(,)? })+) => {
+        $(
+            $(#[$meta])*
+            #[derive(Debug, Clone, PartialEq, Eq, Hash, ::prometheus_client::encoding::EncodeLabelSet)]
+            pub struct $name { $(pub $field: $ty),+ }
+        )+
+    };
 }
 
-/// `reason`: a bounded reason kind (DLQ writes, rejects, failures).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
+crate::label_sets! {
+    /// `message_type` and `outcome`: the labels of the ingress's and the transformer's `messages_total`.
+    pub struct MessageLabels { pub message_type: MsgType, pub outcome: &'static str }
+    /// `reason`: a bounded reason kind (DLQ writes, rejects, failures).
+    pub struct ReasonLabels { pub reason: &'static str }
 }
 
 /// Counts one message of type `t` with `outcome` in a `messages_total` family.

@@ -107,11 +107,11 @@ pub enum MainError<E: std::error::Error + 'static> {
 /// [`Service::check`] and the shared checks (which print their warnings), then `configuration is valid`;
 /// otherwise telemetry named `name`, [`Service::build`], the listening line and [`Service::run`] until SIGTERM
 /// or SIGINT.
-pub fn main<S: Service>(
+pub fn main<S: Service, F: clap::Args + serde::Serialize>(
     name: &'static str,
-    common: &crate::config::CommonFlags,
-    flags: &impl serde::Serialize,
+    flags: &crate::config::Flags<F>,
 ) -> Result<(), MainError<S::Error>> {
+    let common = &flags.common;
     let cfg: S::Config = crate::config::load(common.config.as_deref(), flags)?;
     cfg.validate()?;
     if common.check_config {
@@ -127,6 +127,15 @@ pub fn main<S: Service>(
         app.run(stop).await
     })?;
     Ok(())
+}
+
+/// A service binary's whole `main`: its flags (the shared ones and `F`), then [`main`], and the exit code.
+pub fn binary<S: Service, F: clap::Args + serde::Serialize>(
+    name: &'static str,
+    about: &'static str,
+) -> std::process::ExitCode {
+    let flags = crate::config::Flags::<F>::parse_as(name, about);
+    crate::exit(main::<S, F>(name, &flags))
 }
 
 /// The admin HTTP server (`/healthz`, `/readyz`, `/metrics`), serving until [`AdminServer::stop`], which a

@@ -96,6 +96,26 @@ pub fn topics_env(brokers: &str, prefix: &str) -> (String, String, Vec<(&'static
     (inbound, dlq, env)
 }
 
+/// The shared test broker and the topics of one test's ingress ([`Ingress::on_fresh_topics`]).
+#[derive(Debug)]
+pub struct Topics {
+    pub brokers: &'static str,
+    pub inbound: String,
+    pub dlq: String,
+}
+
+impl Topics {
+    /// [`read_topic`] of the inbound topic.
+    pub fn inbound_records(&self, expected: usize, limit: Duration) -> Vec<Record> {
+        read_topic(self.brokers, &self.inbound, expected, limit)
+    }
+
+    /// [`read_topic`] of the DLQ topic.
+    pub fn dlq_records(&self, expected: usize, limit: Duration) -> Vec<Record> {
+        read_topic(self.brokers, &self.dlq, expected, limit)
+    }
+}
+
 /// `hl7gw-ingress` flags for every listener on a free port of 127.0.0.1 (the service prints the ones it got).
 pub const INGRESS_ON_PORT_0: [&str; 6] = [
     "--mllp-addr",
@@ -115,6 +135,23 @@ pub struct Ingress {
 }
 
 impl Ingress {
+    /// An ingress on its own topics (named after `prefix`) of the shared test broker, with `extra` settings
+    /// (HL7GW_... variables), ready: most ingress tests' start.
+    pub fn on_fresh_topics(
+        prefix: &str,
+        extra: impl IntoIterator<Item = (&'static str, String)>,
+    ) -> (Self, Topics) {
+        let brokers = broker();
+        let (inbound, dlq, mut env) = topics_env(brokers, prefix);
+        env.extend(extra);
+        let topics = Topics {
+            brokers,
+            inbound,
+            dlq,
+        };
+        (Self::start(&env), topics)
+    }
+
     /// Starts the ingress with `env` (HL7GW_... variables) on ephemeral ports and waits until it is ready.
     pub fn start(env: &[(&str, String)]) -> Self {
         Self::start_with(env, &[], true)
@@ -785,6 +822,25 @@ impl<E: Send + 'static> InProcess<E> {
             .expect("the service drained in time")
             .expect("the service task did not panic")
     }
+}
+
+/// Starts the worker `S` (no MLLP listener) in-process, waits until it serves, checks that its `/metrics`
+/// holds `series`, and stops it: each worker's in-process test.
+pub async fn worker_serves<S>(cfg: S::Config, series: &str)
+where
+    S: hl7gw_runtime::service::Service,
+    S::Error: std::fmt::Debug + Send + 'static,
+{
+    let worker = InProcess::service::<S>(cfg).await;
+    assert!(worker.bound.mllp.is_none());
+    let metrics = worker.serving().await;
+    assert!(metrics.contains(series), "{series} in {metrics}");
+    worker.stop(Duration::from_secs(30)).await.unwrap();
+}
+
+/// [`broker`] from async code (starting it blocks).
+pub async fn broker_async() -> &'static str {
+    tokio::task::spawn_blocking(broker).await.unwrap()
 }
 
 /// A service config listening on loopback port 0 (gRPC and admin) against `brokers`, with `yaml`'s keys

@@ -24,10 +24,10 @@ spec:
 /// Topics, groups and files of one test's pipeline.
 pub struct Pipeline {
     pub dir: tempfile::TempDir,
+    /// What this pipeline's topic and group names begin with (`t<uuid>.`).
+    prefix: String,
+    /// Environment of every process (the receiver ignores it): brokers, the inbound and DLQ topics, logs.
     pub env: Vec<(&'static str, String)>,
-    pub ingress_env: Vec<(&'static str, String)>,
-    pub transformer_env: Vec<(&'static str, String)>,
-    pub egress_env: Vec<(&'static str, String)>,
     /// Extra environment of the three services (not the receiver), e.g. `OTEL_*`; empty unless a test sets it.
     pub service_env: Vec<(&'static str, String)>,
     /// When set, each service's log (stderr) goes to `<dir>/<binary>.log` instead of the test's output.
@@ -35,14 +35,37 @@ pub struct Pipeline {
     pub mllp: u16,
     pub receiver_port: u16,
     pub egress_grpc: u16,
-    /// The admin (`/healthz`, `/readyz`, `/metrics`) address each service printed when it started.
-    pub ingress_admin: Option<SocketAddr>,
-    pub transformer_admin: Option<SocketAddr>,
-    pub egress_admin: Option<SocketAddr>,
-    pub ingress: Option<KillOnDrop>,
-    pub transformer: Option<KillOnDrop>,
-    pub egress: Option<KillOnDrop>,
+    pub ingress: Part,
+    pub transformer: Part,
+    pub egress: Part,
     pub receiver: Option<KillOnDrop>,
+}
+
+/// One service of a [`Pipeline`]: its own environment, and once started its process and admin address.
+pub struct Part {
+    /// `ingress`, `transformer` or `egress`.
+    pub name: &'static str,
+    pub env: Vec<(&'static str, String)>,
+    /// The process (dropping it kills it).
+    pub process: Option<KillOnDrop>,
+    /// The admin (`/healthz`, `/readyz`, `/metrics`) address it printed when it started.
+    pub admin: Option<SocketAddr>,
+}
+
+impl Part {
+    fn new(name: &'static str, env: Vec<(&'static str, String)>) -> Self {
+        Self {
+            name,
+            env,
+            process: None,
+            admin: None,
+        }
+    }
+
+    fn started(&mut self, (process, admin): (KillOnDrop, Option<SocketAddr>)) {
+        self.process = Some(process);
+        self.admin = admin;
+    }
 }
 
 impl Default for Pipeline {
@@ -55,30 +78,31 @@ impl Pipeline {
     /// Fresh topics, groups and folder, nothing started yet.
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let id = uuid::Uuid::now_v7().simple().to_string();
-        let t = |s: &str| format!("t{id}.{s}");
+        let prefix = format!("t{}.", uuid::Uuid::now_v7().simple());
+        let t = |s: &str| format!("{prefix}{s}");
         let env = vec![
             ("HL7GW_KAFKA__BROKERS", broker().to_owned()),
             ("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "3".into()),
+            ("HL7GW_INBOUND_TOPIC", t("inbound")),
+            ("HL7GW_DLQ_TOPIC", t("dlq")),
             ("RUST_LOG", "warn".into()),
         ];
-        let ingress_env = vec![
-            ("HL7GW_INBOUND_TOPIC", t("inbound")),
-            ("HL7GW_DLQ_TOPIC", t("dlq")),
-        ];
-        let transformer_env = vec![
-            ("HL7GW_INBOUND_TOPIC", t("inbound")),
-            ("HL7GW_DLQ_TOPIC", t("dlq")),
-            ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
-            ("HL7GW_GROUP_ID", t("transformer")),
-            ("HL7GW_TRANSACTIONAL_ID", t("transformer-0")),
-        ];
-        let egress_env = vec![
-            ("HL7GW_DLQ_TOPIC", t("dlq")),
-            ("HL7GW_INBOUND_TOPIC", t("inbound")),
-            ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
-            ("HL7GW_GROUP_PREFIX", t("egress")),
-        ];
+        let ingress = Part::new("ingress", Vec::new());
+        let transformer = Part::new(
+            "transformer",
+            vec![
+                ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
+                ("HL7GW_GROUP_ID", t("transformer")),
+                ("HL7GW_TRANSACTIONAL_ID", t("transformer-0")),
+            ],
+        );
+        let egress = Part::new(
+            "egress",
+            vec![
+                ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
+                ("HL7GW_GROUP_PREFIX", t("egress")),
+            ],
+        );
         std::fs::write(dir.path().join("routes.yaml"), ROUTES).unwrap();
         let receiver_port = free_port();
         // The egress's admin methods are refused to anonymous callers: the tests call them as `token:ops`.
@@ -95,23 +119,33 @@ impl Pipeline {
         .unwrap();
         Self {
             dir,
+            prefix,
             env,
-            ingress_env,
-            transformer_env,
-            egress_env,
             mllp: free_port(),
             receiver_port,
             egress_grpc: free_port(),
             service_env: Vec::new(),
             log_dir: None,
-            ingress_admin: None,
-            transformer_admin: None,
-            egress_admin: None,
-            ingress: None,
-            transformer: None,
-            egress: None,
+            ingress,
+            transformer,
+            egress,
             receiver: None,
         }
+    }
+
+    /// The full name of this pipeline's topic `name` (`inbound`, `dlq`, `out.lab`).
+    pub fn topic(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// The ingress, the transformer and the egress.
+    pub fn parts(&self) -> [&Part; 3] {
+        [&self.ingress, &self.transformer, &self.egress]
+    }
+
+    /// The ingress, the transformer and the egress, to stop or check their processes.
+    pub fn parts_mut(&mut self) -> [&mut Part; 3] {
+        [&mut self.ingress, &mut self.transformer, &mut self.egress]
     }
 
     pub fn received_dir(&self) -> PathBuf {
@@ -180,7 +214,7 @@ impl Pipeline {
             "--admin-addr".into(),
             "127.0.0.1:0".into(),
         ];
-        self.spawn("hl7gw-ingress", &args, &self.ingress_env)
+        self.spawn("hl7gw-ingress", &args, &self.ingress.env)
     }
 
     /// A transformer of the test's group; instance `n` gets its own `transactional_id`, `None` the first one's.
@@ -193,7 +227,8 @@ impl Pipeline {
         ];
         let routes = self.dir.path().join("routes.yaml").display().to_string();
         let mut env: Vec<(&str, String)> = self
-            .transformer_env
+            .transformer
+            .env
             .iter()
             .map(|(k, v)| match n {
                 Some(n) if *k == "HL7GW_TRANSACTIONAL_ID" => (*k, format!("{v}-{n}")),
@@ -214,25 +249,22 @@ impl Pipeline {
             "--admin-addr".into(),
             "127.0.0.1:0".into(),
         ];
-        self.spawn("hl7gw-egress", &args, &self.egress_env)
+        self.spawn("hl7gw-egress", &args, &self.egress.env)
     }
 
     pub fn start_ingress(&mut self) {
-        let (child, admin) = self.spawn_ingress(self.mllp);
-        self.ingress = Some(child);
-        self.ingress_admin = admin;
+        let started = self.spawn_ingress(self.mllp);
+        self.ingress.started(started);
     }
 
     pub fn start_transformer(&mut self) {
-        let (child, admin) = self.spawn_transformer(None);
-        self.transformer = Some(child);
-        self.transformer_admin = admin;
+        let started = self.spawn_transformer(None);
+        self.transformer.started(started);
     }
 
     pub fn start_egress(&mut self) {
-        let (child, admin) = self.spawn_egress(format!("127.0.0.1:{}", self.egress_grpc));
-        self.egress = Some(child);
-        self.egress_admin = admin;
+        let started = self.spawn_egress(format!("127.0.0.1:{}", self.egress_grpc));
+        self.egress.started(started);
     }
 
     pub fn start_receiver(&mut self, reject_every: Option<u32>) {

@@ -112,7 +112,6 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            service: ServiceSettings::default(),
             inbound_topic: "hl7.inbound".into(),
             dlq_topic: "hl7.dlq".into(),
             out_topic_prefix: "hl7.out.".into(),
@@ -126,6 +125,7 @@ impl Default for Config {
             batch_max_bytes: 16 << 20,
             batch_linger: Duration::from_millis(5),
             transaction_timeout: Duration::from_secs(10),
+            service: ServiceSettings::default(),
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }

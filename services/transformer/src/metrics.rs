@@ -2,26 +2,15 @@
 //! (from configuration), reason kinds. No label carries message content.
 
 pub use hl7gw_runtime::metrics::{MessageLabels, MsgType, ReasonLabels};
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct OutputLabels {
-    pub route: String,
-    pub destination: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct RouteLabels {
-    pub route: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub result: &'static str,
+hl7gw_runtime::label_sets! {
+    pub struct OutputLabels { pub route: String, pub destination: String }
+    pub struct RouteLabels { pub route: String }
+    pub struct ResultLabels { pub result: &'static str }
 }
 
 /// Message outcomes (the `outcome` label).

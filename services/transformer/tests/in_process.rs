@@ -1,12 +1,11 @@
 //! The transformer started in-process on port 0 against the test broker: it binds, loads its routes, gets
 //! ready (topics created, transactions initialised) and drains when told to stop.
 
-use hl7gw_testkit::{self as support, InProcess};
-use std::time::Duration;
+use hl7gw_testkit as support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_in_process_on_port_0() {
-    let brokers = tokio::task::spawn_blocking(support::broker).await.unwrap();
+    let brokers = support::broker_async().await;
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes.yaml");
     std::fs::write(
@@ -24,12 +23,6 @@ async fn runs_in_process_on_port_0() {
             routes.display()
         ),
     );
-    let transformer = InProcess::service::<hl7gw_transformer::App>(cfg).await;
-    assert!(transformer.bound.mllp.is_none());
-    let metrics = transformer.serving().await;
-    assert!(
-        metrics.contains("hl7gw_transformer_routes_active 1"),
-        "{metrics}"
-    );
-    transformer.stop(Duration::from_secs(30)).await.unwrap();
+    support::worker_serves::<hl7gw_transformer::App>(cfg, "hl7gw_transformer_routes_active 1")
+        .await;
 }
