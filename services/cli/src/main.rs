@@ -7,6 +7,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// One line on stderr for the operator, named after the command's module (`hl7gw send: ...`).
+macro_rules! log {
+    ($($arg:tt)*) => {
+        $crate::log_line(module_path!(), format_args!($($arg)*))
+    };
+}
+
 mod admin;
 mod commands;
 mod receive;
@@ -45,6 +52,12 @@ enum Command {
     Replay(admin::ReplayArgs),
     /// Show what the transformer's live routes would do with a message (gRPC Transform; TLS, token).
     DryRun(admin::DryRunArgs),
+}
+
+/// Writes `args` to stderr as `hl7gw <command>: ...`, the command being the last part of `module`.
+fn log_line(module: &str, args: std::fmt::Arguments<'_>) {
+    let command = module.rsplit("::").next().unwrap_or(module);
+    let _ = writeln!(std::io::stderr(), "hl7gw {command}: {args}");
 }
 
 fn main() -> ExitCode {

@@ -170,11 +170,11 @@ async fn serve(
         writeln!(out, "listening on {local}")?;
         out.flush()?;
     }
-    log(format_args!(
+    log!(
         "listening on {local}{}, storing in {}",
         if acceptor.is_some() { " (TLS)" } else { "" },
         shared.out.display()
-    ));
+    );
     let mut tasks = JoinSet::new();
     let stop = stop_signal();
     tokio::pin!(stop);
@@ -182,7 +182,7 @@ async fn serve(
         tokio::select! {
             () = shared.shutdown.cancelled() => break,
             () = &mut stop => {
-                log(format_args!("stopping on signal"));
+                log!("stopping on signal");
                 break;
             }
             accepted = listener.accept() => match accepted {
@@ -191,13 +191,13 @@ async fn serve(
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    log(format_args!("accept failed: {e}"));
+                    log!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Err(e) = joined {
-                    log(format_args!("connection task failed: {e}"));
+                    log!("connection task failed: {e}");
                 }
             }
         }
@@ -206,18 +206,18 @@ async fn serve(
     shared.shutdown.cancel();
     let drained = timeout(DRAIN, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
-        log(format_args!(
+        log!(
             "{} connection(s) still open after {}s, closing them",
             tasks.len(),
             DRAIN.as_secs()
-        ));
+        );
         tasks.shutdown().await;
     }
-    log(format_args!(
+    log!(
         "stopped: {} stored, {} rejected",
         shared.stored.load(Ordering::Relaxed),
         shared.rejected.load(Ordering::Relaxed)
-    ));
+    );
     Ok(())
 }
 
@@ -253,22 +253,22 @@ async fn connection(
     shared: Arc<Shared>,
 ) {
     let _ = tcp.set_nodelay(true);
-    log(format_args!("{peer}: connected"));
+    log!("{peer}: connected");
     let handled = match acceptor {
         Some(acceptor) => match timeout(shared.idle, acceptor.accept(tcp)).await {
             Ok(Ok(stream)) => messages(stream, peer, &shared).await,
             Ok(Err(e)) => {
-                log(format_args!("{peer}: TLS handshake failed: {e}"));
+                log!("{peer}: TLS handshake failed: {e}");
                 return;
             }
             Err(_) => {
-                log(format_args!("{peer}: TLS handshake timed out"));
+                log!("{peer}: TLS handshake timed out");
                 return;
             }
         },
         None => messages(tcp, peer, &shared).await,
     };
-    log(format_args!("{peer}: closed after {handled} message(s)"));
+    log!("{peer}: closed after {handled} message(s)");
 }
 
 /// What the message loop does with one payload.
@@ -295,16 +295,13 @@ where
         };
         let payload = match next {
             Err(_) => {
-                log(format_args!(
-                    "{peer}: idle for {}s, closing",
-                    shared.idle.as_secs()
-                ));
+                log!("{peer}: idle for {}s, closing", shared.idle.as_secs());
                 break;
             }
             Ok(None) => return answered,
             Ok(Some(Err(e))) => {
                 shared.rejected.fetch_add(1, Ordering::Relaxed);
-                log(format_args!("{peer}: MLLP error {}: {e}", e.kind()));
+                log!("{peer}: MLLP error {}: {e}", e.kind());
                 if framing_nak(&e, &mut ack) {
                     let _ = timeout(shared.idle, framed.send(&ack[..])).await;
                     answered += 1;
@@ -317,16 +314,14 @@ where
             Answer::Reply { accepted_slot } => {
                 match timeout(shared.idle, framed.send(&ack[..])).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => log(format_args!("{peer}: writing the ACK failed: {e}")),
-                    Err(_) => log(format_args!("{peer}: writing the ACK timed out")),
+                    Ok(Err(e)) => log!("{peer}: writing the ACK failed: {e}"),
+                    Err(_) => log!("{peer}: writing the ACK timed out"),
                 }
                 answered += 1;
                 if accepted_slot {
                     let stored = shared.stored.fetch_add(1, Ordering::AcqRel) + 1;
                     if shared.count.is_some_and(|n| stored >= n) {
-                        log(format_args!(
-                            "{stored} message(s) stored, as --count asked: stopping"
-                        ));
+                        log!("{stored} message(s) stored, as --count asked: stopping");
                         shared.shutdown.cancel();
                     }
                 }
@@ -364,11 +359,11 @@ async fn answer(
                     Ok(()) => format!("kept as {REJECTED_DIR}/{name}"),
                     Err(err) => format!("could not keep it: {err}"),
                 };
-            log(format_args!(
+            log!(
                 "{peer}: #{seq} rejected ({size} bytes, control id {control_id}): {} ({}); {kept}",
                 e.kind(),
                 e.code()
-            ));
+            );
             let text = e.to_string();
             return reject(shared, ack, &h, &ids, AckError::error(e.code(), &text));
         }
@@ -380,9 +375,9 @@ async fn answer(
         .reject_every
         .is_some_and(|every| nth.is_multiple_of(every))
     {
-        log(format_args!(
+        log!(
             "{peer}: #{seq} rejected on request ({size} bytes, control id {control_id}, --reject-every)"
-        ));
+        );
         let err = AckError::error(
             ErrorCode::ApplicationInternalError,
             "rejected on request (--reject-every); resend later",
@@ -392,17 +387,15 @@ async fn answer(
     if let Some(limit) = shared.count
         && shared.reserved.fetch_add(1, Ordering::AcqRel) >= limit
     {
-        log(format_args!(
+        log!(
             "{peer}: #{seq} not taken (control id {control_id}): --count reached, closing unanswered"
-        ));
+        );
         return Answer::Close;
     }
     let name = file_name(seq, h.control_id);
     match store(&shared.out, &name, payload, shared.sync).await {
         Ok(()) => {
-            log(format_args!(
-                "{peer}: #{seq} stored as {name} ({size} bytes, control id {control_id})"
-            ));
+            log!("{peer}: #{seq} stored as {name} ({size} bytes, control id {control_id})");
             write_ack(ack, h, ack_code(h, Outcome::Accept), None, &ids);
             Answer::Reply {
                 accepted_slot: true,
@@ -412,9 +405,7 @@ async fn answer(
             if shared.count.is_some() {
                 shared.reserved.fetch_sub(1, Ordering::AcqRel);
             }
-            log(format_args!(
-                "{peer}: #{seq} not stored (control id {control_id}): {e}"
-            ));
+            log!("{peer}: #{seq} not stored (control id {control_id}): {e}");
             let err = AckError::error(
                 ErrorCode::ApplicationInternalError,
                 "could not store the message; resend later",
@@ -538,10 +529,6 @@ async fn store(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> std::io::Res
         let _ = tokio::fs::remove_file(&tmp).await;
     }
     written
-}
-
-fn log(args: std::fmt::Arguments<'_>) {
-    let _ = writeln!(std::io::stderr(), "hl7gw receive: {args}");
 }
 
 #[cfg(test)]

@@ -185,16 +185,12 @@ where
             };
             let answered = sanitise(answered);
             if answered != control_id {
-                log(format_args!(
+                log!(
                     "{}: warning: ACK is for control id {answered}, sent {control_id}",
                     m.label
-                ));
+                );
             }
-            log(format_args!(
-                "{}: {} (control id {control_id})",
-                m.label,
-                code.as_str()
-            ));
+            log!("{}: {} (control id {control_id})", m.label, code.as_str());
             if code.outcome() != Outcome::Accept {
                 all_accepted = false;
             }
@@ -202,14 +198,14 @@ where
     }
     // Say goodbye politely (TLS close_notify); the ACKs are in, so a failure here changes nothing.
     let _ = timeout(t, SinkExt::<Bytes>::close(&mut framed)).await;
-    log(format_args!(
+    log!(
         "{sent} message(s) sent, {}",
         if all_accepted {
             "all accepted"
         } else {
             "some NOT accepted"
         }
-    ));
+    );
     Ok(if all_accepted {
         ExitCode::SUCCESS
     } else {
@@ -229,10 +225,6 @@ fn print_ack(ack: &[u8]) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
-}
-
-fn log(args: std::fmt::Arguments<'_>) {
-    let _ = writeln!(std::io::stderr(), "hl7gw send: {args}");
 }
 
 #[cfg(test)]

@@ -3,10 +3,11 @@
 //! Every child process is killed when its guard drops, and every wait is bounded, so a broken build fails
 //! these tests instead of hanging them.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -53,6 +54,31 @@ fn collect(pipe: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> threa
 }
 
 impl Guard {
+    /// Spawns `hl7gw args` (stdin closed, stderr collected); its stdout is the caller's to read.
+    fn spawn(what: &'static str, args: &[&OsStr]) -> (Self, ChildStdout) {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {what}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![collect(
+            child.stderr.take().expect("piped stderr"),
+            stderr.clone(),
+        )];
+        let guard = Self {
+            child,
+            what,
+            stdout: Arc::default(),
+            stderr,
+            readers,
+        };
+        (guard, stdout)
+    }
+
     fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.stderr.lock().expect("lock")).into_owned()
     }
@@ -97,25 +123,12 @@ struct Receiver {
 
 impl Receiver {
     fn start(out: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["receive", "--listen", "127.0.0.1:0", "--out"])
-            .arg(out)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning hl7gw receive");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let err_reader = collect(child.stderr.take().expect("piped stderr"), stderr.clone());
-        let mut guard = Guard {
-            child,
-            what: "hl7gw receive",
-            stdout: Arc::new(Mutex::new(Vec::new())),
-            stderr,
-            readers: vec![err_reader],
-        };
+        let mut args = ["receive", "--listen", "127.0.0.1:0", "--out"]
+            .map(OsStr::new)
+            .to_vec();
+        args.push(out.as_os_str());
+        args.extend(extra.iter().map(OsStr::new));
+        let (mut guard, stdout) = Guard::spawn("hl7gw receive", &args);
         let (tx, rx) = mpsc::channel();
         let rest = guard.stdout.clone();
         guard.readers.push(thread::spawn(move || {
@@ -191,27 +204,10 @@ impl Sent {
 
 /// Runs `hl7gw <args>` to completion (bounded by `DEADLINE`).
 fn hl7gw(args: &[&str], files: &[PathBuf]) -> Sent {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .args(files)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning hl7gw");
-    let stdout = Arc::new(Mutex::new(Vec::new()));
-    let stderr = Arc::new(Mutex::new(Vec::new()));
-    let readers = vec![
-        collect(child.stdout.take().expect("piped stdout"), stdout.clone()),
-        collect(child.stderr.take().expect("piped stderr"), stderr.clone()),
-    ];
-    let mut guard = Guard {
-        child,
-        what: "hl7gw send",
-        stdout,
-        stderr,
-        readers,
-    };
+    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    all.extend(files.iter().map(|f| f.as_os_str()));
+    let (mut guard, stdout) = Guard::spawn("hl7gw send", &all);
+    guard.readers.push(collect(stdout, guard.stdout.clone()));
     let status = guard.wait();
     let text =
         |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().expect("lock")).into_owned();

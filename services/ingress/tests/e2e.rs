@@ -309,14 +309,23 @@ async fn bad_input_gets_its_defined_answer_and_the_process_stays_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_get_the_first_ack_and_are_published_once() {
     let (ingress, t) = start([]);
-    let mut c = Mllp::connect(ingress.mllp).await;
-    let first = c.call(&adt("DUP1", "P1")).await.unwrap();
-    let again = c.call(&adt("DUP1", "P1")).await.unwrap();
-    let mut other = Mllp::connect(ingress.mllp).await;
-    let third = other.call(&adt("DUP1", "P1")).await.unwrap();
+    let (mut c, mut other) = (
+        Mllp::connect(ingress.mllp).await,
+        Mllp::connect(ingress.mllp).await,
+    );
+    let dup = adt("DUP1", "P1");
+    let first = c.call(&dup).await.unwrap();
     assert_eq!(ack_code(&first), "AA");
-    assert_eq!(first, again);
-    assert_eq!(first, third);
+    assert_eq!(
+        c.call(&dup).await.unwrap(),
+        first,
+        "resent on the same connection"
+    );
+    assert_eq!(
+        other.call(&dup).await.unwrap(),
+        first,
+        "resent on another one"
+    );
     let records = t.inbound_records(1, Duration::from_secs(30));
     assert_eq!(records.len(), 1);
     assert_eq!(

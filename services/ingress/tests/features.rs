@@ -1106,9 +1106,7 @@ async fn grpc_ingest_follows_the_mllp_listeners_mutual_tls_policy() {
 async fn the_kafka_key_can_be_a_salted_hash_of_the_patient_id() {
     use sha2::Digest;
     let (inbound, _, mut env) = topics_env(broker());
-    let dir = tempfile::tempdir().unwrap();
-    let salt = dir.path().join("salt");
-    std::fs::write(&salt, "a-salt-from-a-secret-0123456789\n").unwrap();
+    let (_dir, salt) = support::temp_file("salt", "a-salt-from-a-secret-0123456789\n");
     env.push(("HL7GW_KEY_SALT_FILE", salt.display().to_string()));
     let ingress = Ingress::start(&env);
     let mut c = Mllp::connect(ingress.mllp).await;

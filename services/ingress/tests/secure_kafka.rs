@@ -65,9 +65,7 @@ async fn messages_are_stored_over_sasl_ssl_and_over_mutual_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_credentials_never_yield_an_accept_and_the_service_stays_up() {
     let b = SecureBroker::get();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wrong = dir.path().join("wrong-password");
-    std::fs::write(&wrong, "not-the-password\n").expect("write");
+    let (_dir, wrong) = support::temp_file("wrong-password", "not-the-password\n");
     let cases = [
         (
             "wrong password",
@@ -101,9 +99,7 @@ async fn bad_credentials_never_yield_an_accept_and_the_service_stays_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ingress_recovers_by_itself_once_the_credentials_are_accepted() {
     let b = SecureBroker::get();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let password = dir.path().join("password");
-    std::fs::write(&password, "rotated-password").expect("write");
+    let (_dir, password) = support::temp_file("password", "rotated-password");
     let user = format!("rotate-{}", uuid::Uuid::now_v7().simple());
     let topic = unique_topic("secure-rotate");
     let mut env = env_with(b.sasl_env(&password.display().to_string()), &topic);

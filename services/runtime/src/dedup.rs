@@ -291,10 +291,17 @@ mod tests {
         d.key(&[app, facility, id])
     }
 
+    /// A 10 s window of at most 100 entries and 1 MiB, and the time it starts at.
+    fn window() -> (Dedup, Instant) {
+        (
+            Dedup::new(Duration::from_secs(10), 100, 1 << 20),
+            Instant::now(),
+        )
+    }
+
     #[test]
     fn replays_a_resend_within_the_window_and_forgets_after() {
-        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
-        let t0 = Instant::now();
+        let (d, t0) = window();
         let k = key(&d, b"APP", b"FAC", b"1");
         let digest = d.digest(b"MSH|1");
         assert_eq!(d.lookup(k, digest, t0), Seen::New);
@@ -314,8 +321,7 @@ mod tests {
 
     #[test]
     fn the_same_key_with_other_content_is_a_reused_control_id() {
-        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
-        let t = Instant::now();
+        let (d, t) = window();
         let k = key(&d, b"APP", b"FAC", b"REUSED-1");
         d.remember(k, d.digest(b"PID|MRN111"), Bytes::from_static(b"ACK1"), t);
         assert_eq!(d.lookup(k, d.digest(b"PID|MRN222"), t), Seen::Reused);
@@ -333,8 +339,7 @@ mod tests {
     /// when the first copy fails, the waiter learns it and the next resend is new.
     #[test]
     fn a_resend_of_a_message_in_flight_waits_for_its_first_copy() {
-        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
-        let t = Instant::now();
+        let (d, t) = window();
         let k = key(&d, b"APP", b"FAC", b"1");
         let digest = d.digest(b"MSH|1");
         let Claimed::New(first) = d.claim(k, digest, t) else {
@@ -371,7 +376,7 @@ mod tests {
 
     #[test]
     fn parts_are_length_prefixed() {
-        let d = Dedup::new(Duration::from_secs(10), 100, 1 << 20);
+        let (d, _) = window();
         assert_ne!(d.key(&[b"ab", b"c"]), d.key(&[b"a", b"bc"]));
     }
 

@@ -932,66 +932,44 @@ mod tests {
         );
         let code = |r: Result<Caller, Status>| r.map_err(|s| s.code());
         use tonic::Code::{PermissionDenied, Unauthenticated};
-        assert_eq!(
-            code(auth.authorize(&req(None, None), "Replay").await),
-            Err(Unauthenticated)
+        let (ops, viewer) = (
+            Some("Bearer 0123456789abcdef0123"),
+            Some("Bearer fedcba9876543210fedc"),
         );
-        assert_eq!(
-            code(
-                auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay")
-                    .await
+        let cases = [
+            (None, None, "Replay", Err(Unauthenticated)),
+            (ops, None, "Replay", Ok(Caller::Token("ops".into()))),
+            (viewer, None, "Replay", Err(PermissionDenied)),
+            (Some("Bearer nope"), None, "Status", Err(Unauthenticated)),
+            (
+                None,
+                Some("ops-cli"),
+                "Replay",
+                Ok(Caller::Cert("ops-cli".into())),
             ),
-            Ok(Caller::Token("ops".into()))
-        );
-        assert_eq!(
-            code(
-                auth.authorize(&req(Some("Bearer fedcba9876543210fedc"), None), "Replay")
-                    .await
+            (None, Some("other"), "Replay", Err(PermissionDenied)),
+            (
+                None,
+                Some("other"),
+                "Status",
+                Ok(Caller::Cert("other".into())),
             ),
-            Err(PermissionDenied)
-        );
-        assert_eq!(
-            code(
-                auth.authorize(&req(Some("Bearer nope"), None), "Status")
-                    .await
-            ),
-            Err(Unauthenticated)
-        );
-        assert_eq!(
-            code(auth.authorize(&req(None, Some("ops-cli")), "Replay").await),
-            Ok(Caller::Cert("ops-cli".into()))
-        );
-        assert_eq!(
-            code(auth.authorize(&req(None, Some("other")), "Replay").await),
-            Err(PermissionDenied)
-        );
-        assert_eq!(
-            code(auth.authorize(&req(None, Some("other")), "Status").await),
-            Ok(Caller::Cert("other".into()))
-        );
-        assert_eq!(
-            code(auth.authorize(&req(None, None), "Ingest").await),
-            Ok(Caller::Anonymous)
-        );
-        assert_eq!(
-            code(auth.authorize(&req(None, None), "ListDeadLetters").await),
-            Err(Unauthenticated)
-        );
+            (None, None, "Ingest", Ok(Caller::Anonymous)),
+            (None, None, "ListDeadLetters", Err(Unauthenticated)),
+        ];
+        for (bearer, cert, method, want) in cases {
+            let got = code(auth.authorize(&req(bearer, cert), method).await);
+            assert_eq!(got, want, "{bearer:?} {cert:?} {method}");
+        }
         // Rotated: the old token stops working, the new one works.
+        let rotated = Some("Bearer 11112222333344445555");
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&file, "ops 11112222333344445555\n").expect("write");
         assert_eq!(
-            code(
-                auth.authorize(&req(Some("Bearer 0123456789abcdef0123"), None), "Replay")
-                    .await
-            ),
+            code(auth.authorize(&req(ops, None), "Replay").await),
             Err(Unauthenticated)
         );
-        assert!(
-            auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
-                .await
-                .is_ok()
-        );
+        assert!(code(auth.authorize(&req(rotated, None), "Replay").await).is_ok());
         // Debug output never holds a token.
         let debug = format!("{auth:?}");
         assert!(!debug.contains("11112222333344445555"), "{debug}");
@@ -999,25 +977,15 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&file, "ops 11112222333344445555\nbroken-line\n").expect("write");
         assert_eq!(
-            code(
-                auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
-                    .await
-            ),
+            code(auth.authorize(&req(rotated, None), "Replay").await),
             Err(Unauthenticated)
         );
         // So does a file that is gone.
         std::fs::write(&file, "ops 11112222333344445555\n").expect("write");
-        assert!(
-            auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
-                .await
-                .is_ok()
-        );
+        assert!(code(auth.authorize(&req(rotated, None), "Replay").await).is_ok());
         std::fs::remove_file(&file).expect("remove");
         assert_eq!(
-            code(
-                auth.authorize(&req(Some("Bearer 11112222333344445555"), None), "Replay")
-                    .await
-            ),
+            code(auth.authorize(&req(rotated, None), "Replay").await),
             Err(Unauthenticated)
         );
     }

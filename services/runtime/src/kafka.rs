@@ -332,12 +332,16 @@ pub fn producer_config(
     s: &KafkaSettings,
     delivery_timeout: Duration,
 ) -> Result<ClientConfig, ClientConfigError> {
-    let mut c = client_base(client_id, s)?;
-    producer_settings(&mut c, s, delivery_timeout);
-    finish(c, s)
+    finish(producer_base(client_id, s, delivery_timeout)?, s)
 }
 
-fn producer_settings(c: &mut ClientConfig, s: &KafkaSettings, delivery_timeout: Duration) {
+/// [`producer_config`] before the user's properties.
+fn producer_base(
+    client_id: &str,
+    s: &KafkaSettings,
+    delivery_timeout: Duration,
+) -> Result<ClientConfig, ClientConfigError> {
+    let mut c = client_base(client_id, s)?;
     c.set("acks", "all")
         .set("enable.idempotence", "true")
         .set(
@@ -355,6 +359,7 @@ fn producer_settings(c: &mut ClientConfig, s: &KafkaSettings, delivery_timeout: 
         // The Java client's partitioner (murmur2 of the key; keyless records at random): a key lands in the
         // partition a Java producer would choose, so mixed producers keep "one key, one partition".
         .set("partitioner", "murmur2_random");
+    Ok(c)
 }
 
 /// The transformer's producer: [`producer_config`] plus a transactional id; a transaction not committed
@@ -365,8 +370,7 @@ pub fn transactional_producer_config(
     transactional_id: &str,
     timeout: Duration,
 ) -> Result<ClientConfig, ClientConfigError> {
-    let mut c = client_base(client_id, s)?;
-    producer_settings(&mut c, s, timeout);
+    let mut c = producer_base(client_id, s, timeout)?;
     c.set("transactional.id", transactional_id)
         .set("transaction.timeout.ms", timeout.as_millis().to_string());
     finish(c, s)

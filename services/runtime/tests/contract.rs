@@ -175,13 +175,24 @@ fn breaking_changes(old: &FileDescriptorSet, new: &FileDescriptorSet) -> Vec<Str
         }
         out
     };
+    /// The old definitions still in `new`, each with its new self; a "removed" problem for each one gone.
+    fn kept<T: Clone>(
+        kind: &str,
+        old: BTreeMap<String, T>,
+        new: &BTreeMap<String, T>,
+        problems: &mut Vec<String>,
+    ) -> Vec<(String, T, T)> {
+        let mut out = Vec::new();
+        for (name, o) in old {
+            match new.get(&name) {
+                Some(n) => out.push((name, o, n.clone())),
+                None => problems.push(format!("{kind} {name} removed")),
+            }
+        }
+        out
+    }
     let mut problems = Vec::new();
-    let new_messages = messages(new);
-    for (name, m) in messages(old) {
-        let Some(n) = new_messages.get(&name) else {
-            problems.push(format!("message {name} removed"));
-            continue;
-        };
+    for (name, m, n) in kept("message", messages(old), &messages(new), &mut problems) {
         for f in &m.field {
             let reserved = n
                 .reserved_range
@@ -213,12 +224,7 @@ fn breaking_changes(old: &FileDescriptorSet, new: &FileDescriptorSet) -> Vec<Str
             }
         }
     }
-    let new_enums = enums(new);
-    for (name, e) in enums(old) {
-        let Some(n) = new_enums.get(&name) else {
-            problems.push(format!("enum {name} removed"));
-            continue;
-        };
+    for (name, e, n) in kept("enum", enums(old), &enums(new), &mut problems) {
         for v in &e.value {
             let kept = n
                 .value

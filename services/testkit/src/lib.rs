@@ -78,6 +78,14 @@ pub fn broker() -> &'static str {
     })
 }
 
+/// A file `name` holding `contents` in a fresh temporary folder (removed when the `TempDir` drops).
+pub fn temp_file(name: &str, contents: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join(name);
+    std::fs::write(&file, contents).expect("writing a temporary file");
+    (dir, file)
+}
+
 /// A topic name no other test uses.
 pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}.{}", uuid::Uuid::now_v7().simple())

@@ -917,41 +917,35 @@ mod tests {
 
     #[test]
     fn matching_uses_type_trigger_sender_version_and_predicates() {
-        let m = Message::parse(ADT).unwrap();
-        let env = env_of(ADT);
-        let ok = |y: &str| {
-            Route::compile("r", &spec(y))
-                .unwrap()
-                .matches(&env, &m, Charset::Utf8)
-        };
-        assert!(ok("destinations: [a]").is_ok());
-        assert!(ok("{match: {messageTypes: ['ADT^A0?']}, destinations: [a]}").is_ok());
-        assert!(ok("{match: {messageTypes: [ADT]}, destinations: [a]}").is_ok());
-        assert!(ok("{match: {messageTypes: ['ORU^*']}, destinations: [a]}").is_err());
-        assert!(ok("{match: {sendingFacilities: ['GOOD HOSP']}, destinations: [a]}").is_ok());
-        assert!(ok("{match: {sendingApplications: [LAB]}, destinations: [a]}").is_err());
-        assert!(ok("{match: {versions: ['2.5*']}, destinations: [a]}").is_ok());
-        // Test traffic only through a route that names HL7GW-TEST.
+        let adt = (Message::parse(ADT).unwrap(), env_of(ADT));
+        // Test traffic (MSH-11 T) only through a route that names HL7GW-TEST.
         let test = b"MSH|^~\\&|HL7GW-TEST|GOOD HOSP|B|G|20260101||ADT^A01|T1|T|2.5\rPID|1||P1\r";
-        let (tm, tenv) = (Message::parse(test).unwrap(), env_of(test));
-        let test_ok = |y: &str| {
-            Route::compile("r", &spec(y))
-                .unwrap()
-                .matches(&tenv, &tm, Charset::Utf8)
+        let test = (Message::parse(test).unwrap(), env_of(test));
+        let takes = |(m, env): &(Message<'_>, Envelope), matches: &str| {
+            let yaml = format!("{{match: {matches}, destinations: [a]}}");
+            let route = Route::compile("r", &spec(&yaml)).unwrap();
+            route.matches(env, m, Charset::Utf8)
         };
-        assert!(test_ok("{match: {messageTypes: [ADT]}, destinations: [a]}").is_err());
-        assert!(test_ok("destinations: [a]").is_err());
-        assert!(test_ok("{match: {sendingApplications: [HL7GW-TEST]}, destinations: [a]}").is_ok());
-        assert!(ok("{match: {where: [{path: PID-8, equals: F}]}, destinations: [a]}").is_ok());
-        assert!(ok("{match: {where: [{path: PID-8, in: [M, U]}]}, destinations: [a]}").is_err());
-        assert!(
-            ok("{match: {where: [{path: PID-3-1, regex: '[0-9]+'}]}, destinations: [a]}").is_ok()
-        );
-        assert!(
-            ok("{match: {where: [{path: PID-3-1, regex: '[0-9]'}]}, destinations: [a]}").is_err()
-        );
-        assert!(ok("{match: {where: [{path: PID-19, exists: false}]}, destinations: [a]}").is_ok());
-        let miss = ok("{match: {where: [{path: PID-19, exists: true}]}, destinations: [a]}");
+        for (taken, msg, matches) in [
+            (true, &adt, "{}"),
+            (true, &adt, "{messageTypes: ['ADT^A0?']}"),
+            (true, &adt, "{messageTypes: [ADT]}"),
+            (false, &adt, "{messageTypes: ['ORU^*']}"),
+            (true, &adt, "{sendingFacilities: ['GOOD HOSP']}"),
+            (false, &adt, "{sendingApplications: [LAB]}"),
+            (true, &adt, "{versions: ['2.5*']}"),
+            (false, &test, "{messageTypes: [ADT]}"),
+            (false, &test, "{}"),
+            (true, &test, "{sendingApplications: [HL7GW-TEST]}"),
+            (true, &adt, "{where: [{path: PID-8, equals: F}]}"),
+            (false, &adt, "{where: [{path: PID-8, in: [M, U]}]}"),
+            (true, &adt, "{where: [{path: PID-3-1, regex: '[0-9]+'}]}"),
+            (false, &adt, "{where: [{path: PID-3-1, regex: '[0-9]'}]}"),
+            (true, &adt, "{where: [{path: PID-19, exists: false}]}"),
+        ] {
+            assert_eq!(takes(msg, matches).is_ok(), taken, "{matches}");
+        }
+        let miss = takes(&adt, "{where: [{path: PID-19, exists: true}]}");
         assert_eq!(miss.unwrap_err(), "where PID-19");
     }
 

@@ -6,14 +6,11 @@ use hl7gw_testkit as support;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_in_process_on_port_0() {
     let brokers = support::broker_async().await;
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
+    let (_dir, routes) = support::temp_file(
+        "routes.yaml",
         "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: adt}\n\
          spec:\n  match: {messageTypes: ['ADT^A01']}\n  destinations: [lab]\n",
-    )
-    .unwrap();
+    );
     let id = support::unique_topic("inproc");
     let cfg: hl7gw_transformer::config::Config = support::config_on_port_0(
         brokers,

@@ -193,10 +193,8 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
     // Fails on every A03 (there is no third OBX to set): a transformer DLQ record beside the JSON output.
     let broken = "a03-broken";
 
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
+    let (_dir, routes) = support::temp_file(
+        "routes.yaml",
         format!(
             "apiVersion: hl7gw.io/v1alpha1\n\
              kind: HL7Route\n\
@@ -208,8 +206,7 @@ fn the_python_consumer_reads_inbound_json_and_dlq_topics() {
              metadata:\n  name: {broken}\n\
              spec:\n  match:\n    messageTypes: ['ADT^A03']\n  transforms:\n    - set: {{path: 'OBX(3)-5', value: x}}\n  destinations: [never-{run}]\n"
         ),
-    )
-    .unwrap();
+    );
 
     let ports = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
     let (_transformer, _) = start_service(

@@ -372,15 +372,12 @@ async fn slow_route(
     n: usize,
     transaction_timeout: &str,
 ) -> (tempfile::TempDir, Vec<(String, String)>) {
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
+    let (dir, routes) = support::temp_file(
+        "routes.yaml",
         format!(
             "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: slow}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'http://{plugin}', timeoutMs: {timeout_ms}}}}}]\n  destinations: [slow]\n"
         ),
-    )
-    .unwrap();
+    );
     let msgs = adts(prefix, n);
     produce(brokers, &t.inbound(), &msgs).await;
     let mut env = t.env_with_routes(brokers, &routes);
@@ -526,13 +523,10 @@ async fn a_fenced_producer_is_recreated_in_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deidentifying_route_keys_its_output_without_the_patient_id() {
     let t = Topics::new();
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
+    let (_dir, routes) = support::temp_file(
+        "routes.yaml",
         "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: deid}\nspec:\n  transforms:\n    - hash: {path: PID-3-1}\n    - mask: {path: PID-5}\n  keyPaths: [MSH-4, PID-3-1]\n  destinations: [research]\n---\napiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: plain}\nspec:\n  destinations: [plain]\n",
-    )
-    .unwrap();
+    );
     let brokers = broker();
     let msgs = adts("D", 2);
     produce(brokers, &t.inbound(), &msgs).await;
@@ -589,16 +583,13 @@ async fn https_plugins_are_called_over_mutual_tls() {
     );
 
     let t = Topics::new();
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
+    let (_dir, routes) = support::temp_file(
+        "routes.yaml",
         format!(
             "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: tls}}\nspec:\n  transforms: [{{plugin: {{endpoint: 'https://127.0.0.1:{}', timeoutMs: 5000}}}}]\n  destinations: [tls]\n",
             addr.port()
         ),
-    )
-    .unwrap();
+    );
     let brokers = broker();
     let msgs = adts("T", 2);
     produce(brokers, &t.inbound(), &msgs).await;
@@ -622,13 +613,10 @@ async fn https_plugins_are_called_over_mutual_tls() {
 async fn two_instances_without_a_pod_name_do_not_fence_each_other() {
     let _timing = TIMING.lock().await;
     let t = Topics::new();
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes.yaml");
-    std::fs::write(
-        &routes,
+    let (_dir, routes) = support::temp_file(
+        "routes.yaml",
         "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: all}\nspec:\n  destinations: [all]\n",
-    )
-    .unwrap();
+    );
     let brokers = broker();
     let mut env: Vec<(String, String)> = t
         .env(brokers)

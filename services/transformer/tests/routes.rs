@@ -4,6 +4,7 @@
 
 use hl7gw_runtime::proto::v1::transform_server::{Transform, TransformServer};
 use hl7gw_runtime::proto::v1::{Envelope, TransformRequest, TransformResponse};
+use hl7gw_testkit as support;
 use hl7gw_transformer::engine::Route;
 use hl7gw_transformer::metrics::TransformerMetrics;
 use hl7gw_transformer::plugin::GrpcPlugins;
@@ -41,17 +42,14 @@ fn names(live: &LiveRoutes) -> Vec<(String, Vec<String>)> {
 
 #[tokio::test]
 async fn a_routes_file_reloads_on_change_and_a_bad_route_keeps_the_old_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("routes.yaml");
-    std::fs::write(
-        &path,
+    let (_dir, path) = support::temp_file(
+        "routes.yaml",
         format!(
             "{}---\n{}",
             route_doc("a", "lab"),
             route_doc("b", "archive")
         ),
-    )
-    .unwrap();
+    );
     let (_reg, metrics) = TransformerMetrics::registered();
     let live = Arc::new(LiveRoutes::default());
     source::load_file(&path, &live, &metrics).unwrap();

@@ -39,13 +39,7 @@ impl Pipeline {
         let msg = match Message::parse(&frame) {
             Ok(m) => m,
             Err(e) => {
-                let r = Rejected {
-                    outcome: Outcome::Error,
-                    code: e.code(),
-                    reason: e.kind(),
-                    text: e.to_string(),
-                    location: None,
-                };
+                let r = Rejected::error(e.code(), e.kind(), e.to_string());
                 return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
             }
         };
@@ -206,13 +200,12 @@ impl Pipeline {
 
     fn validate(&self, h: &Header<'_>, frame: &[u8]) -> Result<Charset, Rejected> {
         if h.control_id.is_empty() {
-            return Err(Rejected {
-                outcome: Outcome::Error,
-                code: ErrorCode::RequiredFieldMissing,
-                reason: "missing_control_id",
-                text: "MSH-10 (message control id) is empty".into(),
-                location: Some((b"MSH", 10)),
-            });
+            return Err(Rejected::error(
+                ErrorCode::RequiredFieldMissing,
+                "missing_control_id",
+                "MSH-10 (message control id) is empty",
+            )
+            .at_msh(10));
         }
         // The standard's lengths (HL7 2.7: MSH-10 ST 199, MSH-3/4 HD 227); longer values would let crafted
         // messages make every key, ACK and log line large.
@@ -222,13 +215,12 @@ impl Pipeline {
             (4, h.sending_facility, MAX_HD),
         ] {
             if value.len() > max {
-                return Err(Rejected {
-                    outcome: Outcome::Error,
-                    code: ErrorCode::ValueTooLong,
-                    reason: "value_too_long",
-                    text: format!("MSH-{field} is longer than {max} characters"),
-                    location: Some((b"MSH", field)),
-                });
+                return Err(Rejected::error(
+                    ErrorCode::ValueTooLong,
+                    "value_too_long",
+                    format!("MSH-{field} is longer than {max} characters"),
+                )
+                .at_msh(field));
             }
         }
         if h.version.is_empty()
@@ -238,16 +230,15 @@ impl Pipeline {
                 .iter()
                 .any(|v| h.version.starts_with(v.as_bytes()))
         {
-            return Err(Rejected {
-                outcome: Outcome::Reject,
-                code: ErrorCode::UnsupportedVersionId,
-                reason: "unsupported_version",
-                text: format!(
+            return Err(Rejected::reject(
+                ErrorCode::UnsupportedVersionId,
+                "unsupported_version",
+                format!(
                     "MSH-12 version {:?} is not accepted",
                     String::from_utf8_lossy(&h.version[..h.version.len().min(16)])
                 ),
-                location: Some((b"MSH", 12)),
-            });
+            )
+            .at_msh(12));
         }
         if !self.cfg.processing_ids.is_empty()
             && !self
@@ -256,30 +247,31 @@ impl Pipeline {
                 .iter()
                 .any(|p| p.as_bytes() == h.processing_id)
         {
-            return Err(Rejected {
-                outcome: Outcome::Reject,
-                code: ErrorCode::UnsupportedProcessingId,
-                reason: "unsupported_processing_id",
-                text: "MSH-11 processing id is not accepted".into(),
-                location: Some((b"MSH", 11)),
-            });
+            return Err(Rejected::reject(
+                ErrorCode::UnsupportedProcessingId,
+                "unsupported_processing_id",
+                "MSH-11 processing id is not accepted",
+            )
+            .at_msh(11));
         }
         if h.charset.is_empty() {
             return Ok(self.fallback);
         }
-        let cs = Charset::from_msh18(h.charset).map_err(|_| Rejected {
-            outcome: Outcome::Reject,
-            code: ErrorCode::TableValueNotFound,
-            reason: "unsupported_charset",
-            text: "MSH-18 character set is not supported".into(),
-            location: Some((b"MSH", 18)),
+        let cs = Charset::from_msh18(h.charset).map_err(|_| {
+            Rejected::reject(
+                ErrorCode::TableValueNotFound,
+                "unsupported_charset",
+                "MSH-18 character set is not supported",
+            )
+            .at_msh(18)
         })?;
-        cs.decode(frame).map_err(|_| Rejected {
-            outcome: Outcome::Error,
-            code: ErrorCode::DataType,
-            reason: "charset_mismatch",
-            text: format!("message bytes are not valid {}", cs.name()),
-            location: Some((b"MSH", 18)),
+        cs.decode(frame).map_err(|_| {
+            Rejected::error(
+                ErrorCode::DataType,
+                "charset_mismatch",
+                format!("message bytes are not valid {}", cs.name()),
+            )
+            .at_msh(18)
         })?;
         Ok(cs)
     }

@@ -145,26 +145,18 @@ impl Pipeline {
         origin: &Origin,
         sequence: u64,
     ) -> Pending {
-        let r = Rejected {
-            outcome: Outcome::Error,
-            code: ErrorCode::ApplicationInternalError,
-            reason: "missing_cr",
-            text,
-            location: None,
-        };
+        let r = Rejected::error(ErrorCode::ApplicationInternalError, "missing_cr", text);
         Pending::Ready(self.reject(frame, r, Some(origin), sequence, SystemTime::now()))
     }
 
     /// A NAK for a frame that never reached the parser (oversize, framing): AE with ERR 207 and the text.
     pub fn framing_reply(&self, text: String) -> Reply {
         Reply {
-            action: Action::Reject(Rejected {
-                outcome: Outcome::Error,
-                code: ErrorCode::ApplicationInternalError,
-                reason: "framing",
+            action: Action::Reject(Rejected::error(
+                ErrorCode::ApplicationInternalError,
+                "framing",
                 text,
-                location: None,
-            }),
+            )),
             frame: Bytes::new(),
             envelope_id: String::new(),
             ticket: None,

@@ -60,6 +60,36 @@ pub struct Rejected {
     pub location: Option<(&'static [u8], usize)>,
 }
 
+impl Rejected {
+    /// AE/CE: the message is wrong; the sender must fix it, not resend it.
+    pub fn error(code: ErrorCode, reason: &'static str, text: impl Into<String>) -> Self {
+        Self::new(Outcome::Error, code, reason, text.into())
+    }
+
+    /// AR/CR: refused as it stands (a version, processing id or character set not taken, or resend later).
+    pub fn reject(code: ErrorCode, reason: &'static str, text: impl Into<String>) -> Self {
+        Self::new(Outcome::Reject, code, reason, text.into())
+    }
+
+    fn new(outcome: Outcome, code: ErrorCode, reason: &'static str, text: String) -> Self {
+        Self {
+            outcome,
+            code,
+            reason,
+            text,
+            location: None,
+        }
+    }
+
+    /// The ERR segment points at MSH-`field`.
+    pub fn at_msh(self, field: usize) -> Self {
+        Self {
+            location: Some((b"MSH", field)),
+            ..self
+        }
+    }
+}
+
 /// What to answer.
 #[derive(Debug)]
 pub enum Action {

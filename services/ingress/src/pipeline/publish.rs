@@ -139,13 +139,11 @@ impl Pipeline {
     /// AR/CR 207: the sender may resend.
     pub(super) fn unavailable(&self, frame: Bytes, reason: &'static str) -> Reply {
         Reply {
-            action: Action::Reject(Rejected {
-                outcome: Outcome::Reject,
-                code: ErrorCode::ApplicationInternalError,
+            action: Action::Reject(Rejected::reject(
+                ErrorCode::ApplicationInternalError,
                 reason,
-                text: "system unavailable, resend later".into(),
-                location: None,
-            }),
+                "system unavailable, resend later",
+            )),
             frame,
             envelope_id: String::new(),
             ticket: None,
@@ -154,16 +152,14 @@ impl Pipeline {
 
     /// AE for a message whose record is larger than Kafka takes: permanent, the sender must not resend it.
     pub(super) fn too_large(&self, size: usize) -> Rejected {
-        Rejected {
-            outcome: Outcome::Error,
-            code: ErrorCode::ApplicationInternalError,
-            reason: "too_large",
-            text: format!(
+        Rejected::error(
+            ErrorCode::ApplicationInternalError,
+            "too_large",
+            format!(
                 "message too large for Kafka: a {size}-byte record, the limit is {} bytes",
                 self.cfg.kafka.max_message_bytes
             ),
-            location: None,
-        }
+        )
     }
 
     /// Counts a rejection, sends the input to the DLQ (without waiting), and returns the NAK reply. `origin`

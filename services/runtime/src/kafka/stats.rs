@@ -113,28 +113,37 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 *e = (*e).max(*avg);
             }
         }
-        let c = ConstCounter::new(0u64);
-        let mut family = encoder.encode_descriptor(
+        encode_family(
+            &mut encoder,
             "kafka_requests",
             "Requests the Kafka clients sent, per broker and API (librdkafka statistics)",
-            None,
-            c.metric_type(),
+            &requests,
+            ConstCounter::new,
         )?;
-        for (labels, n) in &requests {
-            ConstCounter::new(*n).encode(family.encode_family(labels)?)?;
-        }
-        let g = ConstGauge::new(0i64);
-        let mut family = encoder.encode_descriptor(
+        encode_family(
+            &mut encoder,
             "kafka_produce_batch_messages",
             "Mean messages per produce batch over the last statistics window, per topic (librdkafka statistics)",
-            None,
-            g.metric_type(),
-        )?;
-        for (labels, avg) in &batches {
-            ConstGauge::new(*avg).encode(family.encode_family(labels)?)?;
-        }
-        Ok(())
+            &batches,
+            ConstGauge::new,
+        )
     }
+}
+
+/// One metric family of constant values, one series per label set.
+fn encode_family<V: Copy + Default, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    values: &BTreeMap<Vec<(String, String)>, V>,
+    metric: impl Fn(V) -> M,
+) -> Result<(), std::fmt::Error> {
+    let kind = metric(V::default()).metric_type();
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in values {
+        metric(*v).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
