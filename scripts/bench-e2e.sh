@@ -25,39 +25,13 @@ for mode in fast durable; do
     --mllp-addr 127.0.0.1:22575 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29464 >/dev/null &
   ingress_pid=$!
   for _ in $(seq 300); do curl -fsS http://127.0.0.1:29464/readyz >/dev/null 2>&1 && break; sleep 0.2; done
-  for scenario in "1 --duration $secs" "4 --duration $secs" "8 --duration $secs"; do
-    read -r clients rest <<<"$scenario"
-    python3 - "$mode" "$clients" "$rest" "$ingress_pid" "$(cat "$KAFKA_DATA_DIR/kafka.pid")" >>"$results" <<'PY'
-import json, os, resource, subprocess, sys
-mode, clients, rest, ingress, broker = sys.argv[1:6]
-tck = os.sysconf("SC_CLK_TCK")
-def ticks(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
-i0, b0, c0 = ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
-p = subprocess.run(["target/release/hl7gw-load", "--to", "127.0.0.1:22575", "--clients", clients, *rest.split(),
-                    "--warmup", "200", "--json"], capture_output=True, text=True)
-i1, b1, c1 = ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
-r = json.loads(p.stdout)
-n = max(r["messages"] + r.get("warmup", {}).get("messages", 0), 1)
-us = lambda t: round(t * 1e6 / tck / n, 1)
-print(json.dumps({"mode": mode, "clients": int(clients), "run": rest, "msgs_per_sec": r["msgs_per_sec"],
-                  "p50_ms": r["latency_us"]["p50"] / 1000, "p99_ms": r["latency_us"]["p99"] / 1000,
-                  "max_ms": r["latency_us"]["max"] / 1000, "acks": {k: v for k, v in r["acks"].items() if v},
-                  "errors": r["errors"], "ingress_cpu_us_per_msg": us(i1 - i0), "broker_cpu_us_per_msg": us(b1 - b0),
-                  "load_cpu_us_per_msg": round(((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)) * 1e6 / n, 1)}))
-PY
+  for clients in 1 4 8; do
+    python3 scripts/lib/loadrun.py run --field mode="$mode" --field clients="$clients" --field run="--duration $secs" \
+      --pid ingress="$ingress_pid" --pid broker="$(cat "$KAFKA_DATA_DIR/kafka.pid")" -- \
+      --to 127.0.0.1:22575 --clients "$clients" --duration "$secs" --warmup 200 >>"$results"
   done
   kill -TERM "$ingress_pid"; wait "$ingress_pid" || true; ingress_pid=""
 done
-python3 - "$results" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| mode | clients | run | msg/s | p50 ms | p99 ms | max ms | ACKs | errors | CPU µs/msg: ingress | broker | load client |")
-print("|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
-for r in rows:
-    acks = ", ".join(f"{k} {v}" for k, v in r["acks"].items())
-    print(f'| {r["mode"]} | {r["clients"]} | {r["run"]} | {r["msgs_per_sec"]:,.0f} | {r["p50_ms"]:.3f} | '
-          f'{r["p99_ms"]:.3f} | {r["max_ms"]:.1f} | {acks} | {r["errors"]} | {r["ingress_cpu_us_per_msg"]} | '
-          f'{r["broker_cpu_us_per_msg"]} | {r["load_cpu_us_per_msg"]} |')
-PY
+python3 scripts/lib/loadrun.py table "$results" mode clients=clients=d run msgs_per_sec=msg/s=,.0f \
+  "p50_ms=p50 ms=.3f" "p99_ms=p99 ms=.3f" "max_ms=max ms=.1f" acks=ACKs errors=errors=d \
+  "ingress_us=CPU µs/msg: ingress=.1f" broker_us=broker=.1f "load_us=load client=.1f"

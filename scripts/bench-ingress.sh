@@ -28,29 +28,17 @@ if [ "${BENCH_GRPC:-0}" = 1 ]; then to=(--to 127.0.0.1:22576 --grpc); fi
 target/release/hl7gw-load "${to[@]}" --clients "$clients" --messages 1000 --warmup 0 >/dev/null
 sleep 1.2
 python3 - "$label" "$clients" "$secs" "$ingress" "$broker" "${to[@]}" <<'PY'
-import json, os, resource, subprocess, sys, time, urllib.request
+import os, sys, time
+sys.path.insert(0, "scripts/lib")
+from loadrun import measure, produce_requests
 label, clients, secs, ingress, broker = sys.argv[1:6]
-to = sys.argv[6:]
-tck = os.sysconf("SC_CLK_TCK")
-def ticks(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
-def produce_requests():
-    text = urllib.request.urlopen("http://127.0.0.1:29464/metrics").read().decode()
-    return sum(float(l.split()[-1]) for l in text.splitlines()
-               if l.startswith("hl7gw_kafka_requests_total{") and 'api="Produce"' in l)
-p0, i0, b0, c0 = produce_requests(), ticks(ingress), ticks(broker), resource.getrusage(resource.RUSAGE_CHILDREN)
-r = subprocess.run(["target/release/hl7gw-load", *to, "--clients", clients,
-                    "--duration", secs, "--warmup", "0", "--json"] + os.environ.get("BENCH_LOAD_ARGS", "").split(),
-                   capture_output=True, text=True)
-c1, i1, b1 = resource.getrusage(resource.RUSAGE_CHILDREN), ticks(ingress), ticks(broker)
+metrics = "http://127.0.0.1:29464/metrics"
+p0 = produce_requests(metrics)
+r = measure([*sys.argv[6:], "--clients", clients, "--duration", secs, "--warmup", "0",
+             *os.environ.get("BENCH_LOAD_ARGS", "").split()], {"ingress": ingress, "broker": broker})
 time.sleep(1.2)  # the next statistics report
-p1 = produce_requests()
-j = json.loads(r.stdout)
-n = max(j["messages"], 1)
-us = lambda t: round(t * 1e6 / tck / n, 1)
-load = round(((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)) * 1e6 / n, 1)
-print(f'{label} clients={clients}: {j["msgs_per_sec"]:,.0f} msg/s, p50 {j["latency_us"]["p50"] / 1000:.3f} ms, '
-      f'p99 {j["latency_us"]["p99"] / 1000:.3f} ms; CPU µs/msg ingress {us(i1 - i0)}, broker {us(b1 - b0)}, '
-      f'load {load}; {n / max(p1 - p0, 1):.2f} messages per produce request; errors {j["errors"]}')
+per_request = r["messages"] / max(produce_requests(metrics) - p0, 1)
+print(f'{label} clients={clients}: {r["msgs_per_sec"]:,.0f} msg/s, p50 {r["p50_ms"]:.3f} ms, p99 {r["p99_ms"]:.3f} ms; '
+      f'CPU µs/msg ingress {r["ingress_us"]}, broker {r["broker_us"]}, load {r["load_us"]}; '
+      f'{per_request:.2f} messages per produce request; errors {r["errors"]}')
 PY

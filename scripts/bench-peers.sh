@@ -58,36 +58,13 @@ start() {
   return 1
 }
 
-# measure PEER CLIENTS SECS WARMUP IN_FLIGHT: one run; appends a JSON line.
+# measure PEER CLIENTS SECS WARMUP IN_FLIGHT: one run after WARMUP messages (a JIT needs them; hl7gw does not,
+# but gets the same), not measured; appends a JSON line.
 measure() {
-  python3 - "$@" "$server_pid" "$broker_pid" "$port" >>"$results" <<'PY'
-import json, os, resource, subprocess, sys
-peer, clients, secs, warmup, in_flight, server, broker, port = sys.argv[1:9]
-tck = os.sysconf("SC_CLK_TCK")
-def ticks(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
-# Warm-up first (a JIT needs it; hl7gw does not, but gets the same), not measured.
-subprocess.run(["target/release/hl7gw-load", "--to", f"127.0.0.1:{port}", "--clients", clients,
-                "--messages", warmup, "--warmup", "0", "--in-flight", in_flight], capture_output=True)
-s0, b0 = ticks(server), ticks(broker)
-c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-r = subprocess.run(["target/release/hl7gw-load", "--to", f"127.0.0.1:{port}", "--clients", clients,
-                    "--duration", secs, "--warmup", "0", "--in-flight", in_flight, "--json"],
-                   capture_output=True, text=True)
-c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-s1, b1 = ticks(server), ticks(broker)
-j = json.loads(r.stdout)
-n = max(j["messages"], 1)
-us = lambda t: round(t * 1e6 / tck / n, 1)
-print(json.dumps({
-    "peer": peer, "clients": int(clients), "in_flight": int(in_flight), "seconds": j["seconds"], "messages": j["messages"],
-    "msgs_per_sec": round(j["msgs_per_sec"]), "p50_ms": j["latency_us"]["p50"] / 1000,
-    "p99_ms": j["latency_us"]["p99"] / 1000, "acks": {k: v for k, v in j["acks"].items() if v},
-    "errors": j["errors"], "server_us": us(s1 - s0), "broker_us": us(b1 - b0),
-    "load_us": round(((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)) * 1e6 / n, 1),
-}))
-PY
+  local load=(--to "127.0.0.1:$port" --clients "$2" --in-flight "$5" --warmup 0)
+  target/release/hl7gw-load "${load[@]}" --messages "$4" >/dev/null 2>&1 || true
+  python3 scripts/lib/loadrun.py run --field peer="$1" --field clients="$2" --field in_flight="$5" \
+    --pid server="$server_pid" --pid broker="$broker_pid" -- "${load[@]}" --duration "$3" >>"$results"
 }
 
 for peer in echo hl7gw-fast hl7gw-durable camel-ff camel-sync; do
@@ -102,13 +79,6 @@ for peer in echo hl7gw-fast hl7gw-durable camel-ff camel-sync; do
   stop_server
 done
 
-python3 - "$results" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| peer | clients | in flight each | msg/s | p50 ms | p99 ms | CPU µs/msg: server | broker | load client | ACKs | errors |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-for r in rows:
-    acks = ", ".join(f"{k} {v}" for k, v in r["acks"].items())
-    print(f'| {r["peer"]} | {r["clients"]} | {r.get("in_flight", 1)} | {r["msgs_per_sec"]:,} | {r["p50_ms"]:.3f} | {r["p99_ms"]:.3f} | '
-          f'{r["server_us"]} | {r["broker_us"]} | {r["load_us"]} | {acks} | {r["errors"]} |')
-PY
+python3 scripts/lib/loadrun.py table "$results" peer clients=clients=d "in_flight=in flight each=d" \
+  msgs_per_sec=msg/s=,.0f "p50_ms=p50 ms=.3f" "p99_ms=p99 ms=.3f" "server_us=CPU µs/msg: server=.1f" \
+  broker_us=broker=.1f "load_us=load client=.1f" acks=ACKs errors=errors=d

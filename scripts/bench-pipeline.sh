@@ -81,11 +81,8 @@ out, receiver = sys.argv[1:3]
 procs = dict(zip(["ingress", "transformer", "egress", "broker", "receiver"], sys.argv[3:8]))
 secs, clients = int(os.environ["BENCH_SECONDS"]), int(os.environ["BENCH_CLIENTS"])
 rates, curve_secs = [float(r) for r in os.environ["BENCH_RATES"].split()], int(os.environ["BENCH_CURVE_SECONDS"])
-tck = os.sysconf("SC_CLK_TCK")
-
-def ticks(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
+sys.path.insert(0, "scripts/lib")
+from loadrun import TICKS_PER_SECOND as tck, ticks
 
 class Delivered:
     """Distinct control ids the receiver holds, read incrementally."""
