@@ -57,11 +57,30 @@ impl ProducerContext for Reports {
 
     fn delivery(&self, result: &DeliveryResult<'_>, done: Self::DeliveryOpaque) {
         let stored = match result {
-            Ok(m) => Ok((m.partition(), m.offset())),
+            Ok(m) => confirmed(m.partition(), m.offset(), m.payload_len()),
             Err((e, m)) => Err((e.clone(), m.payload_len())),
         };
         // The sender may have given up on the record (a closed connection): nothing to tell.
         let _ = done.send(stored);
+    }
+}
+
+/// A success report is a confirmation only with the offset Kafka wrote the record at. librdkafka's idempotent
+/// producer also reports success, without an offset, for records it only infers were written ("implicitly
+/// acked": a later request to the partition succeeded while theirs had failed). That inference is wrong when
+/// theirs failed for sure: on a partition with no state yet for the producer (its first records after the
+/// producer started, or a new topic), a first request refused with NOT_LEADER, then a pipelined second one
+/// accepted, leaves the first one's records out of the log while both are reported delivered (seen: the
+/// ingress ACKed two messages whose sequence numbers 0 and 1 the partition's log does not hold; it begins at
+/// sequence 2). Such a report is a failure here (`Inconsistent`), so the ingress answers "resend later".
+fn confirmed(partition: i32, offset: i64, payload_len: usize) -> Stored {
+    if offset >= 0 {
+        Ok((partition, offset))
+    } else {
+        Err((
+            KafkaError::MessageProduction(RDKafkaErrorCode::Inconsistent),
+            payload_len,
+        ))
     }
 }
 
@@ -297,6 +316,18 @@ unsafe extern "C" fn wake(_rk: *mut rd::rd_kafka_t, opaque: *mut c_void) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An implicitly acked record (success, no offset) is not confirmed; one with its offset is.
+    #[test]
+    fn a_success_without_an_offset_is_no_confirmation() {
+        assert_eq!(confirmed(2, 41, 10).ok(), Some((2, 41)));
+        let invalid = rdkafka::Offset::Invalid.to_raw().expect("a raw offset");
+        let Err((e, size)) = confirmed(2, invalid, 10) else {
+            panic!("an implicit ack was taken as a confirmation")
+        };
+        assert_eq!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::Inconsistent));
+        assert_eq!(size, 10);
+    }
 
     /// A record to a broker that is not there fails through its future (message timeout), served by the
     /// drain task after librdkafka's callback (not only by the backstop tick).
