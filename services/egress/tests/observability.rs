@@ -390,17 +390,8 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     .unwrap();
     p.start_all(None);
     // Send once every service is ready (Kafka answers, routes loaded).
-    for part in p.parts() {
-        let name = part.name;
-        let admin = part
-            .admin
-            .unwrap_or_else(|| panic!("{name} printed no admin= address"));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while http_get(admin, "/readyz").0 != 200 {
-            assert!(Instant::now() < deadline, "{name} not ready");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
+    assert!(p.parts().iter().all(|part| part.admin.is_some()));
+    p.wait_ready(Duration::from_secs(60));
 
     // The traced message: ACKed, then delivered.
     let id = uuid::Uuid::now_v7().simple().to_string();

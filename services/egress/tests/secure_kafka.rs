@@ -30,6 +30,9 @@ fn run(mode: &str) {
     let yaml = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
     p.start_all(Some(10));
+    // Ready first: a partition's first records sent while its leader is still being elected can be NAKed
+    // (runtime delivery.rs, `confirmed`), and this test counts on all 100 being accepted.
+    p.wait_ready(Duration::from_secs(60));
     let ids = p.load(4, 25);
     assert_eq!(ids.len(), 100, "{mode}: every message accepted");
 

@@ -378,15 +378,56 @@ impl Pipeline {
             }
             if Instant::now() > deadline {
                 let status = egress_status(&mut egress).await;
+                let missing: Vec<&String> = ids
+                    .iter()
+                    .filter(|id| {
+                        !r.first.contains_key(*id) && !dead.iter().any(|d| &d.control_id == *id)
+                    })
+                    .take(10)
+                    .collect();
                 panic!(
-                    "{settled} of {} settled ({} received, {} dead letters); egress: {status:?}",
+                    "{settled} of {} settled ({} received, {} dead letters; missing {missing:?}); egress: \
+                     {status:?}\n{}",
                     ids.len(),
                     r.first.len(),
-                    dead.len()
+                    dead.len(),
+                    self.metrics_summary()
                 );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// Waits until every started service's `/readyz` answers 200 (Kafka answers, topics known, routes
+    /// loaded); panics after `limit`.
+    pub fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        for part in self.parts() {
+            let Some(admin) = part.admin else { continue };
+            while crate::http_get(admin, "/readyz").0 != 200 {
+                assert!(Instant::now() < deadline, "{} not ready", part.name);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+
+    /// Each service's non-zero `hl7gw_` series (no histogram buckets), for a failure message.
+    pub fn metrics_summary(&self) -> String {
+        let mut out = String::new();
+        for part in self.parts() {
+            let Some(admin) = part.admin else { continue };
+            let (_, body) = crate::http_get(admin, "/metrics");
+            let lines: Vec<&str> = body
+                .lines()
+                .filter(|l| l.starts_with("hl7gw_") && !l.contains("_bucket") && !l.ends_with(" 0"))
+                .collect();
+            out.push_str(&format!(
+                "--- {} metrics:\n{}\n",
+                part.name,
+                lines.join("\n")
+            ));
+        }
+        out
     }
 
     /// A client of the egress's admin API, calling as `token:ops`.
