@@ -409,6 +409,8 @@ fn kafka_reason(e: &rdkafka::error::KafkaError) -> &'static str {
         Some(C::MessageSizeTooLarge) => "too_large",
         Some(C::UnknownTopicOrPartition) | Some(C::UnknownTopic) => "unknown_topic",
         Some(C::AllBrokersDown) => "brokers_down",
+        // A success report without an offset (runtime delivery.rs, `confirmed`).
+        Some(C::Inconsistent) => "unconfirmed",
         _ => match e {
             KafkaError::Canceled => "canceled",
             _ => "kafka_error",
