@@ -623,7 +623,17 @@ impl<P: PluginCaller + 'static> Worker<P> {
         // polls in steps of 100 ms while another thread serves the delivery reports, so each commit that still had
         // records in flight took 100 ms more (measured: 100-110 ms per transaction, docs/BENCHMARKS.md). A failed
         // delivery fails the commit, which aborts as before; librdkafka's own timeout bounds the wait.
-        futures_util::future::join_all(deliveries).await;
+        // An output reported delivered without an offset was only inferred to be written (librdkafka's implicit
+        // ack; runtime delivery.rs, `confirmed`): abort rather than commit the inputs without it.
+        let reports = futures_util::future::join_all(deliveries).await;
+        if reports
+            .iter()
+            .any(|r| matches!(r, Ok(Ok(d)) if d.offset < 0))
+        {
+            return Err(KafkaError::MessageProduction(
+                rdkafka::types::RDKafkaErrorCode::Inconsistent,
+            ));
+        }
         // A record is released just after its delivery callback ran: until then the flush still counts it.
         let settled = tokio::time::Instant::now() + Duration::from_millis(20);
         while self.producer.in_flight_count() > 0 && tokio::time::Instant::now() < settled {
