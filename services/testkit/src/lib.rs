@@ -86,6 +86,15 @@ pub fn temp_file(name: &str, contents: impl AsRef<[u8]>) -> (tempfile::TempDir, 
     (dir, file)
 }
 
+/// Waits until the service `name` whose admin server is at `admin` answers `/readyz` with 200; panics at
+/// `deadline`.
+pub fn wait_ready(name: &str, admin: SocketAddr, deadline: Instant) {
+    while http_get(admin, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "{name} not ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A topic name no other test uses.
 pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}.{}", uuid::Uuid::now_v7().simple())
@@ -196,14 +205,7 @@ impl Ingress {
     }
 
     pub fn wait_ready(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if http_get(self.admin, "/readyz").0 == 200 {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!("ingress not ready within {limit:?}");
+        wait_ready("ingress", self.admin, Instant::now() + limit);
     }
 
     /// The value of a metric line (exact name with labels), 0 when absent.

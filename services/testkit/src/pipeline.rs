@@ -403,10 +403,8 @@ impl Pipeline {
     pub fn wait_ready(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         for part in self.parts() {
-            let Some(admin) = part.admin else { continue };
-            while crate::http_get(admin, "/readyz").0 != 200 {
-                assert!(Instant::now() < deadline, "{} not ready", part.name);
-                std::thread::sleep(Duration::from_millis(200));
+            if let Some(admin) = part.admin {
+                crate::wait_ready(part.name, admin, deadline);
             }
         }
     }
