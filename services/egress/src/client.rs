@@ -1,7 +1,7 @@
 //! An MLLP client for one receiver: one persistent connection (plain TCP or TLS), reconnected on the next
 //! send after any failure; connect and response timeouts. An answer counts only when its MSA-2 names the
-//! message sent: a late or extra ACK (an application ACK after an accept ACK) is discarded, never taken as
-//! the answer to the next message.
+//! message sent (an empty MSA-2 names none): a late or extra ACK (an application ACK after an accept ACK) is
+//! discarded, never taken as the answer to the next message.
 
 use crate::config::Destination;
 use bytes::BytesMut;
@@ -157,9 +157,8 @@ impl MllpClient {
         }
     }
 
-    /// Sends one message and waits for the receiver's answer to it: the first frame whose MSA-2 is
-    /// `control_id` (or empty, or not an ACK at all, which the caller judges). Any failure closes the
-    /// connection.
+    /// Sends one message and waits for the receiver's answer to it: the first frame that [`answers`] it. Any
+    /// failure closes the connection.
     pub async fn send(&mut self, message: &[u8], control_id: &[u8]) -> Result<BytesMut, SendError> {
         if self.conn.is_none() {
             self.connect().await?;
@@ -180,15 +179,13 @@ impl MllpClient {
                             Some(Err(e)) => return Err(SendError::Io(e.to_string())),
                             None => return Err(SendError::Closed),
                         };
-                        match hl7v2::read_ack(&frame) {
-                            Some((_, id)) if !id.is_empty() && id != control_id => {
-                                unmatched.inc();
-                                skipped += 1;
-                                if skipped >= MAX_UNMATCHED {
-                                    return Err(SendError::Unmatched(skipped));
-                                }
-                            }
-                            _ => return Ok(frame),
+                        if answers(&frame, control_id) {
+                            return Ok(frame);
+                        }
+                        unmatched.inc();
+                        skipped += 1;
+                        if skipped >= MAX_UNMATCHED {
+                            return Err(SendError::Unmatched(skipped));
                         }
                     }
                 };
@@ -204,8 +201,111 @@ impl MllpClient {
     }
 }
 
+/// True when `frame` is the answer to the message sent with MSH-10 `control_id`: an ACK whose MSA-2 is not empty
+/// and equals it, or a frame that is no ACK at all (the caller counts it unreadable and sends again; it can never
+/// settle a message). An ACK with an empty MSA-2 names no message: taken as the answer, a late AA for another
+/// message would settle this one, so it is discarded like one naming another message.
+fn answers(frame: &[u8], control_id: &[u8]) -> bool {
+    match hl7v2::read_ack(frame) {
+        Some((_, id)) => !id.is_empty() && id == control_id,
+        None => true,
+    }
+}
+
 impl Drop for MllpClient {
     fn drop(&mut self) {
         self.disconnect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use std::time::Duration;
+
+    /// A receiver on a local port that answers the first message with `acks`, in order.
+    async fn receiver(acks: Vec<&'static str>) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let mut f = Framed::new(s, MllpCodec::default());
+            let _ = f.next().await;
+            for msa in acks {
+                let ack = format!("MSH|^~\\&|R|R|G|G|20260101||ACK|A1|P|2.5\rMSA|{msa}\r");
+                if f.send(ack.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            // Keep the connection open until the client is done.
+            let _ = f.next().await;
+        });
+        addr
+    }
+
+    fn client(address: String) -> (MllpClient, Counter) {
+        let dest = Destination {
+            address,
+            tls: None,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(1),
+            retry: Default::default(),
+            ack_policy: Default::default(),
+        };
+        let unmatched = Counter::default();
+        (
+            MllpClient::new(Arc::new(dest), None, Gauge::default(), unmatched.clone()),
+            unmatched,
+        )
+    }
+
+    #[test]
+    fn only_a_non_empty_msa2_equal_to_the_control_id_answers() {
+        let ack = |msa: &str| format!("MSH|^~\\&|R|R|G|G|20260101||ACK|A1|P|2.5\rMSA|{msa}\r");
+        for (msa, ours) in [
+            ("AA|C7", true),
+            ("AE|C7|text", true),
+            ("AA|", false),
+            ("AA", false),
+            ("AA|C8", false),
+            ("AA|C7X", false),
+        ] {
+            assert_eq!(answers(ack(msa).as_bytes(), b"C7"), ours, "{msa}");
+        }
+        // Nothing can match a message sent without a control id.
+        assert!(!answers(ack("AA|").as_bytes(), b""));
+        // Not an ACK: handed to the caller, which resends.
+        assert!(answers(
+            b"MSH|^~\\&|R|R|G|G|20260101||ORU^R01|X|P|2.5\r",
+            b"C7"
+        ));
+    }
+
+    const MSG: &[u8] = b"MSH|^~\\&|A|F|B|G|20260101||ADT^A01|C7|P|2.5\rPID|1||P1\r";
+
+    /// Issue 24, item 14: an ACK with an empty MSA-2 names no message, so it is not the answer to the one in
+    /// flight (a late AA for an earlier message would otherwise settle this one); the answer naming it is.
+    #[tokio::test]
+    async fn an_empty_msa2_is_not_the_answer() {
+        let addr = receiver(vec!["AA|", "AA", "AE|OTHER", "AR|C7"]).await;
+        let (mut c, unmatched) = client(addr);
+        let frame = c.send(MSG, b"C7").await.expect("an answer");
+        assert_eq!(
+            hl7v2::read_ack(&frame).map(|(code, id)| (code.as_str(), id.to_vec())),
+            Some(("AR", b"C7".to_vec())),
+            "the answer naming C7, not an earlier one"
+        );
+        assert_eq!(unmatched.get(), 3);
+    }
+
+    /// Only empty-MSA-2 answers: none is taken, the send times out (and is retried by the caller).
+    #[tokio::test]
+    async fn only_empty_msa2_answers_time_out() {
+        let addr = receiver(vec!["AA|", "AA|"]).await;
+        let (mut c, _) = client(addr);
+        let r = c.send(MSG, b"C7").await;
+        assert!(matches!(r, Err(SendError::ResponseTimeout)), "{r:?}");
     }
 }
