@@ -38,12 +38,18 @@ fn describe(
     since: Option<&prost_types::Timestamp>,
     until: Option<&prost_types::Timestamp>,
 ) -> String {
-    let mut w = format!("destination={destination:?} stage={stage:?}");
-    // The ids a caller sends are logged before it is authorised: bounded.
+    use hl7gw_runtime::grpc::clip;
+    let mut w = format!(
+        "destination={:?} stage={:?}",
+        clip(destination),
+        clip(stage)
+    );
+    // The ids a caller sends are logged before it is authorised: bounded, in number and each in length.
+    let first: Vec<_> = ids.iter().take(20).map(|id| clip(id)).collect();
     match ids.len() {
         0 => {}
-        n if n <= 20 => w.push_str(&format!(" ids={}", ids.join(","))),
-        n => w.push_str(&format!(" ids={n} (first {})", ids[..20].join(","))),
+        n if n <= 20 => w.push_str(&format!(" ids={}", first.join(","))),
+        n => w.push_str(&format!(" ids={n} (first {})", first.join(","))),
     }
     if let Some(t) = millis(since) {
         w.push_str(&format!(" since_ms={t}"));
@@ -96,7 +102,10 @@ impl Egress for EgressService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let what = format!("destination={:?}", req.get_ref().destination);
+        let what = format!(
+            "destination={:?}",
+            hl7gw_runtime::grpc::clip(&req.get_ref().destination)
+        );
         let caller = self.auth.admin(&req, "Status", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);
         let result: Result<Response<StatusResponse>, Status> = async move {
@@ -138,7 +147,10 @@ impl Egress for EgressService {
                 });
             }
             if !want.is_empty() && out.destinations.is_empty() {
-                return Err(Status::not_found(format!("no destination {want:?}")));
+                return Err(Status::not_found(format!(
+                    "no destination {:?}",
+                    hl7gw_runtime::grpc::clip(&want)
+                )));
             }
             Ok(Response::new(out))
         }
@@ -262,5 +274,17 @@ impl Egress for EgressService {
             format!("{} replayed: {}", r.replayed, r.ids.join(","))
         });
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn audit_descriptions_are_bounded_whatever_the_caller_sends() {
+        let big = "x".repeat(4 << 20);
+        let ids = vec!["i".repeat(64 << 10); 50];
+        let what = super::describe(&big, &big, &ids, None, None);
+        assert!(what.len() < 8 * 1024, "{} bytes", what.len());
+        assert!(what.contains("ids=50 (first "), "{}", &what[..200]);
     }
 }

@@ -31,7 +31,7 @@ impl<P: PluginCaller + 'static> Transform for DryRun<P> {
     ) -> Result<Response<TransformResponse>, Status> {
         let what = format!(
             "route={:?} bytes={}",
-            req.get_ref().route,
+            hl7gw_runtime::grpc::clip(&req.get_ref().route),
             req.get_ref().message.len()
         );
         let caller = self.auth.admin(&req, "Transform", &what).await?;
