@@ -111,13 +111,17 @@ pub struct Dedup {
 struct Entry {
     digest: u64,
     ack: Bytes,
-    at: Instant,
+    /// The number of its live slot in the expiry queue.
+    slot: u64,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     entries: HashMap<Key, Entry>,
-    order: VecDeque<(Instant, Key)>,
+    /// Expiry queue: (remembered at, key, slot number). A key remembered again leaves a stale slot behind,
+    /// dropped when it comes up or when the queue is compacted.
+    order: VecDeque<(Instant, Key, u64)>,
+    next_slot: u64,
     bytes: usize,
 }
 
@@ -227,15 +231,15 @@ impl Dedup {
             }
         }
         g.bytes += cost;
-        g.entries.insert(
-            key,
-            Entry {
-                digest,
-                ack,
-                at: now,
-            },
-        );
-        g.order.push_back((now, key));
+        let slot = g.next_slot;
+        g.next_slot += 1;
+        g.entries.insert(key, Entry { digest, ack, slot });
+        g.order.push_back((now, key, slot));
+        // Stale slots of keys remembered again (a sender resending one message in a loop) would otherwise grow
+        // the queue without bound while the entries stay few.
+        if g.order.len() > 2 * g.entries.len() + 64 {
+            g.compact();
+        }
     }
 
     /// Number of remembered messages.
@@ -261,11 +265,11 @@ impl Dedup {
 impl Inner {
     /// Drops the oldest queue slot and, if it is still the live one of its key, the entry. False when empty.
     fn evict_oldest(&mut self) -> bool {
-        let Some((t, k)) = self.order.pop_front() else {
+        let Some((_, k, slot)) = self.order.pop_front() else {
             return false;
         };
         // A key remembered again has a newer slot further back; this stale one leaves its entry alone.
-        if self.entries.get(&k).is_some_and(|e| e.at == t)
+        if self.entries.get(&k).is_some_and(|e| e.slot == slot)
             && let Some(e) = self.entries.remove(&k)
         {
             self.bytes -= ENTRY_OVERHEAD_BYTES + e.ack.len();
@@ -273,8 +277,15 @@ impl Inner {
         true
     }
 
+    /// Drops every stale slot: one slot per entry is left.
+    fn compact(&mut self) {
+        let entries = &self.entries;
+        self.order
+            .retain(|(_, k, slot)| entries.get(k).is_some_and(|e| e.slot == *slot));
+    }
+
     fn expire(&mut self, now: Instant, window: Duration) {
-        while let Some((t, _)) = self.order.front() {
+        while let Some((t, _, _)) = self.order.front() {
             if now.duration_since(*t) < window {
                 break;
             }
@@ -416,6 +427,26 @@ mod tests {
         // An ACK larger than the whole budget is not remembered at all.
         d.remember(1, 0, Bytes::from(vec![0; max]), t);
         assert_eq!(d.lookup(1, 0, t), Seen::New);
+    }
+
+    /// Issue 24, item 8: a key remembered again and again leaves one live slot in the expiry queue, not one per
+    /// resend (10 million resends of one message held ~240 MB of queue while `len()` said 1).
+    #[test]
+    fn remembering_one_key_again_keeps_the_expiry_queue_bounded() {
+        let d = Dedup::new(Duration::from_secs(3600), 100, 1 << 20);
+        let t = Instant::now();
+        let k = key(&d, b"A", b"F", b"1");
+        for i in 0..100_000u32 {
+            d.remember(k, 0, Bytes::new(), t + Duration::from_micros(u64::from(i)));
+        }
+        assert_eq!(d.len(), 1);
+        let slots = d.inner.lock().map(|g| g.order.len()).unwrap_or(usize::MAX);
+        assert!(slots <= 2 * 100, "{slots} expiry slots for 1 entry");
+        // The live slot survived the compactions: the key is still remembered until its own window ends.
+        assert!(matches!(
+            d.lookup(k, 0, t + Duration::from_secs(1)),
+            Seen::Resend(_)
+        ));
     }
 
     #[test]
