@@ -224,7 +224,7 @@ pub fn write_ack(
         h.sending_facility,
     ] {
         out.push(f);
-        out.extend_from_slice(if valid { v } else { b"" });
+        out.extend_from_slice(if valid { at_most(v, MAX_HD) } else { b"" });
     }
     out.push(f);
     out.extend_from_slice(ids.timestamp);
@@ -233,7 +233,7 @@ pub fn write_ack(
     out.extend_from_slice(b"ACK");
     if !h.trigger_event.is_empty() && valid {
         out.push(d.component);
-        out.extend_from_slice(h.trigger_event);
+        out.extend_from_slice(at_most(h.trigger_event, MAX_CODE));
         out.push(d.component);
         out.extend_from_slice(b"ACK");
     }
@@ -241,13 +241,13 @@ pub fn write_ack(
     escape_into(ids.control_id, &d, out);
     out.push(f);
     if valid && !h.processing_field.is_empty() {
-        out.extend_from_slice(h.processing_field);
+        out.extend_from_slice(at_most(h.processing_field, MAX_PROCESSING_FIELD));
     } else {
         out.push(b'P');
     }
     out.push(f);
     if valid && !h.version_field.is_empty() {
-        out.extend_from_slice(h.version_field);
+        out.extend_from_slice(at_most(h.version_field, MAX_VERSION_FIELD));
     } else {
         out.extend_from_slice(b"2.5");
     }
@@ -255,10 +255,11 @@ pub fn write_ack(
     out.push(f);
     out.extend_from_slice(code.as_str().as_bytes());
     out.push(f);
+    let control_id = at_most(h.control_id, MAX_CONTROL_ID);
     if valid {
-        out.extend_from_slice(h.control_id);
+        out.extend_from_slice(control_id);
     } else {
-        escape_into(h.control_id, &d, out);
+        escape_into(control_id, &d, out);
     }
     let old_layout = h.version_number().is_some_and(|v| v < (2, 5));
     if let Some(e) = err {
@@ -284,6 +285,24 @@ pub fn write_ack(
         }
     }
     out.push(b'\r');
+}
+
+/// Longest value of an HD field (MSH-3 to MSH-6) the ACK echoes (HL7 2.7: 227).
+pub const MAX_HD: usize = 227;
+/// Longest MSH-10 the ACK echoes in MSA-2 (HL7 2.7, ST: 199).
+pub const MAX_CONTROL_ID: usize = 199;
+/// Longest component of MSH-9 (message code, trigger event, structure) the ACK echoes; HL7 says 3, 3 and 7,
+/// and site-defined codes run a little longer.
+pub const MAX_CODE: usize = 16;
+/// Longest MSH-11 (PT: processing id and mode) the ACK echoes.
+pub const MAX_PROCESSING_FIELD: usize = 16;
+/// Longest MSH-12 (VID: version id, and optionally internationalization code and version) the ACK echoes.
+pub const MAX_VERSION_FIELD: usize = 64;
+
+/// `v` cut to `max` bytes: an echoed field is never longer than HL7 allows, whatever the sender wrote (a message
+/// with a longer one is refused, and its NAK stays small).
+fn at_most(v: &[u8], max: usize) -> &[u8] {
+    &v[..v.len().min(max)]
 }
 
 fn write_location(out: &mut Vec<u8>, d: &Delimiters, loc: Option<&ErrorLocation<'_>>) {
@@ -393,6 +412,20 @@ mod tests {
             &IDS,
         );
         String::from_utf8(out).unwrap()
+    }
+
+    /// Issue 24, item 9: every field the ACK echoes is bounded by its HL7 length, so a crafted header cannot
+    /// make an ACK (and the duplicate window that keeps it) a megabyte long.
+    #[test]
+    fn echoed_fields_are_bounded() {
+        let long = "9".repeat(1 << 20);
+        let input = format!(
+            "MSH|^~\\&|{long}|{long}|{long}|{long}|2020||ADT^{long}^ADT_A01|{long}|P{long}|2.5{long}\rPID|1"
+        );
+        let a = ack(input.as_bytes(), Outcome::Reject, None);
+        assert!(a.len() < 2048, "an ACK of {} bytes", a.len());
+        let trigger = format!("|ACK^{}^ACK|", "9".repeat(MAX_CODE));
+        assert!(a.contains(&trigger), "{}", &a[..a.len().min(600)]);
     }
 
     #[test]

@@ -132,21 +132,35 @@ pub fn latency_buckets() -> impl Iterator<Item = f64> {
     .into_iter()
 }
 
-/// MSH-9.1 as a label: three uppercase letters or digits, anything else is `other`.
+/// HL7 table 0076 (message type), v2.1 to v2.9, sorted: the only values the `message_type` label takes
+/// besides `other`, so a sender cannot create series by making types up.
+pub const KNOWN_TYPES: [&[u8; 3]; 158] = [
+    b"ACK", b"ADR", b"ADT", b"ARD", b"BAR", b"BPS", b"BRP", b"BRT", b"BTS", b"CCF", b"CCI", b"CCM",
+    b"CCQ", b"CCU", b"CNQ", b"CQU", b"CRM", b"CSU", b"DBC", b"DBU", b"DEL", b"DEO", b"DER", b"DFT",
+    b"DOC", b"DPR", b"DRC", b"DRG", b"DSR", b"EAC", b"EAN", b"EAR", b"EDR", b"EHC", b"EQQ", b"ERP",
+    b"ESR", b"ESU", b"INR", b"INU", b"LSR", b"LSU", b"MCF", b"MDM", b"MFD", b"MFK", b"MFN", b"MFQ",
+    b"MFR", b"NMD", b"NMQ", b"NMR", b"OMB", b"OMD", b"OMG", b"OMI", b"OML", b"OMN", b"OMP", b"OMQ",
+    b"OMS", b"OPL", b"OPR", b"OPU", b"ORA", b"ORB", b"ORD", b"ORF", b"ORG", b"ORI", b"ORL", b"ORM",
+    b"ORN", b"ORP", b"ORR", b"ORS", b"ORU", b"ORX", b"OSM", b"OSQ", b"OSR", b"OSU", b"OUL", b"PEX",
+    b"PGL", b"PIN", b"PMU", b"PPG", b"PPP", b"PPR", b"PPT", b"PPV", b"PRR", b"PTR", b"QBP", b"QCK",
+    b"QCN", b"QRY", b"QSB", b"QSX", b"QVR", b"RAR", b"RAS", b"RCI", b"RCL", b"RDE", b"RDO", b"RDR",
+    b"RDS", b"RDY", b"REF", b"RER", b"RGR", b"RGV", b"ROC", b"ROD", b"ROR", b"RPA", b"RPI", b"RPL",
+    b"RPR", b"RQA", b"RQC", b"RQI", b"RQP", b"RQQ", b"RRA", b"RRD", b"RRE", b"RRG", b"RRI", b"RSP",
+    b"RTB", b"SCN", b"SDN", b"SDR", b"SIU", b"SLN", b"SLR", b"SMD", b"SPQ", b"SQM", b"SQR", b"SRM",
+    b"SRR", b"SSR", b"SSU", b"STC", b"STI", b"SUR", b"TBR", b"TCR", b"TCU", b"UDM", b"VBA", b"VQQ",
+    b"VXQ", b"VXR",
+];
+
+/// MSH-9.1 as a label: a type of HL7 table 0076 ([`KNOWN_TYPES`]); anything else (site-defined Z types,
+/// made-up or unreadable codes) is `other`, so the label has a bounded set of values whatever senders send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MsgType([u8; 3]);
 
 impl MsgType {
     /// The label for a message type code.
     pub fn new(code: &[u8]) -> Self {
-        match code {
-            [a, b, c]
-                if [a, b, c]
-                    .iter()
-                    .all(|x| x.is_ascii_uppercase() || x.is_ascii_digit()) =>
-            {
-                Self([*a, *b, *c])
-            }
+        match <[u8; 3]>::try_from(code) {
+            Ok(c) if KNOWN_TYPES.binary_search(&&c).is_ok() => Self(c),
             _ => Self::OTHER,
         }
     }
@@ -169,5 +183,45 @@ impl prometheus_client::encoding::EncodeLabelValue for MsgType {
         encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
     ) -> std::fmt::Result {
         std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+
+    /// Issue 24, item 10: message types come from input, so the label takes only HL7's own types (table
+    /// 0076) and `other`; 10,000 made-up types from a sender make a bounded scrape, not 10,000 series.
+    #[test]
+    fn made_up_message_types_give_a_bounded_scrape() {
+        let family = Family::<MessageLabels, Counter>::default();
+        let mut r = registry();
+        r.register("messages", "test", family.clone());
+        let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        for i in 0..10_000usize {
+            let code = [
+                alphabet[i % 36],
+                alphabet[(i / 36) % 36],
+                alphabet[(i / 1296) % 36],
+            ];
+            count_message(&family, MsgType::new(&code), "rejected");
+        }
+        count_message(&family, MsgType::new(b"ADT"), "accepted");
+        let text = render(&r);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("hl7gw_messages_total{"))
+            .count();
+        assert!(series <= KNOWN_TYPES.len() + 2, "{series} series");
+        assert!(
+            KNOWN_TYPES.is_sorted(),
+            "binary search needs a sorted table"
+        );
+        assert!(text.contains(r#"message_type="ADT",outcome="accepted""#));
+        assert!(text.contains(r#"message_type="other",outcome="rejected""#));
+        assert_eq!(MsgType::new(b"ORU").as_str(), "ORU");
+        assert_eq!(MsgType::new(b"ZZZ").as_str(), "other");
     }
 }
