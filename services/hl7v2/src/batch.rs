@@ -136,6 +136,62 @@ pub struct Split<'a> {
     pub batch_header: Option<Segment<'a>>,
     /// Each message's bytes (MSH up to the next MSH or batch segment).
     pub messages: Vec<&'a [u8]>,
+    /// Trailer counts (BTS-1, FTS-1) that disagree with the messages and batches found: a message lost or
+    /// merged into the one before it (a misnamed `msh|` segment) shows here.
+    pub mismatches: Vec<CountMismatch>,
+}
+
+/// Messages found and BTS-1 declared in each BHS ... BTS group, in order.
+#[derive(Debug, Default)]
+struct Groups(Vec<(u64, Option<u64>, bool)>);
+
+impl Groups {
+    fn message(&mut self) {
+        match self.0.last_mut() {
+            Some((n, _, false)) => *n += 1,
+            _ => self.0.push((1, None, false)),
+        }
+    }
+
+    fn header(&mut self) {
+        self.0.push((0, None, false));
+    }
+
+    fn trailer(&mut self, declared: Option<u64>) {
+        match self.0.last_mut() {
+            Some((_, d, closed @ false)) => {
+                *d = declared;
+                *closed = true;
+            }
+            _ => self.0.push((0, declared, true)),
+        }
+    }
+
+    fn mismatches(&self, file_declared: Option<u64>) -> Vec<CountMismatch> {
+        let mut out: Vec<CountMismatch> = (self.0.iter().enumerate())
+            .filter_map(|(batch, &(actual, declared, _))| {
+                let declared = declared?;
+                (declared != actual).then_some(CountMismatch {
+                    trailer: "BTS",
+                    batch,
+                    declared,
+                    actual,
+                })
+            })
+            .collect();
+        if let Some(declared) = file_declared {
+            let actual = self.0.len() as u64;
+            if declared != actual {
+                out.push(CountMismatch {
+                    trailer: "FTS",
+                    batch: 0,
+                    declared,
+                    actual,
+                });
+            }
+        }
+        out
+    }
 }
 
 /// Cuts a batch (FHS/BHS ... BTS/FTS) into its messages' bytes. Only the batch structure is checked: a message
@@ -147,17 +203,31 @@ pub fn split(input: &[u8]) -> Result<Split<'_>, BatchError> {
         file_header: None,
         batch_header: None,
         messages: Vec::new(),
+        mismatches: Vec::new(),
     };
+    let mut groups = Groups::default();
+    let mut file_declared = None;
     for p in parts {
         match p {
-            Part::Message(m, _) => out.messages.push(m),
+            Part::Message(m, _) => {
+                out.messages.push(m);
+                groups.message();
+            }
             Part::Segment(s) => match s.name() {
                 b"FHS" => out.file_header = Some(s),
-                b"BHS" if out.batch_header.is_none() => out.batch_header = Some(s),
+                b"BHS" => {
+                    groups.header();
+                    if out.batch_header.is_none() {
+                        out.batch_header = Some(s);
+                    }
+                }
+                b"BTS" => groups.trailer(count_field(&s)),
+                b"FTS" => file_declared = count_field(&s),
                 _ => {}
             },
         }
     }
+    out.mismatches = groups.mismatches(file_declared);
     Ok(out)
 }
 
@@ -224,32 +294,11 @@ impl<'a> Batch<'a> {
 
     /// Trailer counts (BTS-1, FTS-1) that disagree with the messages and batches present.
     pub fn count_mismatches(&self) -> Vec<CountMismatch> {
-        let mut out = Vec::new();
-        for (n, b) in self.batches.iter().enumerate() {
-            if let Some(declared) = b.trailer.and_then(|t| count_field(&t)) {
-                let actual = b.messages.len() as u64;
-                if declared != actual {
-                    out.push(CountMismatch {
-                        trailer: "BTS",
-                        batch: n,
-                        declared,
-                        actual,
-                    });
-                }
-            }
-        }
-        if let Some(declared) = self.file_trailer.and_then(|t| count_field(&t)) {
-            let actual = self.batches.len() as u64;
-            if declared != actual {
-                out.push(CountMismatch {
-                    trailer: "FTS",
-                    batch: 0,
-                    declared,
-                    actual,
-                });
-            }
-        }
-        out
+        let groups = self.batches.iter().map(|b| {
+            let declared = b.trailer.and_then(|t| count_field(&t));
+            (b.messages.len() as u64, declared, b.trailer.is_some())
+        });
+        Groups(groups.collect()).mismatches(self.file_trailer.and_then(|t| count_field(&t)))
     }
 
     /// The flat view of the whole file, occurrences counted over all its segments.
@@ -314,6 +363,25 @@ BTS|2\rFTS|1\r";
         assert_eq!(m.len(), 2);
         assert_eq!((m[0].trailer, m[0].declared, m[0].actual), ("BTS", 3, 2));
         assert_eq!((m[1].trailer, m[1].declared, m[1].actual), ("FTS", 2, 1));
+    }
+
+    /// Issue 24, item 15: the split the ingress uses checks the trailers too. A message whose `MSH` is
+    /// misnamed `msh` is merged into the one before it, and BTS-1 then disagrees with what was found.
+    #[test]
+    fn split_reports_trailer_counts_that_disagree() {
+        assert!(split(FILE).unwrap().mismatches.is_empty());
+        let merged = String::from_utf8_lossy(FILE).replace(
+            "MSH|^~\\&|A|B|C|D|2020||ADT^A08",
+            "msh|^~\\&|A|B|C|D|2020||ADT^A08",
+        );
+        let s = split(merged.as_bytes()).unwrap();
+        assert_eq!(s.messages.len(), 1);
+        let m = &s.mismatches;
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!((m[0].trailer, m[0].declared, m[0].actual), ("BTS", 2, 1));
+        let two_batches = String::from_utf8_lossy(FILE).replace("FTS|1", "FTS|2");
+        let m = split(two_batches.as_bytes()).unwrap().mismatches;
+        assert_eq!((m[0].trailer, m[0].declared, m[0].actual), ("FTS", 2, 1));
     }
 
     #[test]
