@@ -73,10 +73,18 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// Most simultaneous MLLP connections; further connections wait in the accept backlog.
     pub max_connections: usize,
-    /// A connection with no frame started for this long is closed.
+    /// A connection that completes no frame for this long (since it opened, or since its last complete frame)
+    /// is closed, whatever bytes it trickles in between (counted in `hl7gw_ingress_idle_closes_total`).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// A frame that stalls for this long between reads is dropped and the connection closed.
+    /// At `max_connections`, a new connection closes the open one that has completed no frame for longest
+    /// (idle, or trickling bytes into a frame), if that is longer than this and it has no message waiting for
+    /// its answer: idle and slow clients cannot keep real senders out (counted in
+    /// `hl7gw_ingress_connections_evicted_total`; 0s: never, new connections are refused instead).
+    #[serde(with = "humantime_serde")]
+    pub evict_after: Duration,
+    /// A frame not complete this long after its start block is dropped and the connection closed, however
+    /// often bytes arrive (framing error `frame_timeout`): a deadline for the whole frame, not between reads.
     #[serde(with = "humantime_serde")]
     pub frame_timeout: Duration,
     /// Messages of one connection that may wait for Kafka at once (frames beyond wait, in order).
@@ -84,6 +92,14 @@ pub struct Config {
     /// Bytes of messages one connection (or gRPC stream) may have waiting for Kafka or for their ACK to be
     /// written; beyond it the ingress stops reading that connection (TCP backpressure).
     pub max_in_flight_bytes_per_connection: usize,
+    /// Bytes of messages all connections and gRPC streams together may have waiting (one budget for the
+    /// process, drawn from by every connection within its own bound; each message is charged its bytes plus
+    /// a fixed overhead); 0 sizes it from the memory limit (a quarter, 32 MiB to 1 GiB; 256 MiB without a
+    /// limit). When it is spent, connections wait before reading more (`hl7gw_ingress_in_flight_bytes`).
+    pub max_in_flight_bytes: usize,
+    /// Most messages one FHS/BHS batch may hold; a larger batch is refused whole with one answer (AE,
+    /// `batch_too_large`) and dead-lettered once, not cut into tens of thousands of records.
+    pub max_batch_messages: usize,
     /// A sender that does not read its ACKs for this long is disconnected (its unanswered messages are
     /// resent by it, and counted in `hl7gw_ingress_write_timeouts_total`).
     #[serde(with = "humantime_serde")]
@@ -141,8 +157,11 @@ impl Default for Config {
             max_connections: 1024,
             idle_timeout: Duration::from_secs(300),
             frame_timeout: Duration::from_secs(30),
+            evict_after: Duration::from_secs(10),
             max_in_flight_per_connection: 256,
             max_in_flight_bytes_per_connection: 16 * 1024 * 1024,
+            max_in_flight_bytes: 0,
+            max_batch_messages: 1000,
             write_timeout: Duration::from_secs(30),
             grpc_max_concurrent_streams: 64,
             grpc_max_connections: 1024,
@@ -189,6 +208,18 @@ impl Config {
         Ok(Some(salt))
     }
 
+    /// [`Config::max_in_flight_bytes`], or sized from `limit` (the process's memory limit) when it is 0: a
+    /// quarter of the limit, 32 MiB to 1 GiB, and never below one connection's bound.
+    pub fn in_flight_budget(&self, limit: Option<u64>) -> usize {
+        const MIB: u64 = 1 << 20;
+        let sized = match (self.max_in_flight_bytes, limit) {
+            (0, Some(l)) => (l / 4).clamp(32 * MIB, 1024 * MIB) as usize,
+            (0, None) => (256 * MIB) as usize,
+            (n, _) => n,
+        };
+        sized.max(self.max_in_flight_bytes_per_connection)
+    }
+
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] = &["Ingest"];
 
@@ -223,6 +254,18 @@ impl Config {
         }
         if !(64 * 1024..=1 << 30).contains(&self.max_in_flight_bytes_per_connection) {
             return rule("max_in_flight_bytes_per_connection must be between 64 KiB and 1 GiB");
+        }
+        if self.max_in_flight_bytes != 0
+            && !(self.max_in_flight_bytes_per_connection..=1 << 32)
+                .contains(&self.max_in_flight_bytes)
+        {
+            return rule(
+                "max_in_flight_bytes must be 0 (sized from the memory limit) or between \
+                 max_in_flight_bytes_per_connection and 4 GiB",
+            );
+        }
+        if !(1..=100_000).contains(&self.max_batch_messages) {
+            return rule("max_batch_messages must be between 1 and 100000");
         }
         if self.grpc_max_concurrent_streams == 0 || self.grpc_max_connections == 0 {
             return rule("grpc_max_concurrent_streams and grpc_max_connections must be at least 1");

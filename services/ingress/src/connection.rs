@@ -1,15 +1,17 @@
 //! One MLLP connection: a reader that frames, submits and queues messages in arrival order, and a writer that
 //! answers them in the same order as Kafka confirms them. At most `max_in_flight_per_connection` wait at once.
 
+use crate::budget::{self, Held};
 use crate::config::Config;
 use crate::pipeline::{Action, Origin, Pending, Pipeline};
+use crate::slots::Progress;
 use bytes::BytesMut;
 use hl7v2::mllp::{CR, EB, MllpCodec, MllpError, SB};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::codec::{Decoder, Encoder};
 use tokio_util::sync::CancellationToken;
 
@@ -17,20 +19,25 @@ use tokio_util::sync::CancellationToken;
 const COMMIT_ACK: u8 = 0x06;
 const COMMIT_NAK: u8 = 0x15;
 
-/// Serves one connection until the peer closes, a timeout fires, or `stop` (drain) is cancelled between
-/// frames. Messages already read are always answered before the connection closes.
+/// Serves one connection until the peer closes, a deadline passes, or `stop` (drain) is cancelled between
+/// frames. Messages already read are always answered before the connection closes. The deadlines are for
+/// whole frames (`frame_timeout` from a frame's start) and since the last complete frame (`idle_timeout`),
+/// so a byte now and then cannot hold a connection slot.
 pub async fn serve<S>(
     stream: S,
     origin: Origin,
     pipe: Arc<Pipeline>,
     cfg: Arc<Config>,
     stop: CancellationToken,
+    progress: Arc<Progress>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, wr) = tokio::io::split(stream);
     let (tx, rx) = mpsc::channel::<InFlight>(cfg.max_in_flight_per_connection);
-    let budget = Arc::new(Semaphore::new(cfg.max_in_flight_bytes_per_connection));
+    let budget = pipe
+        .budget
+        .connection(cfg.max_in_flight_bytes_per_connection);
     let closing = CancellationToken::new();
     let writer = tokio::spawn(write_loop(
         wr,
@@ -38,6 +45,7 @@ pub async fn serve<S>(
         pipe.clone(),
         cfg.clone(),
         closing.clone(),
+        progress.clone(),
     ));
     let m = &pipe.metrics;
     let mut codec = MllpCodec::new(cfg.max_frame_bytes);
@@ -45,23 +53,29 @@ pub async fn serve<S>(
     let mut sequence = 0u64;
     let mut skipped = 0u64;
     let mut limiter = RateLimiter::new(cfg.rate_limit_per_connection);
+    let mut idle_deadline = Instant::now() + cfg.idle_timeout;
+    let mut frame_deadline: Option<Instant> = None;
     'conn: loop {
         loop {
             match codec.decode(&mut buf) {
                 Ok(Some(frame)) => {
                     m.frames.inc();
-                    // Held until the answer is written: a connection's waiting messages stay within bytes.
-                    let want = frame.len().clamp(1, cfg.max_in_flight_bytes_per_connection) as u32;
+                    progress.frame();
+                    frame_deadline = None;
+                    idle_deadline = Instant::now() + cfg.idle_timeout;
+                    // Held until the answer is written: the connection's and the process's waiting messages
+                    // stay within bytes.
                     let bytes = tokio::select! {
-                        p = budget.clone().acquire_many_owned(want) => match p {
-                            Ok(p) => p,
-                            Err(_) => break 'conn,
+                        p = budget.acquire(budget::cost(&frame)) => match p {
+                            Some(p) => p,
+                            None => break 'conn,
                         },
                         _ = closing.cancelled() => break 'conn,
                     };
                     limiter.wait().await;
                     sequence += 1;
                     let p = pipe.submit(frame.freeze(), &origin, sequence);
+                    progress.read();
                     if tx.send((p, Some(bytes))).await.is_err() {
                         break 'conn;
                     }
@@ -84,14 +98,10 @@ pub async fn serve<S>(
                     let (reply, bytes) = match codec.take_rejected() {
                         Some(payload) => {
                             // Held until its answer is written, like any frame's bytes.
-                            let want = payload
-                                .len()
-                                .clamp(1, cfg.max_in_flight_bytes_per_connection)
-                                as u32;
                             let bytes = tokio::select! {
-                                p = budget.clone().acquire_many_owned(want) => match p {
-                                    Ok(p) => p,
-                                    Err(_) => break 'conn,
+                                p = budget.acquire(budget::cost(&payload)) => match p {
+                                    Some(p) => p,
+                                    None => break 'conn,
                                 },
                                 _ = closing.cancelled() => break 'conn,
                             };
@@ -101,6 +111,7 @@ pub async fn serve<S>(
                         }
                         None => (Pending::Ready(pipe.framing_reply(text)), None),
                     };
+                    progress.read();
                     if tx.send((reply, bytes)).await.is_err() {
                         break 'conn;
                     }
@@ -113,16 +124,23 @@ pub async fn serve<S>(
             skipped = now_skipped;
         }
         let between_frames = codec.is_idle() && buf.is_empty();
-        let wait = if between_frames {
-            cfg.idle_timeout
+        // Neither deadline moves with the bytes that arrive: only a complete frame resets them (a restarted
+        // frame keeps the first start's deadline).
+        let deadline = if between_frames {
+            idle_deadline
         } else {
-            cfg.frame_timeout
+            *frame_deadline.get_or_insert_with(|| Instant::now() + cfg.frame_timeout)
         };
         tokio::select! {
             biased;
             _ = closing.cancelled() => break,
             _ = stop.cancelled(), if between_frames => break,
-            r = tokio::time::timeout(wait, rd.read_buf(&mut buf)) => match r {
+            _ = progress.evicted.cancelled() => {
+                m.connections_evicted.inc();
+                tracing::debug!(peer = %origin.peer, "connection closed to make room at max_connections");
+                break;
+            }
+            r = tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)) => match r {
                 Ok(Ok(0)) => {
                     if !between_frames {
                         m.framing_error("truncated", &origin.peer);
@@ -149,8 +167,8 @@ pub async fn serve<S>(
     let _ = writer.await;
 }
 
-/// A message read from the connection, with its share of the connection's byte budget.
-type InFlight = (Pending, Option<OwnedSemaphorePermit>);
+/// A message read from the connection, with its share of the byte budget.
+type InFlight = (Pending, Option<Held>);
 
 async fn write_loop<W>(
     mut wr: W,
@@ -158,6 +176,7 @@ async fn write_loop<W>(
     pipe: Arc<Pipeline>,
     cfg: Arc<Config>,
     closing: CancellationToken,
+    progress: Arc<Progress>,
 ) where
     W: AsyncWrite + Unpin,
 {
@@ -167,6 +186,8 @@ async fn write_loop<W>(
     let mut codec = MllpCodec::default();
     while let Some((p, _bytes)) = rx.recv().await {
         let reply = pipe.resolve(p).await;
+        // Answered as far as eviction goes: the answer is about to be written, or the connection closes.
+        progress.answered();
         if matches!(reply.action, Action::Close) {
             closing.cancel();
             break;

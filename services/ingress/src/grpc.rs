@@ -1,5 +1,6 @@
 //! gRPC `hl7gw.v1.Ingest` (same rules as MLLP) and `grpc.health.v1.Health`.
 
+use crate::budget::Held;
 use crate::config::Config;
 use crate::metrics::{ProtocolLabels, ReasonLabels};
 use crate::pipeline::{Action, Origin, Pending, Pipeline, Reply};
@@ -7,7 +8,7 @@ use hl7gw_runtime::proto::v1::ingest_server::{Ingest, IngestServer};
 use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -98,12 +99,15 @@ impl Ingest for IngestService {
             .inc();
         let mut inbound = req.into_inner();
         let (pending_tx, mut pending_rx) =
-            mpsc::channel::<(Pending, OwnedSemaphorePermit)>(self.cfg.max_in_flight_per_connection);
+            mpsc::channel::<(Pending, Held)>(self.cfg.max_in_flight_per_connection);
         let (out_tx, out_rx) = mpsc::channel(self.cfg.max_in_flight_per_connection);
         let pipe = self.pipe.clone();
-        // The stream's waiting messages stay within the same byte budget as an MLLP connection's.
-        let budget_bytes = self.cfg.max_in_flight_bytes_per_connection;
-        let budget = Arc::new(Semaphore::new(budget_bytes));
+        // The stream's waiting messages stay within the same byte bound as an MLLP connection's, drawn from
+        // the same process-wide budget.
+        let budget = self
+            .pipe
+            .budget
+            .connection(self.cfg.max_in_flight_bytes_per_connection);
         // Answers in request order.
         tokio::spawn(async move {
             while let Some((p, _bytes)) = pending_rx.recv().await {
@@ -122,8 +126,7 @@ impl Ingest for IngestService {
             while let Ok(Some(req)) = inbound.message().await {
                 limiter.wait().await;
                 seq += 1;
-                let want = req.message.len().clamp(1, budget_bytes) as u32;
-                let Ok(bytes) = budget.clone().acquire_many_owned(want).await else {
+                let Some(bytes) = budget.acquire(crate::budget::cost(&req.message)).await else {
                     break;
                 };
                 let p = submit(&pipe, max, req.message, &origin, seq);

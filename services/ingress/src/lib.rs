@@ -5,12 +5,14 @@
 //! listener; `run` serves until the shutdown token is cancelled, then drains: readiness goes false, the
 //! listeners stop, every message already read is answered, the producer flushes.
 
+pub mod budget;
 pub mod config;
 pub mod connection;
 pub mod grpc;
 pub mod listener;
 pub mod metrics;
 pub mod pipeline;
+pub mod slots;
 pub mod tls;
 
 use config::Config;

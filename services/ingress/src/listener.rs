@@ -1,15 +1,16 @@
-//! The MLLP listener: bounded connections, TCP_NODELAY, optional PROXY protocol header and TLS.
+//! The MLLP listener: bounded connections (at the limit the stalest idle or slow one makes room), TCP_NODELAY,
+//! optional PROXY protocol header and TLS.
 
 use crate::config::Config;
 use crate::connection;
 use crate::metrics::{ProtocolLabels, ReasonLabels};
 use crate::pipeline::{Origin, Pipeline};
+use crate::slots::{Progress, Slot, Slots, Taken};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,7 +24,7 @@ pub async fn serve(
     stop: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let slots = Slots::new(cfg.max_connections, cfg.evict_after);
     let ids = AtomicU64::new(0);
     let listener_name: Arc<str> = Arc::from(cfg.listener_name.as_str());
     loop {
@@ -38,39 +39,60 @@ pub async fn serve(
             },
             _ = stop.cancelled() => break,
         };
-        // At the limit a connection is closed at once and counted, not left waiting unanswered in the
+        let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
+        // At the limit the stalest idle or slow connection is closed to make room; when every one is busy or
+        // recent, the new connection is closed at once and counted, not left waiting unanswered in the
         // kernel's backlog: the sender sees the close and retries.
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            pipe.metrics
-                .connections_refused
-                .get_or_create(&ReasonLabels {
-                    reason: "max_connections",
-                })
-                .inc();
-            tracing::debug!(%peer, "connection refused: max_connections reached");
-            drop(tcp);
-            continue;
+        let free = match slots.take(id) {
+            Taken::Free(slot) => Some(slot),
+            Taken::Evicting => None,
+            Taken::Refused => {
+                refuse_at_limit(&pipe, peer);
+                drop(tcp);
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
-        let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
-        let (pipe, cfg, stop, tls, name) = (
+        let (pipe, cfg, stop, tls, name, slots) = (
             pipe.clone(),
             cfg.clone(),
             stop.clone(),
             tls.clone(),
             listener_name.clone(),
+            slots.clone(),
         );
         tracker.spawn(async move {
-            let _permit = permit;
+            let slot: Slot = match free {
+                Some(s) => s,
+                None => match slots.wait(id).await {
+                    Some(s) => s,
+                    None => {
+                        refuse_at_limit(&pipe, peer);
+                        return;
+                    }
+                },
+            };
+            let progress = slot.progress.clone();
             let m = pipe.metrics.clone();
             m.connections
                 .get_or_create(&ProtocolLabels { protocol: "mllp" })
                 .inc();
             m.connections_active.inc();
-            handle(tcp, peer, id, tls, pipe, cfg, stop, name).await;
+            handle(tcp, peer, id, tls, pipe, cfg, stop, name, progress).await;
             m.connections_active.dec();
+            drop(slot);
         });
     }
+}
+
+fn refuse_at_limit(pipe: &Pipeline, peer: SocketAddr) {
+    pipe.metrics
+        .connections_refused
+        .get_or_create(&ReasonLabels {
+            reason: "max_connections",
+        })
+        .inc();
+    tracing::debug!(%peer, "connection refused: max_connections reached");
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -83,6 +105,7 @@ async fn handle(
     cfg: Arc<Config>,
     stop: CancellationToken,
     listener: Arc<str>,
+    progress: Arc<Progress>,
 ) {
     let refused = |reason: &'static str| {
         pipe.metrics
@@ -125,7 +148,7 @@ async fn handle(
                     {
                         origin.tls_client = crate::tls::subject(cert);
                     }
-                    connection::serve(stream, origin, pipe, cfg, stop).await;
+                    connection::serve(stream, origin, pipe, cfg, stop, progress).await;
                 }
                 Ok(Err(e)) => {
                     refused("tls_handshake");
@@ -137,7 +160,7 @@ async fn handle(
                 }
             }
         }
-        None => connection::serve(tcp, origin, pipe, cfg, stop).await,
+        None => connection::serve(tcp, origin, pipe, cfg, stop, progress).await,
     }
 }
 

@@ -45,12 +45,20 @@ hl7gw_runtime::metric_set! {
             "Time from publish to Kafka's confirmation",
             unit Seconds, new hl7gw_runtime::metrics::latency_histogram();
         pub in_flight: Gauge = "Messages waiting for Kafka's confirmation";
+        pub in_flight_bytes: Gauge = "Bytes of messages held by all connections and streams until their answers are written \
+            (each message charged its bytes plus a fixed overhead)", unit Bytes;
+        pub in_flight_budget_bytes: Gauge = "The most in_flight_bytes may reach (max_in_flight_bytes, or sized from the memory limit)",
+            unit Bytes;
+        pub budget_waits: Counter =
+            "Times a connection or stream waited for the process's in-flight byte budget before reading on";
         pub control_id_reused: Counter = "Messages whose (MSH-3, MSH-4, MSH-10) was seen within the duplicate window with other content: \
             published as new messages";
         pub write_timeouts: Counter =
             "Connections closed because the sender did not read its ACKs within write_timeout";
         pub batches: Counter = "FHS/BHS batches received (each message in them is counted in messages_total)";
-        pub idle_closes: Counter = "MLLP connections closed after idle_timeout without a frame";
+        pub idle_closes: Counter = "MLLP connections closed after idle_timeout without a complete frame";
+        pub connections_evicted: Counter = "MLLP connections closed to make room for a new one at max_connections: \
+            the one with no complete frame for longest (idle or trickling), nothing waiting for its answer";
         pub producer_recoveries: Counter =
             "Kafka producers recreated in-process after a fatal error (messages in flight got AR/CR 207)";
     }

@@ -651,6 +651,50 @@ async fn a_repeated_encoding_character_in_msh2_is_accepted() {
     assert_eq!(&records[0].envelope.raw[..], &msg[..]);
 }
 
+/// Issue 24, item 4: the largest batch one frame can hold (1 MiB of ~20,000 tiny messages) is refused whole
+/// with one clear answer (AE, `batch_too_large`) and dead-lettered once as received, instead of becoming
+/// tens of thousands of records, claims and spans; the connection goes on serving. Before: every message was
+/// published on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_batch_a_frame_holds_is_refused_whole_with_one_answer() {
+    let (ingress, t) = start([]);
+    let head = "FHS|^~\\&|LAB|FAC|GW|GW|20261123120000||||FILE-9\rBHS|^~\\&|LAB|FAC|GW|GW|20261123120000||||BATCH-9\r";
+    let mut batch = head.to_owned();
+    let mut n = 0;
+    loop {
+        let m = format!("MSH|^~\\&|LAB|FAC|GW|GW|2026||ADT^A01|T{n}|P|2.5\rPID|1||{n}\r");
+        if batch.len() + m.len() + 32 > hl7v2::mllp::DEFAULT_MAX_FRAME {
+            break;
+        }
+        batch.push_str(&m);
+        n += 1;
+    }
+    batch.push_str(&format!("BTS|{n}\rFTS|1\r"));
+    assert!(n > 10_000, "{n} messages");
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let started = std::time::Instant::now();
+    let answer = c.call(batch.as_bytes()).await.unwrap();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let msa: Vec<&str> = text.split('\r').filter(|s| s.starts_with("MSA|")).collect();
+    assert_eq!(msa, ["MSA|AE|T0"], "{}", &text[..text.len().min(2000)]);
+    assert!(text.contains(&format!("{n} messages")), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let dlq = t.dlq_records(1, Duration::from_secs(30));
+    assert_eq!(dlq.len(), 1);
+    let rejection = dlq[0].envelope.rejection.clone().unwrap();
+    assert_eq!(rejection.reason, "batch_too_large");
+    assert_eq!(dlq[0].envelope.raw.len(), batch.len());
+    assert_eq!(
+        ack_code(&c.call(&adt("AFTER-BATCH", "P1")).await.unwrap()),
+        "AA"
+    );
+    assert_eq!(t.inbound_records(1, Duration::from_secs(10)).len(), 1);
+}
+
 /// Issue 10: an FHS/BHS batch over MLLP is cut into its messages; each is published (or rejected alone, to
 /// the DLQ) and the answer is one acknowledgment batch: FHS/BHS with the original control ids as reference,
 /// an ACK per message, BTS with their count, FTS. Sent again, the batch is answered from the duplicate window

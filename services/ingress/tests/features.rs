@@ -992,6 +992,117 @@ async fn max_connections_refusals_and_idle_closes_are_counted() {
     assert_eq!(ack_code(&c.call(&adt("MAXC-3", "P1")).await.unwrap()), "AA");
 }
 
+/// One slow connection: `first` then a byte every 400 ms (inside a frame when `first` opens one, between frames
+/// otherwise) until the ingress closes it or `limit` passes; true when the ingress closed it.
+async fn trickle(addr: SocketAddr, first: &'static [u8], limit: Duration) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return true;
+    };
+    let end = Instant::now() + limit;
+    let mut next: &[u8] = first;
+    while Instant::now() < end {
+        if s.write_all(next).await.is_err() {
+            return true;
+        }
+        next = if first == b"\x0b" { b"X" } else { b"\n" };
+        let mut b = [0u8; 64];
+        match tokio::time::timeout(Duration::from_millis(400), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Issue 24, item 1 (MLLP slowloris): a byte now and then must not hold a connection slot. `frame_timeout` is
+/// a deadline for a whole frame and `idle_timeout` one since the last complete frame, so more trickling
+/// connections than `max_connections` (half inside a frame, half sending bytes between frames) are all closed
+/// after their deadlines, and a normal sender gets its ACK right after. Before: every slot stayed held while
+/// the trickle went on, and the normal sender was refused to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_connections_cannot_hold_every_slot() {
+    let (ingress, _) = start([
+        ("HL7GW_MAX_CONNECTIONS", "6".into()),
+        ("HL7GW_FRAME_TIMEOUT", "2s".into()),
+        ("HL7GW_IDLE_TIMEOUT", "2s".into()),
+    ]);
+    let addr = ingress.mllp;
+    let mut slow = Vec::new();
+    for i in 0..8 {
+        let first: &'static [u8] = if i % 2 == 0 { b"\x0b" } else { b"\n" };
+        slow.push(tokio::spawn(trickle(addr, first, Duration::from_secs(12))));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let mut code = None;
+    while code.is_none() && started.elapsed() < Duration::from_secs(8) {
+        if let Ok(s) = TcpStream::connect(addr).await {
+            let mut c = Framed::new(s, MllpCodec::default());
+            if c.send(&adt("SLOW-1", "P1")[..]).await.is_ok()
+                && let Next::Frame(ack) = next_frame(&mut c, Duration::from_secs(1)).await
+            {
+                code = Some(ack_code(&ack));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        code.as_deref(),
+        Some("AA"),
+        "a normal sender got no ACK in {:?} while slow connections held the slots",
+        started.elapsed()
+    );
+    for t in slow {
+        assert!(t.await.unwrap(), "a slow connection was left open");
+    }
+    // Of the 8, the 6 that got a slot are closed by a deadline (the others were refused at once).
+    let frame_timeouts =
+        ingress.metric("hl7gw_ingress_framing_errors_total{reason=\"frame_timeout\"}");
+    let idle = ingress.metric("hl7gw_ingress_idle_closes_total");
+    assert!(
+        frame_timeouts >= 2.0 && idle >= 2.0 && frame_timeouts + idle >= 6.0,
+        "closes counted: {frame_timeouts} frame timeouts, {idle} idle"
+    );
+}
+
+/// Issue 24 (idle and slow clients cost only themselves): with every slot held by connections that completed
+/// no frame for longer than `evict_after` (idle ones, and ones trickling into a frame whose deadline is far
+/// off), a new sender takes the slot of the stalest and gets its ACK; a connection waiting for an answer is
+/// never chosen. Before: refused for as long as the holders stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_limit_the_stalest_idle_or_slow_connection_makes_room() {
+    let (ingress, _) = start([
+        ("HL7GW_MAX_CONNECTIONS", "4".into()),
+        ("HL7GW_FRAME_TIMEOUT", "60s".into()),
+        ("HL7GW_IDLE_TIMEOUT", "60s".into()),
+        ("HL7GW_EVICT_AFTER", "1s".into()),
+    ]);
+    let addr = ingress.mllp;
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let slow: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(trickle(addr, b"\x0b", Duration::from_secs(20))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 1..=2 {
+        let started = Instant::now();
+        let mut c = Mllp::connect(addr).await;
+        let ack = c.call(&adt(&format!("ROOM-{i}"), "P1")).await;
+        assert_eq!(
+            ack.as_deref().map(ack_code).as_deref(),
+            Some("AA"),
+            "sender {i}: no ACK after {:?}",
+            started.elapsed()
+        );
+    }
+    assert!(ingress.metric("hl7gw_ingress_connections_evicted_total") >= 2.0);
+    for t in slow {
+        t.abort();
+    }
+}
+
 /// Issue 10: a frame whose end block is not followed by CR is refused with AE (ERR 207) for its control id, and
 /// its payload goes to the DLQ (reason `missing_cr`) like the other rejects, not only a framing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

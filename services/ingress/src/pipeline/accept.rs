@@ -13,6 +13,9 @@ impl Pipeline {
         {
             self.metrics.batches.inc();
             let header = BatchHeader::read(&split);
+            if let Some(r) = self.batch_refusal(&split) {
+                return self.refuse_batch(frame.clone(), &split, header, r, origin, sequence);
+            }
             let parts = split
                 .messages
                 .iter()
@@ -25,6 +28,60 @@ impl Pipeline {
             };
         }
         self.submit_one(frame, origin, sequence)
+    }
+
+    /// Why a batch is refused whole: more messages than `max_batch_messages`, or trailer counts (BTS-1,
+    /// FTS-1) that disagree with what it holds (a message lost, or merged into another by a misnamed `msh`).
+    fn batch_refusal(&self, split: &hl7v2::Split<'_>) -> Option<Rejected> {
+        let (n, max) = (split.messages.len(), self.cfg.max_batch_messages);
+        if n > max {
+            return Some(Rejected::error(
+                ErrorCode::ApplicationInternalError,
+                "batch_too_large",
+                format!(
+                    "the batch holds {n} messages, more than the {max} accepted in one batch: none was \
+                     stored; send them in smaller batches"
+                ),
+            ));
+        }
+        let m = split.mismatches.first()?;
+        let (what, count) = match m.trailer {
+            "BTS" => ("messages", "BTS-1"),
+            _ => ("batches", "FTS-1"),
+        };
+        Some(Rejected::error(
+            ErrorCode::SegmentSequence,
+            "batch_count_mismatch",
+            format!(
+                "{count} says {} {what}, the file holds {}: none was stored (a message may be missing or \
+                 merged into the one before it)",
+                m.declared, m.actual
+            ),
+        ))
+    }
+
+    /// A batch refused whole: dead-lettered once as received, and answered with an acknowledgment batch
+    /// holding one negative ACK (addressed from its first message) that says why.
+    fn refuse_batch(
+        &self,
+        frame: Bytes,
+        split: &hl7v2::Split<'_>,
+        header: BatchHeader,
+        r: Rejected,
+        origin: &Origin,
+        sequence: u64,
+    ) -> Pending {
+        let first = split
+            .messages
+            .first()
+            .map_or_else(Bytes::new, |m| frame.slice_ref(m));
+        let mut answer = self.reject(frame.clone(), r, Some(origin), sequence, SystemTime::now());
+        answer.frame = first;
+        Pending::Batch {
+            frame,
+            parts: vec![Pending::Ready(answer)],
+            header,
+        }
     }
 
     /// [`Pipeline::submit`] for one message.
@@ -207,12 +264,20 @@ impl Pipeline {
             )
             .at_msh(10));
         }
-        // The standard's lengths (HL7 2.7: MSH-10 ST 199, MSH-3/4 HD 227); longer values would let crafted
-        // messages make every key, ACK and log line large.
+        // The standard's lengths (HL7 2.7: MSH-10 ST 199, MSH-3 to MSH-6 HD 227, MSH-9's codes, MSH-11 PT,
+        // MSH-12 VID) for every field a key, the ACK or a log line carries; longer values would let crafted
+        // messages make each of them large (an ACK echoing 1 MB of MSH-12, remembered in the duplicate window).
         for (field, value, max) in [
             (10, h.control_id, MAX_CONTROL_ID),
             (3, h.sending_application, MAX_HD),
             (4, h.sending_facility, MAX_HD),
+            (5, h.receiving_application, MAX_HD),
+            (6, h.receiving_facility, MAX_HD),
+            (9, h.message_type, MAX_CODE),
+            (9, h.trigger_event, MAX_CODE),
+            (9, h.structure, MAX_CODE),
+            (11, h.processing_field, MAX_PROCESSING_FIELD),
+            (12, h.version_field, MAX_VERSION_FIELD),
         ] {
             if value.len() > max {
                 return Err(Rejected::error(
@@ -357,6 +422,58 @@ mod tests {
         }
     }
 
+    /// A batch of `n` tiny messages whose BTS-1 says `declared`.
+    fn batch(n: usize, declared: usize) -> String {
+        let mut b = String::from("FHS|^~\\&|APP|FAC\rBHS|^~\\&|APP|FAC\r");
+        for i in 0..n {
+            b.push_str(&format!(
+                "MSH|^~\\&|APP|FAC|GW|HOSP|2026||ADT^A01|B{i}|P|2.5\rPID|1||{i}\r"
+            ));
+        }
+        b.push_str(&format!("BTS|{declared}\rFTS|1\r"));
+        b
+    }
+
+    /// The reasons of a batch's answers, without waiting for Kafka (refusals are answered at once).
+    fn batch_reasons(pipe: &Pipeline, b: String) -> Vec<&'static str> {
+        match pipe.submit(Bytes::from(b), &origin(), 1) {
+            Pending::Batch { parts, .. } => parts
+                .iter()
+                .map(|p| match p {
+                    Pending::Ready(r) => r.reason(),
+                    _ => "publishing",
+                })
+                .collect(),
+            other => panic!("not a batch: {other:?}"),
+        }
+    }
+
+    /// Issue 24, items 4 and 15: a batch over `max_batch_messages` (here the largest a 1 MiB frame holds),
+    /// and one whose BTS-1 disagrees with the messages found (a misnamed `msh` merged two), are refused whole
+    /// with one answer, before any record is made; a batch at the limit is taken message by message.
+    #[tokio::test]
+    async fn oversized_and_miscounted_batches_are_refused_whole() {
+        let pipe = test_pipeline(Config::default());
+        let mut n = 0;
+        while batch(n + 1000, n + 1000).len() < hl7v2::mllp::DEFAULT_MAX_FRAME {
+            n += 1000;
+        }
+        assert!(n > 10_000, "{n} messages");
+        assert_eq!(batch_reasons(&pipe, batch(n, n)), ["batch_too_large"]);
+        let small = Config {
+            max_batch_messages: 3,
+            ..Config::default()
+        };
+        let pipe = test_pipeline(small);
+        assert_eq!(batch_reasons(&pipe, batch(4, 4)), ["batch_too_large"]);
+        assert_eq!(batch_reasons(&pipe, batch(3, 3)).len(), 3);
+        let merged = batch(3, 3).replace(
+            "MSH|^~\\&|APP|FAC|GW|HOSP|2026||ADT^A01|B1",
+            "msh|^~\\&|APP|FAC|GW|HOSP|2026||ADT^A01|B1",
+        );
+        assert_eq!(batch_reasons(&pipe, merged), ["batch_count_mismatch"]);
+    }
+
     /// A runtime: a refused message's DLQ record is published from a task.
     #[tokio::test]
     async fn header_rules_refuse_before_the_publish() {
@@ -376,6 +493,28 @@ mod tests {
             refused(cfg(), &msh("C1", "2.5", "NOT-A-CHARSET")),
             "unsupported_charset"
         );
+        // Issue 24, item 9: the fields the ACK echoes are held to HL7's lengths, and the NAK stays small.
+        let long = "9".repeat(1 << 20);
+        for msg in [
+            msh("C1", &format!("2.5{long}"), ""),
+            format!("MSH|^~\\&|APP|FAC|{long}|HOSP|20260101120000||ADT^A01|C1|P|2.5\r"),
+            format!("MSH|^~\\&|APP|FAC|GW|{long}|20260101120000||ADT^A01|C1|P|2.5\r"),
+            format!("MSH|^~\\&|APP|FAC|GW|HOSP|20260101120000||ADT^A{long}|C1|P|2.5\r"),
+            format!("MSH|^~\\&|APP|FAC|GW|HOSP|20260101120000||ADT^A01|C1|P{long}|2.5\r"),
+        ] {
+            let pipe = test_pipeline(cfg());
+            let reply = match pipe.submit(Bytes::from(msg), &origin(), 1) {
+                Pending::Ready(r) => r,
+                _ => panic!("not refused"),
+            };
+            assert!(
+                matches!(&reply.action, Action::Reject(r) if r.reason == "value_too_long"),
+                "not refused as too long"
+            );
+            let mut nak = Vec::new();
+            pipe.render(&reply, &mut nak);
+            assert!(nak.len() < 2048, "a NAK of {} bytes", nak.len());
+        }
         let only_test = Config {
             processing_ids: vec!["T".into()],
             ..Config::default()

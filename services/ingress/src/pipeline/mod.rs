@@ -12,6 +12,7 @@ mod accept;
 mod ack;
 mod publish;
 
+use crate::budget::Budget;
 use crate::config::{AckMode, Config, OnTimeout};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
@@ -21,7 +22,8 @@ use hl7gw_runtime::envelope;
 use hl7gw_runtime::producer::{ProducerSlot, is_fatal};
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
-    AckCode, AckError, AckIds, ErrorLocation, Outcome, Severity, accept_ack_wanted, ack_code,
+    AckCode, AckError, AckIds, ErrorLocation, MAX_CODE, MAX_CONTROL_ID, MAX_HD,
+    MAX_PROCESSING_FIELD, MAX_VERSION_FIELD, Outcome, Severity, accept_ack_wanted, ack_code,
     hl7_timestamp, write_ack,
 };
 use hl7v2::{Charset, ErrorCode, Header, Message};
@@ -32,11 +34,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use tracing::Span;
-
-/// Longest MSH-10 accepted (HL7 2.7, ST).
-const MAX_CONTROL_ID: usize = 199;
-/// Longest MSH-3 and MSH-4 accepted (HL7 2.7, HD).
-const MAX_HD: usize = 227;
 
 /// Where messages come from: one per connection or gRPC stream.
 #[derive(Debug, Clone)]
@@ -284,6 +281,8 @@ pub struct Pipeline {
     cfg: Arc<Config>,
     producer: Arc<ProducerSlot>,
     dedup: Arc<Dedup>,
+    /// The bytes all connections and streams together may hold.
+    pub budget: Arc<Budget>,
     pub metrics: IngressMetrics,
     key_paths: Vec<hl7v2::Path>,
     /// `key_salt_file`'s content: keys are salted hashes.
@@ -319,12 +318,20 @@ impl Pipeline {
             *b = digits[(v & 31) as usize];
             v >>= 5;
         }
+        let total = cfg.in_flight_budget(hl7gw_runtime::memory::limit());
+        metrics.in_flight_budget_bytes.set(total as i64);
+        let budget = Arc::new(Budget::new(
+            total,
+            metrics.in_flight_bytes.clone(),
+            metrics.budget_waits.clone(),
+        ));
         Self {
             dedup: Arc::new(Dedup::new(
                 cfg.duplicate_window,
                 cfg.duplicate_capacity,
                 cfg.duplicate_max_bytes,
             )),
+            budget,
             cfg,
             producer,
             metrics,
@@ -367,11 +374,16 @@ fn kafka_headers(h: &Header<'_>, traceparent: Option<&str>) -> OwnedHeaders {
 
 /// `ADT^A01` for the `hl7.type` header.
 fn type_header(h: &Header<'_>) -> Vec<u8> {
-    let mut v = Vec::with_capacity(h.message_type.len() + h.trigger_event.len() + 1);
-    v.extend_from_slice(h.message_type);
-    if !h.trigger_event.is_empty() {
+    // Bounded: it is a Kafka header and a span attribute, read before the header's lengths are checked.
+    let (code, trigger) = (
+        &h.message_type[..h.message_type.len().min(MAX_CODE)],
+        &h.trigger_event[..h.trigger_event.len().min(MAX_CODE)],
+    );
+    let mut v = Vec::with_capacity(code.len() + trigger.len() + 1);
+    v.extend_from_slice(code);
+    if !trigger.is_empty() {
         v.push(b'^');
-        v.extend_from_slice(h.trigger_event);
+        v.extend_from_slice(trigger);
     }
     v
 }

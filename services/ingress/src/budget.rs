@@ -1,0 +1,161 @@
+//! The bytes of messages the ingress holds between reading them and writing their answers. Each MLLP
+//! connection and gRPC stream has its own bound (`max_in_flight_bytes_per_connection`) and all of them draw
+//! from one budget for the process (`max_in_flight_bytes`), so what clients can make the process hold is
+//! bounded whatever their number. A connection that finds either spent stops reading (TCP backpressure).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// What each message costs besides its bytes: its envelope and record headers, the duplicate window's claim,
+/// its span and queue slots (order of magnitude). A batch's messages are charged one by one, so a 1 MiB frame of
+/// 26,000 tiny messages costs what its records cost, not 1 MiB.
+pub const MESSAGE_OVERHEAD: usize = 1024;
+
+/// The process's budget.
+#[derive(Debug)]
+pub struct Budget {
+    process: Arc<Semaphore>,
+    total: usize,
+    held: Gauge,
+    waits: Counter,
+}
+
+impl Budget {
+    /// A budget of `total` bytes (at most `u32::MAX`), shown in `held` and counting waits in `waits`.
+    pub fn new(total: usize, held: Gauge, waits: Counter) -> Self {
+        let total = total.clamp(1, u32::MAX as usize);
+        Self {
+            process: Arc::new(Semaphore::new(total)),
+            total,
+            held,
+            waits,
+        }
+    }
+
+    /// The bytes the whole process may hold.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// A new connection's (or stream's) share: at most `max` bytes at once, drawn from this budget.
+    pub fn connection(self: &Arc<Self>, max: usize) -> ConnectionBudget {
+        let max = max.clamp(1, self.total);
+        ConnectionBudget {
+            own: Arc::new(Semaphore::new(max)),
+            max,
+            process: self.clone(),
+        }
+    }
+}
+
+/// One connection's share of the [`Budget`].
+#[derive(Debug)]
+pub struct ConnectionBudget {
+    own: Arc<Semaphore>,
+    max: usize,
+    process: Arc<Budget>,
+}
+
+impl ConnectionBudget {
+    /// Waits until `cost` bytes (clamped to the connection's bound) are free in the connection's share and
+    /// in the process's budget, and holds them until the returned [`Held`] is dropped. The connection's own
+    /// share is taken first, so a connection waiting for the process holds nothing of it.
+    pub async fn acquire(&self, cost: usize) -> Option<Held> {
+        let n = cost.clamp(1, self.max) as u32;
+        let own = self.own.clone().acquire_many_owned(n).await.ok()?;
+        let p = &self.process;
+        let process = match p.process.clone().try_acquire_many_owned(n) {
+            Ok(permit) => permit,
+            Err(_) => {
+                p.waits.inc();
+                p.process.clone().acquire_many_owned(n).await.ok()?
+            }
+        };
+        p.held.inc_by(i64::from(n));
+        Some(Held {
+            _own: own,
+            _process: process,
+            bytes: n,
+            held: p.held.clone(),
+        })
+    }
+}
+
+/// The bytes one message holds until its answer is written (or it is dropped unanswered).
+#[derive(Debug)]
+pub struct Held {
+    _own: OwnedSemaphorePermit,
+    _process: OwnedSemaphorePermit,
+    bytes: u32,
+    held: Gauge,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.held.dec_by(i64::from(self.bytes));
+    }
+}
+
+/// What a frame costs: its bytes and [`MESSAGE_OVERHEAD`] for each message in it (one, or each `MSH` segment
+/// of an FHS/BHS batch).
+pub fn cost(frame: &[u8]) -> usize {
+    let messages = if hl7v2::is_batch(frame) {
+        memchr::memmem::find_iter(frame, b"\rMSH").count()
+            + memchr::memmem::find_iter(frame, b"\nMSH").count()
+    } else {
+        1
+    };
+    frame
+        .len()
+        .saturating_add(messages.max(1).saturating_mul(MESSAGE_OVERHEAD))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn budget(total: usize) -> Arc<Budget> {
+        Arc::new(Budget::new(total, Gauge::default(), Counter::default()))
+    }
+
+    /// Issue 24, item 3: many connections together hold no more than the process's budget; one that waits
+    /// goes on once another's message is answered.
+    #[tokio::test]
+    async fn connections_together_stay_within_the_process_budget() {
+        let b = budget(10_000);
+        let conns: Vec<_> = (0..8).map(|_| b.connection(4_000)).collect();
+        let mut held = Vec::new();
+        for c in &conns[..2] {
+            held.push(c.acquire(4_000).await.expect("free"));
+        }
+        assert_eq!(b.held.get(), 8_000);
+        let third = tokio::time::timeout(Duration::from_millis(100), conns[2].acquire(4_000)).await;
+        assert!(
+            third.is_err(),
+            "a third 4,000-byte message fits no 10,000-byte budget"
+        );
+        assert_eq!(b.waits.get(), 1);
+        held.pop();
+        let third = tokio::time::timeout(Duration::from_secs(5), conns[2].acquire(4_000)).await;
+        assert!(matches!(third, Ok(Some(_))));
+        drop(third);
+        drop(held);
+        assert_eq!(b.held.get(), 0);
+    }
+
+    /// Issue 24, item 4: a batch is charged per message, a lone message its bytes and one overhead.
+    #[test]
+    fn a_batch_costs_its_messages() {
+        let one = b"MSH|^~\\&|A|B|C|D|2020||ADT^A01|1|P|2.5\rPID|1\r";
+        assert_eq!(cost(one), one.len() + MESSAGE_OVERHEAD);
+        let mut batch = b"FHS|^~\\&\rBHS|^~\\&\r".to_vec();
+        for _ in 0..100 {
+            batch.extend_from_slice(one);
+        }
+        batch.extend_from_slice(b"BTS|100\rFTS|1\r");
+        assert_eq!(cost(&batch), batch.len() + 100 * MESSAGE_OVERHEAD);
+    }
+}

@@ -1,0 +1,134 @@
+//! Hostile and careless gRPC clients (issue 24) against the real ingress binary and a real broker: idle TCP
+//! connections beyond `grpc_max_connections`, connections that idle or grow old, and streams whose answers
+//! are never read. Each test bounds every wait and uses small timeouts from the `grpc:` settings.
+#![allow(clippy::unwrap_used)] // test helpers: a failed step fails the test
+
+use hl7gw_testkit as support;
+
+use hl7gw_runtime::proto::v1::SendRequest;
+use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
+use std::time::{Duration, Instant};
+use support::*;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+/// An ingress on fresh topics, with `extra` settings.
+fn start(extra: impl IntoIterator<Item = (&'static str, String)>) -> (Ingress, Topics) {
+    Ingress::on_fresh_topics("test.grpc_hostile", extra)
+}
+
+fn endpoint(ingress: &Ingress) -> Endpoint {
+    Endpoint::from_shared(format!("http://{}", ingress.grpc))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(10))
+}
+
+/// One `Send` of `id` on `client`: its ACK code.
+async fn send(client: &mut IngestClient<Channel>, id: &str) -> Result<String, tonic::Status> {
+    client
+        .send(SendRequest {
+            message: adt(id, "P1").into(),
+        })
+        .await
+        .map(|r| r.into_inner().ack_code)
+}
+
+/// Issue 24, item 2: TCP connections that never send the HTTP/2 preface are closed after
+/// `grpc.first_stream_timeout`, so more of them than `grpc_max_connections` cannot keep health checks and
+/// Ingest out (they waited in the backlog for ever before, with readiness 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tcp_connections_beyond_the_grpc_limit_do_not_keep_health_checks_and_ingest_out() {
+    let (ingress, _t) = start([
+        ("HL7GW_GRPC_MAX_CONNECTIONS", "8".to_owned()),
+        ("HL7GW_GRPC__FIRST_STREAM_TIMEOUT", "1s".to_owned()),
+    ]);
+    // 20 connections that send nothing: 8 take every slot, 12 wait in the backlog behind them.
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        idle.push(tokio::net::TcpStream::connect(ingress.grpc).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let served = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut health = HealthClient::new(endpoint(&ingress).connect().await.unwrap());
+        let status = health
+            .check(HealthCheckRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        let mut ingest = IngestClient::new(endpoint(&ingress).connect().await.unwrap());
+        (status, send(&mut ingest, "IDLE1").await.unwrap())
+    })
+    .await;
+    let Ok((status, code)) = served else {
+        panic!(
+            "with 20 idle connections and grpc_max_connections 8, no health check or Send was served within 10 s"
+        );
+    };
+    assert_eq!(status, 1, "SERVING");
+    assert_eq!(code, "AA");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "served after {:?}",
+        t.elapsed()
+    );
+    let closed =
+        ingress.metric("hl7gw_grpc_connections_closed_total{reason=\"first_stream_timeout\"}");
+    assert!(closed >= 8.0, "first_stream_timeout closes: {closed}");
+    drop(idle);
+}
+
+/// Issue 24, item 2: a connection without calls for `grpc.idle_timeout` gets a GOAWAY (the client reconnects
+/// for its next call); one older than `grpc.max_connection_age` gets one too, and a call still running
+/// `max_connection_age_grace` later is cut. Each is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_connections_are_sent_away_when_idle_or_old() {
+    let (ingress, _t) = start([
+        ("HL7GW_GRPC__IDLE_TIMEOUT", "1s".to_owned()),
+        ("HL7GW_GRPC__MAX_CONNECTION_AGE", "3s".to_owned()),
+        ("HL7GW_GRPC__MAX_CONNECTION_AGE_GRACE", "1s".to_owned()),
+    ]);
+    let metric = |reason: &str| {
+        ingress.metric(&format!(
+            "hl7gw_grpc_connections_closed_total{{reason=\"{reason}\"}}"
+        ))
+    };
+    // Idle: sent away after 1 s without a call; the next call is served on a new connection.
+    let mut client = IngestClient::new(endpoint(&ingress).connect().await.unwrap());
+    assert_eq!(send(&mut client, "AGE1").await.unwrap(), "AA");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(metric("idle_timeout") >= 1.0, "no idle_timeout close");
+    assert_eq!(send(&mut client, "AGE2").await.unwrap(), "AA");
+
+    // Old: a stream kept open is not idle, but the connection is sent away at 3 s and cut at 4 s.
+    let mut client = IngestClient::new(endpoint(&ingress).connect().await.unwrap());
+    let opened = Instant::now();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(SendRequest {
+        message: adt("AGE3", "P1").into(),
+    })
+    .await
+    .unwrap();
+    let mut answers = client
+        .send_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = answers.message().await.unwrap().unwrap();
+    assert_eq!(first.ack_code, "AA");
+    let end = tokio::time::timeout(Duration::from_secs(10), answers.message()).await;
+    assert!(
+        end.is_ok(),
+        "a stream on a connection past max_connection_age + grace was not ended within 10 s"
+    );
+    let took = opened.elapsed();
+    assert!(
+        took >= Duration::from_millis(3500),
+        "the stream ended after {took:?}, before age + grace"
+    );
+    assert!(metric("max_age") >= 1.0, "no max_age GOAWAY");
+    assert!(metric("grace_expired") >= 1.0, "no grace_expired close");
+    drop(tx);
+}
