@@ -57,6 +57,11 @@ impl TransformerMetrics {
         );
     }
 
+    /// Kafka refused an output of `size` bytes (its record) for good (`error`): the DLQ gets it instead.
+    pub fn output_refused(&self, route: &str, size: usize, error: &dyn std::fmt::Display) {
+        tracing::warn!(size, route, error = %error, "Kafka refused an output for good: DLQ");
+    }
+
     /// A record for the DLQ, for `reason`, is part of the batch's transaction.
     pub fn dead_lettered(&self, reason: &'static str) {
         self.dlq_writes

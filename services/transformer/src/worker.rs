@@ -195,29 +195,110 @@ pub async fn route_one<P: PluginCaller>(
 
 /// An output larger than Kafka takes (`kafka.max_message_bytes`, e.g. the JSON of a message near the limit)
 /// would fail its transaction on every retry and stop the pod: it goes to the DLQ instead, reason
-/// `too_large`, without the message itself when that too would not fit (the input stays in the inbound topic).
+/// `too_large`. The whole record counts (see [`record_size`]), not the envelope alone: librdkafka refuses a
+/// record whose envelope fits but whose key, headers and overhead do not.
 fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetrics) {
-    use prost::Message as _;
     let max = cfg.kafka.max_message_bytes;
-    let size = r.envelope.encoded_len();
+    let size = record_size(&r.envelope, &r.key, &r.traceparent);
     if size <= max {
         return;
     }
     metrics.output_too_large(&r.envelope.route, size, max);
+    let detail = format!(
+        "output for {} of {size} bytes (record), over the {max}-byte record limit",
+        r.topic
+    );
+    *r = refused_to_dlq(cfg, r, "too_large", detail, false, metrics);
+}
+
+/// A dead letter, for `reason`, in place of the output `r` Kafka does not take: without the message itself
+/// when `strip` or when the dead letter would not fit the record limit either (the input stays in the inbound
+/// topic).
+fn refused_to_dlq(
+    cfg: &Config,
+    r: &mut OutRecord,
+    reason: &'static str,
+    detail: String,
+    strip: bool,
+    metrics: &TransformerMetrics,
+) -> OutRecord {
     let mut env = std::mem::take(&mut r.envelope);
     env.rejection = Some(Rejection {
         stage: "transformer".into(),
-        reason: "too_large".into(),
-        detail: format!(
-            "output for {} of {size} bytes, over the {max}-byte record limit",
-            r.topic
-        ),
+        reason: reason.into(),
+        detail,
         ..Rejection::default()
     });
-    if env.encoded_len() > max {
-        env.raw = Default::default();
+    let mut dead = dlq(cfg, env, reason, metrics);
+    if strip
+        || record_size(&dead.envelope, &dead.key, &dead.traceparent) > cfg.kafka.max_message_bytes
+    {
+        strip_message(&mut dead.envelope);
     }
-    *r = dlq(cfg, env, "too_large", metrics);
+    dead
+}
+
+/// Drops the message from a dead letter, keeping its ids, header and reason, and adds the message's size and
+/// SHA-256 to the rejection's detail (to find the input again).
+fn strip_message(env: &mut Envelope) {
+    let raw = std::mem::take(&mut env.raw);
+    if let Some(rej) = env.rejection.as_mut() {
+        rej.detail = format!(
+            "{}; the message itself ({} bytes, sha256 {}) is not stored",
+            rej.detail,
+            raw.len(),
+            String::from_utf8_lossy(&envelope::salted_key(b"", &raw)),
+        );
+    }
+}
+
+/// Bytes a record takes beyond its key, value and headers, as the limits count them: librdkafka's worst case
+/// per record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`, 36 bytes) and the record batch header (61 bytes) the broker
+/// counts against the topic's `max.message.bytes`, rounded up.
+const RECORD_OVERHEAD: usize = 128;
+
+/// The size Kafka counts for the record of `env` keyed by `key`: the encoded envelope, the key, the headers
+/// (each with its two length varints) and [`RECORD_OVERHEAD`].
+fn record_size(env: &Envelope, key: &str, traceparent: &str) -> usize {
+    use prost::Message as _;
+    use rdkafka::message::Headers as _;
+    let headers: usize = envelope::record_headers(env, traceparent)
+        .iter()
+        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + 10)
+        .sum();
+    env.encoded_len() + key.len() + headers + RECORD_OVERHEAD
+}
+
+/// The dead-letter reason of an error that refuses one record for good (sending it again cannot help): a record
+/// over librdkafka's or the topic's size limit, or one the broker finds invalid. `None` for every other error.
+fn refused_for_good(e: &KafkaError) -> Option<&'static str> {
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge,
+        ) => Some("too_large"),
+        Some(RDKafkaErrorCode::InvalidRecord) => Some("invalid_record"),
+        _ => None,
+    }
+}
+
+/// One output of a batch: the input's topic, partition and offset, the output's place among that input's
+/// outputs, and its topic. Outputs Kafka refused for good are remembered by it until their input commits.
+type OutputId = (String, i32, i64, usize, String);
+
+/// Outputs Kafka refused for good in an earlier attempt at the batch, with the dead-letter reason.
+type Refused = std::collections::HashMap<OutputId, &'static str>;
+
+/// Encodes `r` into `buf` and hands it to the producer.
+fn send(
+    producer: &FutureProducer,
+    r: &OutRecord,
+    buf: &mut Vec<u8>,
+) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    envelope::encode_into(&r.envelope, buf);
+    let rec = envelope::record(&r.topic, &r.key, buf, &r.envelope, &r.traceparent);
+    producer.send_result(rec).map_err(|(e, _)| e)
 }
 
 /// The record of one output for destination `dest`: the transformer's stage and trace context, the
@@ -352,6 +433,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         self.consumer.subscribe(&[&self.cfg.inbound_topic])?;
         tracing::info!(topic = %self.cfg.inbound_topic, "routes loaded: consuming");
         let mut buf = Vec::new();
+        let mut refused = Refused::new();
         let mut backoff = Backoff::default();
         let mut errors = ErrorLog::default();
         while !stop.is_cancelled() {
@@ -369,7 +451,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 self.rewind(&batch).await;
                 continue;
             }
-            match self.transact(&batch, &mut buf).await {
+            match self.transact(&batch, &mut buf, &mut refused).await {
                 Ok(done) => {
                     backoff.reset();
                     self.set_recovering(false);
@@ -569,6 +651,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         &self,
         batch: &[OwnedMessage],
         buf: &mut Vec<u8>,
+        refused: &mut Refused,
     ) -> Result<usize, KafkaError> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + self.cfg.batch_time_budget();
@@ -602,23 +685,74 @@ impl<P: PluginCaller + 'static> Worker<P> {
             next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
         }
         self.producer.begin_transaction()?;
-        let mut deliveries = Vec::with_capacity(routed.iter().map(Vec::len).sum());
-        for r in routed.into_iter().flatten() {
-            envelope::encode_into(&r.envelope, buf);
-            let rec = envelope::record(&r.topic, &r.key, buf, &r.envelope, &r.traceparent);
-            deliveries.push(self.producer.send_result(rec).map_err(|(e, _)| e)?);
+        let outputs = routed.iter().map(Vec::len).sum();
+        let mut deliveries = Vec::with_capacity(outputs);
+        let mut ids: Vec<OutputId> = Vec::with_capacity(outputs);
+        for (m, records) in batch.iter().zip(routed) {
+            for (j, mut r) in records.into_iter().enumerate() {
+                let id: OutputId = (
+                    m.topic().to_owned(),
+                    m.partition(),
+                    m.offset(),
+                    j,
+                    r.topic.clone(),
+                );
+                if let Some(&reason) = refused.get(&id) {
+                    // The broker refused it in an earlier attempt: a dead letter, without the message (the
+                    // DLQ topic may be as small).
+                    let detail = format!("Kafka refused the output for {} ({reason})", r.topic);
+                    r = refused_to_dlq(&self.cfg, &mut r, reason, detail, true, &self.metrics);
+                }
+                let delivery = match send(&self.producer, &r, buf) {
+                    Ok(d) => d,
+                    Err(e) => match refused_for_good(&e) {
+                        // librdkafka refused it at once (its own size check): the dead letter goes in its place.
+                        Some(reason) => {
+                            let size = record_size(&r.envelope, &r.key, &r.traceparent);
+                            self.metrics.output_refused(&r.envelope.route, size, &e);
+                            let detail = format!("Kafka refused the output for {}: {e}", r.topic);
+                            let dead = refused_to_dlq(
+                                &self.cfg,
+                                &mut r,
+                                reason,
+                                detail,
+                                true,
+                                &self.metrics,
+                            );
+                            send(&self.producer, &dead, buf)?
+                        }
+                        None => return Err(e),
+                    },
+                };
+                deliveries.push(delivery);
+                ids.push(id);
+            }
         }
         let mut offsets = TopicPartitionList::new();
         for ((topic, partition), offset) in next {
             offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
         }
-        self.retrying("send_offsets_to_transaction", move |p, c, t| {
-            let meta = c.group_metadata().ok_or(KafkaError::ConsumerCommit(
-                rdkafka::types::RDKafkaErrorCode::State,
-            ))?;
-            p.send_offsets_to_transaction(&offsets, &meta, t)
-        })
-        .await?;
+        let offsets_sent = self
+            .retrying("send_offsets_to_transaction", move |p, c, t| {
+                let meta = c.group_metadata().ok_or(KafkaError::ConsumerCommit(
+                    rdkafka::types::RDKafkaErrorCode::State,
+                ))?;
+                p.send_offsets_to_transaction(&offsets, &meta, t)
+            })
+            .await;
+        if let Err(e) = offsets_sent {
+            // A record the broker refused fails the transaction; its report is in (or about to be): note it
+            // so the next attempt dead-letters it.
+            if let Ok(reports) = tokio::time::timeout(
+                Duration::from_secs(1),
+                futures_util::future::join_all(deliveries),
+            )
+            .await
+            {
+                self.note_refused(&reports, ids, refused);
+            }
+            return Err(e);
+        }
         // The deliveries are awaited here, not inside the commit: rdkafka's flush, which the commit starts with,
         // polls in steps of 100 ms while another thread serves the delivery reports, so each commit that still had
         // records in flight took 100 ms more (measured: 100-110 ms per transaction, docs/BENCHMARKS.md). A failed
@@ -626,6 +760,13 @@ impl<P: PluginCaller + 'static> Worker<P> {
         // An output reported delivered without an offset was only inferred to be written (librdkafka's implicit
         // ack; runtime delivery.rs, `confirmed`): abort rather than commit the inputs without it.
         let reports = futures_util::future::join_all(deliveries).await;
+        // An output the broker refused for good (larger than the topic takes, an invalid record) would fail
+        // every attempt at the batch: the next attempt dead-letters it instead.
+        if self.note_refused(&reports, ids, refused) {
+            return Err(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageSizeTooLarge,
+            ));
+        }
         if reports
             .iter()
             .any(|r| matches!(r, Ok(Ok(d)) if d.offset < 0))
@@ -644,7 +785,34 @@ impl<P: PluginCaller + 'static> Worker<P> {
             .await?;
         self.metrics
             .committed(done, started.elapsed(), routed_at, offsets_at);
+        // What was refused of the committed inputs is done with.
+        refused.retain(|(topic, partition, offset, ..), _| {
+            batch[done..]
+                .iter()
+                .any(|m| m.partition() == *partition && m.offset() == *offset && m.topic() == topic)
+        });
         Ok(done)
+    }
+
+    /// Remembers the outputs whose delivery `reports` (in the order of `ids`) say Kafka refused them for good;
+    /// true when there was one.
+    fn note_refused<C>(
+        &self,
+        reports: &[Result<rdkafka::producer::future_producer::OwnedDeliveryResult, C>],
+        ids: Vec<OutputId>,
+        refused: &mut Refused,
+    ) -> bool {
+        let mut any = false;
+        for (report, id) in reports.iter().zip(ids) {
+            if let Ok(Err((e, _))) = report
+                && let Some(reason) = refused_for_good(e)
+            {
+                tracing::warn!(topic = %id.4, error = %e, "Kafka refused an output for good: it goes to the DLQ");
+                refused.insert(id, reason);
+                any = true;
+            }
+        }
+        any
     }
 
     /// Seeks each partition of an aborted batch back to its first record.
@@ -924,6 +1092,40 @@ mod tests {
         // Within the limit, the same route delivers.
         let (r, _) = run(&Config::default(), &routes, &inbound(ADT)).await;
         assert_eq!(r.records[0].topic, "hl7.out.json");
+    }
+
+    /// Issue 24, item 5: an output whose envelope fits the limit by a few bytes does not fit as a record (key,
+    /// headers, overhead): a dead letter that fits, without the message, naming its size and digest.
+    #[test]
+    fn an_output_a_few_bytes_under_the_limit_counts_as_a_record() {
+        use prost::Message as _;
+        let (_reg, m) = TransformerMetrics::registered();
+        let cfg = Config::default();
+        let max = cfg.kafka.max_message_bytes;
+        let env = envelope::decode(&inbound(ADT)).unwrap();
+        let trace = hl7gw_runtime::proto::v1::TraceContext {
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            tracestate: String::new(),
+        };
+        let mut r = output_record(&cfg, env, "lab", &trace);
+        // The envelope 10 bytes under the limit.
+        r.envelope.raw = Default::default();
+        let mut len = max - 10 - r.envelope.encoded_len();
+        loop {
+            r.envelope.raw = vec![b'X'; len].into();
+            match r.envelope.encoded_len().cmp(&(max - 10)) {
+                std::cmp::Ordering::Greater => len -= 1,
+                std::cmp::Ordering::Less => len += 1,
+                std::cmp::Ordering::Equal => break,
+            }
+        }
+        too_large_to_dlq(&cfg, &mut r, &m);
+        assert_eq!(r.topic, "hl7.dlq");
+        let rej = r.envelope.rejection.clone().unwrap();
+        assert_eq!(rej.reason, "too_large");
+        assert!(r.envelope.raw.is_empty());
+        assert!(rej.detail.contains("sha256 "), "{}", rej.detail);
+        assert!(record_size(&r.envelope, &r.key, &r.traceparent) <= max);
     }
 
     /// `helm test` traffic that no route names is counted, never delivered by default nor dead-lettered.

@@ -648,3 +648,105 @@ async fn two_instances_without_a_pod_name_do_not_fence_each_other() {
     assert_eq!(recoveries, (0.0, 0.0), "the instances fenced each other");
     assert_eq!(out.len(), n, "every message once");
 }
+
+/// The DLQ and output records of `t` read until every control id in `ids` is in one of them (or `limit`).
+async fn settled(
+    brokers: &str,
+    t: &Topics,
+    destination: &str,
+    ids: &[String],
+    limit: Duration,
+) -> (Vec<support::Record>, Vec<support::Record>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let out = read_out(
+            brokers,
+            t.out(destination),
+            ids.len(),
+            Duration::from_secs(3),
+        )
+        .await;
+        let dlq = read_out(brokers, t.dlq(), ids.len(), Duration::from_secs(3)).await;
+        let mut seen = sorted_control_ids(&out);
+        seen.extend(sorted_control_ids(&dlq));
+        let missing: Vec<&String> = ids.iter().filter(|id| !seen.contains(id)).collect();
+        if missing.is_empty() {
+            return (out, dlq);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not delivered nor dead-lettered within {limit:?}: {missing:?} ({} outputs, {} dead letters)",
+            out.len(),
+            dlq.len()
+        );
+    }
+}
+
+/// An ADT^A01 whose message is `len` bytes, padded with an NTE segment.
+fn padded(control_id: &str, patient: &str, len: usize) -> Vec<u8> {
+    let mut m = message("ADT^A01", control_id, patient);
+    m.extend_from_slice(b"NTE|1||");
+    let pad = len.saturating_sub(m.len() + 1);
+    m.extend(std::iter::repeat_n(b'X', pad));
+    m.push(b'\r');
+    m
+}
+
+/// Issue 24, item 5: outputs from a few hundred bytes under `kafka.max_message_bytes` to just over it. Those
+/// whose envelope fits but whose record (key, headers, record overhead) does not were refused by librdkafka,
+/// and their transaction aborted and retried forever: no partition committed again. Each must now be
+/// delivered or dead-lettered as `too_large`, and the messages after them delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_just_under_the_record_limit_do_not_stop_the_partitions() {
+    const MAX: usize = 20_000;
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    route_file(&routes);
+    let brokers = broker();
+    // An output envelope is about 250 bytes more than its message (ids, header, stage, trace context).
+    let mut msgs: Vec<Vec<u8>> = (0..16)
+        .map(|i| padded(&format!("B{i:02}"), &format!("MRN{i}"), MAX - 700 + 50 * i))
+        .collect();
+    msgs.extend(adts("S", 4));
+    produce(brokers, &t.inbound(), &msgs).await;
+    let mut env = t.env_with_routes(brokers, &routes);
+    env.push(("HL7GW_KAFKA__MAX_MESSAGE_BYTES".into(), MAX.to_string()));
+    let mut tr = Transformer::start(&env);
+    let ids: Vec<String> = (0..16)
+        .map(|i| format!("B{i:02}"))
+        .chain((0..4).map(|i| format!("S{i}")))
+        .collect();
+    let (out, dlq) = settled(brokers, &t, "adt", &ids, Duration::from_secs(40)).await;
+    assert!(tr.running());
+    for d in &dlq {
+        let rej = d.envelope.rejection.clone().unwrap_or_default();
+        assert_eq!(rej.reason, "too_large", "{rej:?}");
+    }
+    let delivered = sorted_control_ids(&out);
+    let dead = sorted_control_ids(&dlq);
+    assert!(
+        delivered.iter().all(|id| !dead.contains(id)),
+        "delivered and dead-lettered: {delivered:?} {dead:?}"
+    );
+    assert!(delivered.contains(&"B00".to_owned()), "{delivered:?}");
+    assert!(dead.contains(&"B15".to_owned()), "{dead:?}");
+    // Every partition committed past its last record.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c: i64 = committed(brokers, &t.group(), &t.inbound())
+            .into_iter()
+            .map(|o| o.unwrap_or(0))
+            .sum();
+        if c == msgs.len() as i64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "committed {c} of {}", msgs.len());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "near the limit: {} delivered, {} dead-lettered as too_large",
+        delivered.len(),
+        dead.len()
+    );
+}
