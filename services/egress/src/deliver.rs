@@ -33,6 +33,33 @@ pub struct DestState {
     pub dead_lettered: AtomicU64,
     pub lag: std::sync::atomic::AtomicI64,
     pub ready: AtomicBool,
+    /// Since when, and why, a dead letter cannot be written (Kafka away, the DLQ topic not authorised, a record
+    /// refused even shrunk): readiness goes down once this lasts [`DLQ_FAILING_UNREADY`].
+    pub dlq_failing: Mutex<Option<(Instant, String)>>,
+}
+
+/// How long dead letters may fail to be written before the egress says so in `/readyz`.
+pub const DLQ_FAILING_UNREADY: Duration = Duration::from_secs(5);
+
+impl DestState {
+    /// Why this destination makes the egress unready, if it does: its dead letters have not been written for
+    /// [`DLQ_FAILING_UNREADY`].
+    pub fn unready_reason(&self) -> Option<String> {
+        let g = self.dlq_failing.lock().ok()?;
+        let (since, why) = g.as_ref()?;
+        (since.elapsed() >= DLQ_FAILING_UNREADY)
+            .then(|| format!("dead letters cannot be written to Kafka: {why}"))
+    }
+
+    fn dlq_failing(&self, why: Option<&str>) {
+        if let Ok(mut g) = self.dlq_failing.lock() {
+            match (why, g.as_ref()) {
+                (None, _) => *g = None,
+                (Some(w), Some((since, _))) => *g = Some((*since, w.to_owned())),
+                (Some(w), None) => *g = Some((Instant::now(), w.to_owned())),
+            }
+        }
+    }
 }
 
 fn set(m: &Mutex<String>, v: &str) {
@@ -495,7 +522,9 @@ impl DestCtx {
         self.m.delivered(started, received_at);
     }
 
-    /// Writes the message to the DLQ (retrying until Kafka confirms, or shutdown).
+    /// Writes the message to the DLQ, retrying until Kafka confirms, or shutdown. A dead letter larger than the
+    /// record limit (the receiver's answer can be 1 MiB) is shrunk until it fits, as is one Kafka refuses for
+    /// its size: never retried as it is. While dead letters cannot be written, readiness says why.
     async fn dead_letter(
         &self,
         mut env: Envelope,
@@ -513,11 +542,17 @@ impl DestCtx {
             hl7_error_code: 0,
         });
         envelope::push_stage(&mut env, "egress");
-        let mut buf = Vec::new();
-        envelope::encode_into(&env, &mut buf);
         let traceparent = envelope::traceparent(&env);
+        let mut buf = Vec::new();
+        shrink_to_fit(
+            &mut env,
+            &traceparent,
+            self.cfg.kafka.max_message_bytes,
+            &mut buf,
+        );
         let mut wait = Duration::from_millis(200);
         loop {
+            envelope::encode_into(&env, &mut buf);
             let rec = envelope::record(&self.cfg.dlq_topic, &env.key, &buf, &env, &traceparent);
             let producer = self.producer.get();
             match producer.send(rec, Duration::from_secs(5)).await {
@@ -530,6 +565,11 @@ impl DestCtx {
                         self.producer.recover_if_fatal();
                     }
                     self.m.dlq_write_failed(&e);
+                    // Refused for its size: smaller at once. Sent again as it was, it would be refused forever.
+                    if is_too_large(&e) && shrink_one(&mut env) {
+                        continue;
+                    }
+                    self.state.dlq_failing(Some(&e.to_string()));
                     tokio::select! {
                         _ = stop.cancelled() => return Done::Abandoned,
                         _ = tokio::time::sleep(wait) => {}
@@ -538,10 +578,70 @@ impl DestCtx {
                 }
             }
         }
+        self.state.dlq_failing(None);
         self.m.dead_lettered(reason);
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
         Done::Settled
     }
+}
+
+/// A record over librdkafka's or the topic's size limit.
+fn is_too_large(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge)
+    )
+}
+
+/// Bytes a record takes beyond its key, value and headers, as the limits count them: librdkafka's worst case
+/// per record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`, 36 bytes) and the record batch header (61 bytes) the broker
+/// counts against the topic's `max.message.bytes`, rounded up.
+const RECORD_OVERHEAD: usize = 128;
+
+/// Encodes `env` into `buf` and returns the size Kafka counts for its record: the encoded envelope, its key,
+/// the headers (each with its two length varints) and [`RECORD_OVERHEAD`].
+fn encode_record(env: &Envelope, traceparent: &str, buf: &mut Vec<u8>) -> usize {
+    use rdkafka::message::Headers as _;
+    envelope::encode_into(env, buf);
+    let headers: usize = envelope::record_headers(env, traceparent)
+        .iter()
+        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + 10)
+        .sum();
+    buf.len() + env.key.len() + headers + RECORD_OVERHEAD
+}
+
+/// Shrinks a dead letter until its record fits `max` bytes (see [`shrink_one`]); `buf` is scratch space.
+fn shrink_to_fit(env: &mut Envelope, traceparent: &str, max: usize, buf: &mut Vec<u8>) {
+    while encode_record(env, traceparent, buf) > max && shrink_one(env) {}
+}
+
+/// Drops the next part of a dead letter that may be dropped: the receiver's answer, then the message itself,
+/// each noted in the rejection's detail (the message with its size and SHA-256; the ids, header and reason
+/// stay). False when nothing is left to drop.
+fn shrink_one(env: &mut Envelope) -> bool {
+    let Some(rej) = env.rejection.as_mut() else {
+        return false;
+    };
+    if !rej.ack.is_empty() {
+        let n = std::mem::take(&mut rej.ack).len();
+        rej.detail = format!(
+            "{}; the receiver's answer ({n} bytes) is not stored",
+            rej.detail
+        );
+        return true;
+    }
+    if !env.raw.is_empty() {
+        let raw = std::mem::take(&mut env.raw);
+        rej.detail = format!(
+            "{}; the message itself ({} bytes, sha256 {}) is not stored",
+            rej.detail,
+            raw.len(),
+            String::from_utf8_lossy(&envelope::salted_key(b"", &raw)),
+        );
+        return true;
+    }
+    false
 }
 
 /// The bytes to send: the message, with MSH-15 set to `AL` when it asks for no accept ACK and the policy says
@@ -569,4 +669,62 @@ fn err_code(ack: &[u8]) -> Option<u16> {
         .iter()
         .find_map(|p| m.get(p).filter(|v| !v.is_empty()))
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn dead_letter(raw: usize, ack: usize) -> Envelope {
+        Envelope {
+            id: "e1".into(),
+            key: "FAC|P1".into(),
+            raw: vec![b'M'; raw].into(),
+            rejection: Some(Rejection {
+                stage: "egress".into(),
+                reason: "rejected".into(),
+                detail: "receiver answered AE".into(),
+                ack: vec![b'A'; ack].into(),
+                hl7_error_code: 0,
+            }),
+            ..Envelope::default()
+        }
+    }
+
+    /// Issue 24, item 6: a dead letter over the record limit loses the receiver's answer first, then the
+    /// message (its size and SHA-256 noted), never its ids or reason; one that fits is left alone.
+    #[test]
+    fn a_dead_letter_is_shrunk_answer_first_until_it_fits() {
+        let mut buf = Vec::new();
+        let mut env = dead_letter(10_000, 5_000);
+        shrink_to_fit(&mut env, "", 20_000, &mut buf);
+        assert_eq!(
+            (env.raw.len(), env.rejection.as_ref().unwrap().ack.len()),
+            (10_000, 5_000)
+        );
+
+        shrink_to_fit(&mut env, "", 12_000, &mut buf);
+        let rej = env.rejection.clone().unwrap();
+        assert_eq!((env.raw.len(), rej.ack.len()), (10_000, 0));
+        assert!(
+            rej.detail.contains("answer (5000 bytes) is not stored"),
+            "{}",
+            rej.detail
+        );
+        assert!(encode_record(&env, "", &mut buf) <= 12_000);
+
+        shrink_to_fit(&mut env, "", 2_000, &mut buf);
+        let rej = env.rejection.clone().unwrap();
+        assert!(env.raw.is_empty());
+        assert!(
+            rej.detail.contains("(10000 bytes, sha256 "),
+            "{}",
+            rej.detail
+        );
+        assert_eq!((env.id.as_str(), rej.reason.as_str()), ("e1", "rejected"));
+        assert!(encode_record(&env, "", &mut buf) <= 2_000);
+        // Nothing left to drop: Kafka refusing it now is not a size it can fix.
+        assert!(!shrink_one(&mut env));
+    }
 }

@@ -197,7 +197,8 @@ impl hl7gw_runtime::service::Service for App {
     }
 }
 
-/// Readiness (Kafka answers, the producer is not being recreated) and consumer lag per destination.
+/// Readiness (Kafka answers, the producer is not being recreated, dead letters can be written) and consumer
+/// lag per destination.
 async fn housekeeping(
     dests: Vec<Arc<deliver::DestCtx>>,
     producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
@@ -234,10 +235,17 @@ async fn housekeeping(
                     .set(lag);
             }
         }
+        let dlq = dests.iter().find_map(|d| {
+            d.state
+                .unready_reason()
+                .map(|r| format!("destination {}: {r}", d.name))
+        });
         if broken {
             Err("kafka producer failed for good and is being recreated".to_owned())
         } else if !ok {
             Err(hl7gw_runtime::kafka::unreachable_reason())
+        } else if let Some(reason) = dlq {
+            Err(reason)
         } else {
             Ok(())
         }

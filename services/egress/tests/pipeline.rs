@@ -785,3 +785,140 @@ fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
         "the egress is up"
     );
 }
+
+/// Produces `messages` (control id, HL7 message) to `topic` as the transformer's outputs for `lab`, all keyed
+/// by one patient (one partition, in order). Records up to 4 MB.
+async fn produce_outputs(topic: &str, messages: &[(&str, Vec<u8>)]) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", support::broker())
+        .set("message.max.bytes", "4000000")
+        .create()
+        .unwrap();
+    for (id, raw) in messages {
+        let m = hl7v2::Message::parse(raw).unwrap();
+        let env = hl7gw_runtime::proto::v1::Envelope {
+            id: format!("{id}-{}", uuid::Uuid::now_v7().simple()),
+            raw: raw.clone().into(),
+            header: Some(hl7gw_runtime::envelope::header(
+                m.header(),
+                hl7v2::Charset::Utf8,
+            )),
+            key: "FAC|MRN-BIG".into(),
+            destination: "lab".into(),
+            route: "adt-to-lab".into(),
+            ..Default::default()
+        };
+        let mut payload = Vec::new();
+        hl7gw_runtime::envelope::encode_into(&env, &mut payload);
+        producer
+            .send(
+                FutureRecord::to(topic).key(&env.key).payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// A receiver taking frames up to 4 MiB that answers AE with a `ack_bytes`-byte ACK (its MSA-3 text) to control
+/// ids starting with `BIG`, AA to the others; returns the control ids it got, in order.
+async fn big_ack_receiver(port: u16, ack_bytes: usize) -> std::sync::Arc<Mutex<Vec<String>>> {
+    use futures_util::{SinkExt, StreamExt};
+    let got = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let log = got.clone();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut f = tokio_util::codec::Framed::new(s, hl7v2::MllpCodec::new(4 << 20));
+                while let Some(Ok(frame)) = f.next().await {
+                    let cid = control_id(&hl7v2::Message::parse(&frame).unwrap());
+                    log.lock().unwrap().push(cid.clone());
+                    let msa = if cid.starts_with("BIG") {
+                        format!("AE|{cid}|{}", "E".repeat(ack_bytes))
+                    } else {
+                        format!("AA|{cid}")
+                    };
+                    let ack = format!(
+                        "MSH|^~\\&|RCV|RCV|HL7GW|HL7GW|20261123120000||ACK^A01^ACK|R1|P|2.5.1\rMSA|{msa}\r"
+                    );
+                    if f.send(ack.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    got
+}
+
+/// Issue 24, item 6: a 1.9 MiB output the receiver refuses with a 200 KB AE. Its dead letter (the message, the
+/// receiver's answer and the rejection) is over the 2 MiB record limit: Kafka refused it, and the egress tried
+/// again forever while the patient's later messages waited behind it. The dead letter is now shrunk until it
+/// fits (the receiver's answer dropped first) and the later messages are delivered.
+#[test]
+fn a_dead_letter_over_the_record_limit_is_shrunk_and_later_messages_delivered() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut p = Pipeline::new();
+        let got = big_ack_receiver(p.receiver_port, 200_000).await;
+        p.start_egress();
+        let admin = p.egress.admin.unwrap();
+        tokio::task::spawn_blocking(move || {
+            support::wait_ready("egress", admin, Instant::now() + Duration::from_secs(30))
+        })
+        .await
+        .unwrap();
+        let mut big = adt_from("ADMIT", "BIG-1", "MRN-BIG");
+        big.extend_from_slice(b"NTE|1||");
+        big.resize(1_900 * 1024, b'X');
+        big.push(b'\r');
+        let mut messages = vec![("BIG-1", big.clone())];
+        for id in ["AFTER-1", "AFTER-2"] {
+            messages.push((id, adt_from("ADMIT", id, "MRN-BIG")));
+        }
+        produce_outputs(&p.topic("out.lab"), &messages).await;
+
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let seen = got.lock().unwrap().clone();
+            if seen.iter().any(|c| c == "AFTER-2") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the messages after the refused one were not delivered: the receiver got {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let dlq = p.topic("dlq");
+        let dead = tokio::task::spawn_blocking(move || {
+            support::read_topic(support::broker(), &dlq, 1, Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
+        let [d] = &dead[..] else {
+            panic!("one dead letter: {}", dead.len())
+        };
+        let rej = d.envelope.rejection.clone().unwrap_or_default();
+        assert_eq!(
+            (rej.stage.as_str(), rej.reason.as_str()),
+            ("egress", "rejected")
+        );
+        assert!(rej.ack.is_empty(), "the receiver's answer was dropped");
+        assert!(rej.detail.contains("answer"), "{}", rej.detail);
+        assert_eq!(
+            d.envelope.raw.len(),
+            big.len(),
+            "the message itself fits and is kept"
+        );
+        assert_eq!(
+            d.envelope.header.clone().unwrap_or_default().control_id,
+            "BIG-1"
+        );
+    });
+}
