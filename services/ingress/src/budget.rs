@@ -13,6 +13,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// 26,000 tiny messages costs what its records cost, not 1 MiB.
 pub const MESSAGE_OVERHEAD: usize = 1024;
 
+/// Bytes of a frame still being read that a connection buffers without drawing on the process's budget;
+/// beyond them the read buffer is reserved from it, so a thousand half-sent 1 MiB frames cannot take a GiB.
+pub const FREE_READ_BYTES: usize = 64 * 1024;
+
 /// The process's budget.
 #[derive(Debug)]
 pub struct Budget {
@@ -75,7 +79,28 @@ impl ConnectionBudget {
         };
         p.held.inc_by(i64::from(n));
         Some(Held {
-            _own: own,
+            _own: Some(own),
+            _process: process,
+            bytes: n,
+            held: p.held.clone(),
+        })
+    }
+
+    /// Reserves `bytes` of the process's budget (not the connection's own share, which counts messages) for a
+    /// read buffer holding a frame not yet complete.
+    pub async fn reserve_reading(&self, bytes: usize) -> Option<Held> {
+        let n = bytes.clamp(1, self.process.total) as u32;
+        let p = &self.process;
+        let process = match p.process.clone().try_acquire_many_owned(n) {
+            Ok(permit) => permit,
+            Err(_) => {
+                p.waits.inc();
+                p.process.clone().acquire_many_owned(n).await.ok()?
+            }
+        };
+        p.held.inc_by(i64::from(n));
+        Some(Held {
+            _own: None,
             _process: process,
             bytes: n,
             held: p.held.clone(),
@@ -86,10 +111,17 @@ impl ConnectionBudget {
 /// The bytes one message holds until its answer is written (or it is dropped unanswered).
 #[derive(Debug)]
 pub struct Held {
-    _own: OwnedSemaphorePermit,
+    _own: Option<OwnedSemaphorePermit>,
     _process: OwnedSemaphorePermit,
     bytes: u32,
     held: Gauge,
+}
+
+impl Held {
+    /// The bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes as usize
+    }
 }
 
 impl Drop for Held {

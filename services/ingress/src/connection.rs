@@ -55,6 +55,8 @@ pub async fn serve<S>(
     let mut limiter = RateLimiter::new(cfg.rate_limit_per_connection);
     let mut idle_deadline = Instant::now() + cfg.idle_timeout;
     let mut frame_deadline: Option<Instant> = None;
+    // The process budget reserved for the read buffer of a frame not yet complete.
+    let mut reading: Vec<Held> = Vec::new();
     'conn: loop {
         loop {
             match codec.decode(&mut buf) {
@@ -62,6 +64,8 @@ pub async fn serve<S>(
                     m.frames.inc();
                     progress.frame();
                     frame_deadline = None;
+                    // The frame is charged on its own now (below); the buffer's reservation goes.
+                    reading.clear();
                     idle_deadline = Instant::now() + cfg.idle_timeout;
                     // Held until the answer is written: the connection's and the process's waiting messages
                     // stay within bytes.
@@ -140,7 +144,7 @@ pub async fn serve<S>(
                 tracing::debug!(peer = %origin.peer, "connection closed to make room at max_connections");
                 break;
             }
-            r = tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)) => match r {
+            r = tokio::time::timeout_at(deadline, read_more(&mut rd, &mut buf, &budget, &mut reading)) => match r {
                 Ok(Ok(0)) => {
                     if !between_frames {
                         m.framing_error("truncated", &origin.peer);
@@ -165,6 +169,32 @@ pub async fn serve<S>(
     }
     drop(tx);
     let _ = writer.await;
+}
+
+/// Reads what the peer sent into `buf`, first reserving from the process's budget whatever of the buffer's
+/// capacity is past [`budget::FREE_READ_BYTES`] and not reserved yet (the buffer is grown here, so the read
+/// cannot grow it past what was reserved). Waits while the budget is spent; the frame's deadline still runs.
+async fn read_more<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    budget: &budget::ConnectionBudget,
+    reading: &mut Vec<Held>,
+) -> std::io::Result<usize> {
+    buf.reserve(8 * 1024);
+    let reserved: usize = reading.iter().map(Held::bytes).sum();
+    let needed = buf
+        .capacity()
+        .saturating_sub(budget::FREE_READ_BYTES + reserved);
+    if needed > 0 {
+        match budget
+            .reserve_reading(needed.next_multiple_of(64 * 1024))
+            .await
+        {
+            Some(h) => reading.push(h),
+            None => return Err(std::io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+    rd.read_buf(buf).await
 }
 
 /// A message read from the connection, with its share of the byte budget.
@@ -263,6 +293,68 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::test_pipeline;
+    use crate::slots::{Slots, Taken};
+
+    /// Issue 24, item 3: frames still being read are charged to the process's budget past the first 64 KiB,
+    /// so eight connections each half way through a 300 KB frame hold no more than a 512 KiB budget (they wait,
+    /// counted), where before each buffered its bytes uncounted.
+    #[tokio::test]
+    async fn partial_frames_draw_on_the_process_budget() {
+        let cfg = Config {
+            max_in_flight_bytes_per_connection: 64 * 1024,
+            max_in_flight_bytes: 512 * 1024,
+            ..Config::default()
+        };
+        let pipe = Arc::new(test_pipeline(cfg.clone()));
+        let cfg = Arc::new(cfg);
+        let slots = Slots::new(16, Duration::ZERO);
+        let mut clients = Vec::new();
+        for id in 0..8 {
+            let (client, server) = tokio::io::duplex(64 * 1024);
+            let Taken::Free(slot) = slots.take(id) else {
+                panic!("a free slot")
+            };
+            let origin = Origin {
+                listener: "mllp".into(),
+                protocol: "mllp",
+                peer: format!("127.0.0.1:{id}"),
+                connection_id: format!("c{id}"),
+                tls_client: String::new(),
+            };
+            let (pipe, cfg) = (pipe.clone(), cfg.clone());
+            tokio::spawn(async move {
+                let _slot = &slot;
+                serve(
+                    server,
+                    origin,
+                    pipe,
+                    cfg,
+                    CancellationToken::new(),
+                    slot.progress.clone(),
+                )
+                .await;
+            });
+            clients.push(tokio::spawn(async move {
+                let mut client = client;
+                let mut partial = vec![SB];
+                partial.extend(std::iter::repeat_n(b'X', 300 * 1024));
+                // Blocks once the server stops reading: the budget is spent.
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), client.write_all(&partial)).await;
+                client
+            }));
+        }
+        let mut open = Vec::new();
+        for c in clients {
+            open.push(c.await.expect("client"));
+        }
+        let held = pipe.metrics.in_flight_bytes.get();
+        assert!(held <= 512 * 1024, "{held} bytes held");
+        assert!(held >= 256 * 1024, "the partial frames are charged: {held}");
+        assert!(pipe.metrics.budget_waits.get() >= 1, "connections waited");
+        drop(open);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn rate_limiter_spaces_messages() {
