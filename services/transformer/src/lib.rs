@@ -368,6 +368,8 @@ async fn housekeeping(
             Err(hl7gw_runtime::kafka::unreachable_reason())
         } else if !live.is_loaded() {
             Err("routes not loaded".to_owned())
+        } else if let Some(reason) = worker::abandoned_reason(metrics.abandoned_calls.get()) {
+            Err(reason)
         } else if !worker_health.is_ok() {
             Err("recovering: cannot commit to Kafka yet".to_owned())
         } else if !topics_ok {

@@ -41,6 +41,8 @@ hl7gw_runtime::metric_set! {
             "Transactional producers closed and recreated after a fatal error or a transaction that could not be finished";
         pub stuck_calls: Counter = "Transactional librdkafka calls that did not return within twice transaction_timeout (a known \
             librdkafka hang when a coordinator's broker is gone): the producer was recreated";
+        pub abandoned_calls: Gauge = "Transactional librdkafka calls given up on (stuck past twice transaction_timeout) that have \
+            not returned yet, each holding a blocking thread and a producer; over 4, the transformer is unready";
         pub route_reloads: Family<ResultLabels, Counter> = "Route set reloads by result (ok, refused, error)";
         pub routes_active: Gauge = "Routes routing now";
         pub routes_refused: Gauge = "Route documents refused at the last reload";

@@ -11,6 +11,7 @@ use hl7gw_runtime::kafka::TransactionalProducer as FutureProducer;
 use hl7gw_runtime::metrics::MsgType;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection};
 use hl7v2::{Charset, Message as Hl7Message};
+use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
@@ -519,7 +520,9 @@ impl<P: PluginCaller + 'static> Worker<P> {
             // after its timeout is abandoned on its blocking thread and the producer treated as broken: the
             // caller recreates it (fencing the stuck one) instead of waiting forever.
             let limit = timeout * 2 + STUCK_MARGIN;
-            let Some(result) = blocking_within(limit, move || f(&p, &c, timeout)).await else {
+            let abandoned = &self.metrics.abandoned_calls;
+            let Some(result) = blocking_within(limit, abandoned, move || f(&p, &c, timeout)).await
+            else {
                 self.metrics.stuck_calls.inc();
                 tracing::warn!(
                     call = what,
@@ -567,7 +570,10 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     let p = self.producer.clone();
                     let timeout = self.cfg.transaction_timeout;
                     let limit = timeout * 2 + STUCK_MARGIN;
-                    match blocking_within(limit, move || p.init_transactions(timeout)).await {
+                    let abandoned = &self.metrics.abandoned_calls;
+                    match blocking_within(limit, abandoned, move || p.init_transactions(timeout))
+                        .await
+                    {
                         Some(Ok(())) => break,
                         Some(Err(e)) => {
                             tracing::warn!(error = %e, "the new producer cannot initialise transactions yet")
@@ -934,12 +940,47 @@ impl Backoff {
 }
 
 /// [`blocking`], given up after `limit`: `None` when the call has not returned by then (it keeps its blocking
-/// thread until it does).
+/// thread, and what it captured, until it does). `abandoned` counts the calls given up on that have not
+/// returned yet.
 async fn blocking_within<T: Send + 'static>(
     limit: Duration,
+    abandoned: &Gauge,
     f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
 ) -> Option<Result<T, KafkaError>> {
-    tokio::time::timeout(limit, blocking(f)).await.ok()
+    // Set by whichever of the two ends first: the call returning, or the wait for it being given up.
+    let ended = Arc::new(AtomicBool::new(false));
+    let (ended_in_call, gauge) = (ended.clone(), abandoned.clone());
+    let call = blocking(move || {
+        let r = f();
+        if ended_in_call.swap(true, Ordering::AcqRel) {
+            // Given up on earlier: it has returned now.
+            gauge.dec();
+        }
+        r
+    });
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => Some(r),
+        Err(_) => {
+            if !ended.swap(true, Ordering::AcqRel) {
+                abandoned.inc();
+            }
+            None
+        }
+    }
+}
+
+/// Most transactional calls given up on and still not returned before the transformer reports unready: each
+/// holds a blocking thread and a whole producer, so past a few of them a restart is the way out.
+pub const MAX_ABANDONED_CALLS: i64 = 4;
+
+/// The readiness failure for `abandoned` outstanding abandoned calls, if it is over [`MAX_ABANDONED_CALLS`].
+pub fn abandoned_reason(abandoned: i64) -> Option<String> {
+    (abandoned > MAX_ABANDONED_CALLS).then(|| {
+        format!(
+            "{abandoned} librdkafka calls given up on have not returned (bound {MAX_ABANDONED_CALLS}); each holds \
+             a thread and a producer: restart the pod"
+        )
+    })
 }
 
 async fn blocking<T: Send + 'static>(
@@ -957,19 +998,41 @@ mod tests {
     use crate::route::HL7RouteSpec;
     use hl7gw_runtime::proto::v1::TransformRequest;
 
-    /// A librdkafka call stuck past its own timeout (librdkafka#5456) is given up on, not waited for forever.
+    /// A librdkafka call stuck past its own timeout (librdkafka#5456) is given up on, not waited for forever;
+    /// issue 24, item 16: it is counted as abandoned until it returns.
     #[tokio::test]
     async fn a_stuck_blocking_call_is_given_up_on() {
+        let abandoned = Gauge::default();
         let started = Instant::now();
-        let r = blocking_within(Duration::from_millis(100), || {
-            std::thread::sleep(Duration::from_secs(3));
+        let r = blocking_within(Duration::from_millis(100), &abandoned, || {
+            std::thread::sleep(Duration::from_millis(1500));
             Ok(())
         })
         .await;
         assert!(r.is_none());
-        assert!(started.elapsed() < Duration::from_secs(2));
-        let r = blocking_within(Duration::from_secs(5), || Ok(7)).await;
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(abandoned.get(), 1, "outstanding while it has not returned");
+        let r = blocking_within(Duration::from_secs(5), &abandoned, || Ok(7)).await;
         assert!(matches!(r, Some(Ok(7))));
+        assert_eq!(
+            abandoned.get(),
+            1,
+            "a call that returned in time is not counted"
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while abandoned.get() != 0 {
+            assert!(Instant::now() < deadline, "still counted after it returned");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Issue 24, item 16: more abandoned calls than the bound make the transformer unready, with the reason.
+    #[test]
+    fn abandoned_calls_past_the_bound_make_the_transformer_unready() {
+        assert_eq!(abandoned_reason(0), None);
+        assert_eq!(abandoned_reason(MAX_ABANDONED_CALLS), None);
+        let why = abandoned_reason(MAX_ABANDONED_CALLS + 1).expect("unready");
+        assert!(why.contains("5 librdkafka calls"), "{why}");
     }
 
     struct NoPlugins;
