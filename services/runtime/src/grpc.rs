@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -28,8 +30,8 @@ pub struct ServerTls {
     pub client_ca: Option<PathBuf>,
 }
 
-/// `grpc:` — the gRPC listener's TLS and authorisation, the same keys in every service.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// `grpc:` — the gRPC listener's TLS, authorisation and connection lifetimes, the same keys in every service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcSettings {
     /// TLS (absent: plaintext, for a listener reached only inside the pod network; tokens then cross it in
@@ -48,6 +50,46 @@ pub struct GrpcSettings {
     /// `anonymous` (anyone). A method not listed keeps its default: admin methods nobody, `Ingest` anyone,
     /// or only authenticated callers when the MLLP listener requires client certificates.
     pub allow: BTreeMap<String, Vec<String>>,
+    /// A connection that has not finished its TLS handshake and opened its first call (stream) this long
+    /// after it was accepted is closed, freeing its slot in the connection limit (a port scanner or a
+    /// half-open tunnel cannot hold one).
+    #[serde(with = "humantime_serde")]
+    pub first_stream_timeout: Duration,
+    /// An HTTP/2 PING is sent after this long without a frame from the client (0s: never); a client that
+    /// does not answer within `keepalive_timeout` is disconnected (a dead peer frees its slot).
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a PING may wait for its answer.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// A connection this old is asked to go away (HTTP/2 GOAWAY: calls in progress finish, the client
+    /// reconnects, possibly to another pod; 0s: never), and closed `max_connection_age_grace` later.
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age: Duration,
+    /// How long calls in progress may go on after a GOAWAY (age, idle, shutdown) before the connection is
+    /// closed under them.
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age_grace: Duration,
+    /// A connection with no call in progress for this long is asked to go away (0s: never).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for GrpcSettings {
+    fn default() -> Self {
+        Self {
+            tls: None,
+            tokens_file: None,
+            kubernetes_auth: false,
+            allow: BTreeMap::new(),
+            first_stream_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(20),
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(5 * 60),
+            idle_timeout: Duration::from_secs(5 * 60),
+        }
+    }
 }
 
 /// Why the gRPC settings are refused.
@@ -64,6 +106,16 @@ pub enum GrpcError {
 impl GrpcSettings {
     /// The rules serde cannot check, given the methods this service has.
     pub fn validate(&self, methods: &[&str]) -> Result<(), GrpcError> {
+        if self.first_stream_timeout.is_zero() {
+            return Err(GrpcError::Rule(
+                "first_stream_timeout must be more than 0s".into(),
+            ));
+        }
+        if !self.keepalive_interval.is_zero() && self.keepalive_timeout.is_zero() {
+            return Err(GrpcError::Rule(
+                "keepalive_timeout must be more than 0s when keepalive_interval is set".into(),
+            ));
+        }
         for (method, who) in &self.allow {
             if !methods.contains(&method.as_str()) {
                 return Err(GrpcError::Rule(format!(
@@ -628,32 +680,369 @@ pub fn client_subject<T>(req: &tonic::Request<T>) -> Option<String> {
         .and_then(|c| c.client_subject.clone())
 }
 
-/// What a service's server starts from: HTTP/2 limits (concurrent streams per connection).
-pub fn builder(max_concurrent_streams: Option<u32>) -> tonic::transport::Server {
-    tonic::transport::Server::builder().max_concurrent_streams(max_concurrent_streams)
-}
-
-/// Serves `router` on `listener` with the listener's TLS until `stop`, at most `max_connections` at once.
+/// Serves `routes` (plus reflection) on `listener` with the listener's TLS until `stop`: at most
+/// `limits.max_connections` connections at once, each closed when it opens no call in time, stops answering
+/// PINGs, grows old or stays idle (the `grpc:` settings), each close counted in `metrics`. On `stop` every
+/// connection gets a GOAWAY; calls in progress have `max_connection_age_grace` to finish.
 pub async fn serve(
-    router: tonic::transport::server::Router,
+    routes: tonic::service::Routes,
     listener: TcpListener,
     settings: &GrpcSettings,
-    max_connections: usize,
+    limits: Limits,
+    metrics: GrpcMetrics,
     stop: CancellationToken,
 ) -> Result<(), GrpcServeError> {
     let acceptor = settings.acceptor()?;
-    let incoming = incoming(listener, acceptor, max_connections, stop.clone());
     // Reflection (the public schema of proto/, nothing else) for grpcurl and other generic clients.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| GrpcError::Rule(format!("reflection: {e}")))?;
-    router
-        .add_service(reflection)
-        .serve_with_incoming_shutdown(incoming, stop.cancelled())
-        .await?;
+    let routes = routes.add_service(reflection).prepare();
+    let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+    let mut http2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    http2
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(nonzero(settings.keepalive_interval))
+        .keep_alive_timeout(settings.keepalive_timeout);
+    let lifetimes = Lifetimes {
+        first_stream: settings.first_stream_timeout,
+        max_age: nonzero(settings.max_connection_age),
+        grace: settings.max_connection_age_grace,
+        idle: nonzero(settings.idle_timeout),
+    };
+    let tasks = tokio_util::task::TaskTracker::new();
+    accept_loop(
+        listener,
+        limits.max_connections,
+        stop.clone(),
+        |stream, remote, accepted, permit| {
+            let (routes, http2, acceptor, metrics, stop) = (
+                routes.clone(),
+                http2.clone(),
+                acceptor.clone(),
+                metrics.clone(),
+                stop.clone(),
+            );
+            tasks.spawn(async move {
+                let Some(conn) =
+                    handshake(stream, remote, acceptor, accepted, lifetimes, &metrics).await
+                else {
+                    return;
+                };
+                metrics.connections.inc();
+                serve_connection(conn, routes, http2, lifetimes, &metrics, stop).await;
+                metrics.connections.dec();
+                drop(permit);
+            });
+        },
+    )
+    .await;
+    tasks.close();
+    tasks.wait().await;
     Ok(())
+}
+
+crate::label_sets! {
+    /// `reason`: why the server closed a gRPC connection.
+    pub struct CloseLabels { pub reason: &'static str }
+}
+
+crate::metric_set! {
+    /// The gRPC listener's connections (every service has one).
+    pub struct GrpcMetrics under "grpc" {
+        /// Open gRPC connections, each holding a slot of the connection limit.
+        pub connections: prometheus_client::metrics::gauge::Gauge =
+            "gRPC connections open (each holds a slot of the listener's connection limit)";
+        /// Connections the server closed or sent away, by reason.
+        pub connections_closed: prometheus_client::metrics::family::Family<
+            CloseLabels,
+            prometheus_client::metrics::counter::Counter,
+        > = "gRPC connections the server closed or sent a GOAWAY, by reason: handshake_failed, \
+             first_stream_timeout (no TLS handshake or first call in time), keepalive_timeout (no PING \
+             answer), idle_timeout, max_age, grace_expired (calls still running after a GOAWAY's grace)";
+    }
+}
+
+impl GrpcMetrics {
+    fn closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&CloseLabels { reason })
+            .inc();
+    }
+}
+
+/// How long a connection may live, resolved from [`GrpcSettings`] (`None`: no limit).
+#[derive(Debug, Clone, Copy)]
+struct Lifetimes {
+    first_stream: Duration,
+    max_age: Option<Duration>,
+    grace: Duration,
+    idle: Option<Duration>,
+}
+
+/// Accepts connections while fewer than `max` are held, handing each (with its slot) to `serve`, until
+/// `stop`. Nagle is turned off (tonic leaves it on for incoming streams, and a unary call then waits ~40 ms
+/// for the delayed ACK).
+async fn accept_loop(
+    listener: TcpListener,
+    max: usize,
+    stop: CancellationToken,
+    mut serve: impl FnMut(TcpStream, SocketAddr, Instant, tokio::sync::OwnedSemaphorePermit),
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stop.cancelled() => return,
+        };
+        let (stream, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        serve(stream, remote, Instant::now(), permit);
+    }
+}
+
+/// The TLS handshake when the listener has TLS, finished within the first-stream timeout.
+async fn handshake(
+    stream: TcpStream,
+    remote: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    accepted: Instant,
+    lifetimes: Lifetimes,
+    metrics: &GrpcMetrics,
+) -> Option<Conn> {
+    let Some(acceptor) = tls else {
+        return Some(Conn {
+            io: Io::Plain(stream),
+            info: ConnInfo {
+                remote: Some(remote),
+                client_cn: None,
+                client_subject: None,
+            },
+            accepted,
+        });
+    };
+    let deadline = tokio::time::Instant::from_std(accepted + lifetimes.first_stream);
+    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => {
+            let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
+            let info = ConnInfo {
+                remote: Some(remote),
+                client_cn: cert.and_then(hl7gw_tls::common_name),
+                client_subject: cert.map(hl7gw_tls::subject),
+            };
+            Some(Conn {
+                io: Io::Tls(Box::new(s)),
+                info,
+                accepted,
+            })
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed");
+            metrics.closed("handshake_failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "gRPC TLS handshake timed out");
+            metrics.closed("first_stream_timeout");
+            None
+        }
+    }
+}
+
+/// Calls in progress on one connection, and since when it has had none.
+#[derive(Debug)]
+struct Activity {
+    state: std::sync::Mutex<(usize, Option<Instant>)>,
+    changed: tokio::sync::Notify,
+}
+
+impl Activity {
+    fn new(since: Instant) -> Self {
+        Self {
+            state: std::sync::Mutex::new((0, Some(since))),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn started(self: &Arc<Self>) -> CallGuard {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 += 1;
+        s.1 = None;
+        CallGuard(self.clone())
+    }
+
+    /// Since when no call has been in progress (`None`: one is).
+    fn idle_since(&self) -> Option<Instant> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+}
+
+/// One call in progress, until its response has been sent (or the call was reset).
+struct CallGuard(Arc<Activity>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 = s.0.saturating_sub(1);
+        if s.0 == 0 {
+            s.1 = Some(Instant::now());
+            drop(s);
+            self.0.changed.notify_one();
+        }
+    }
+}
+
+/// A response body that holds its call's [`CallGuard`] until hyper has sent it or dropped it.
+struct TrackedBody {
+    inner: tonic::body::Body,
+    _call: CallGuard,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves one connection until it ends, enforcing its [`Lifetimes`]: no call within `first_stream` of the
+/// accept closes it; `idle` without a call or `max_age` sends a GOAWAY, and calls still running `grace`
+/// later are cut; so does `stop`.
+async fn serve_connection(
+    conn: Conn,
+    routes: tonic::service::Routes,
+    http2: hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+    lifetimes: Lifetimes,
+    metrics: &GrpcMetrics,
+    stop: CancellationToken,
+) {
+    let accepted = conn.accepted;
+    let info = conn.info.clone();
+    let activity = Arc::new(Activity::new(Instant::now()));
+    let opened = Arc::new(AtomicBool::new(false));
+    let svc = {
+        let (activity, opened) = (activity.clone(), opened.clone());
+        hyper::service::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
+            use tonic::codegen::Service;
+            let call = activity.started();
+            opened.store(true, Ordering::Relaxed);
+            let mut req = req.map(tonic::body::Body::new);
+            // What handlers learn about the connection (`peer`, `client_subject`, the caller's certificate).
+            req.extensions_mut().insert(info.clone());
+            let mut routes = routes.clone();
+            async move {
+                std::future::poll_fn(|cx| {
+                    Service::<axum::http::Request<tonic::body::Body>>::poll_ready(&mut routes, cx)
+                })
+                .await?;
+                let resp = routes.call(req).await?;
+                Ok::<_, std::convert::Infallible>(
+                    resp.map(|inner| tonic::body::Body::new(TrackedBody { inner, _call: call })),
+                )
+            }
+        })
+    };
+    let remote = conn.info.remote;
+    let c = http2.serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
+    tokio::pin!(c);
+    let first_stream_at = accepted + lifetimes.first_stream;
+    let max_age_at = lifetimes.max_age.map(|a| accepted + a);
+    // Once a GOAWAY went out: when the calls still running are cut.
+    let mut cut_at: Option<Instant> = None;
+    let far = || Instant::now() + Duration::from_secs(24 * 3600);
+    loop {
+        let deadline = match cut_at {
+            Some(at) => at,
+            None => {
+                let mut d = max_age_at.unwrap_or_else(far);
+                if !opened.load(Ordering::Relaxed) {
+                    d = d.min(first_stream_at);
+                }
+                if let (Some(idle), Some(since)) = (lifetimes.idle, activity.idle_since()) {
+                    d = d.min(since + idle);
+                }
+                d
+            }
+        };
+        tokio::select! {
+            r = c.as_mut() => {
+                if let Err(e) = r {
+                    if keepalive_timed_out(&e) {
+                        metrics.closed("keepalive_timeout");
+                    }
+                    tracing::debug!(peer = ?remote, error = %e, "gRPC connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
+                let now = Instant::now();
+                if cut_at.is_some() {
+                    metrics.closed("grace_expired");
+                    tracing::debug!(peer = ?remote, "gRPC connection closed: calls still running after the grace period");
+                    return;
+                }
+                let idle = lifetimes.idle.zip(activity.idle_since());
+                let (reason, grace) = if !opened.load(Ordering::Relaxed) && now >= first_stream_at {
+                    // No call was ever opened: before the HTTP/2 preface this closes the connection at
+                    // once, after it a GOAWAY goes out; either way there is nothing to wait for.
+                    ("first_stream_timeout", lifetimes.grace.min(lifetimes.first_stream))
+                } else if max_age_at.is_some_and(|at| now >= at) {
+                    ("max_age", lifetimes.grace)
+                } else if idle.is_some_and(|(i, since)| now >= since + i) {
+                    ("idle_timeout", lifetimes.grace)
+                } else {
+                    continue;
+                };
+                metrics.closed(reason);
+                tracing::debug!(peer = ?remote, reason, "gRPC connection sent away (GOAWAY)");
+                c.as_mut().graceful_shutdown();
+                cut_at = Some(now + grace);
+            }
+            _ = activity.changed.notified() => {}
+            _ = stop.cancelled(), if cut_at.is_none() => {
+                c.as_mut().graceful_shutdown();
+                cut_at = Some(Instant::now() + lifetimes.grace);
+            }
+        }
+    }
+}
+
+/// Whether hyper ended a connection because a keepalive PING went unanswered.
+fn keepalive_timed_out(e: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.to_string().contains("keep-alive timed out") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// How much one gRPC listener serves at once.
@@ -736,86 +1125,6 @@ pub fn health(
 /// itself sets no limit, so a flood of idle connections could take a pod's memory and file descriptors).
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// A TLS handshake not finished within this is dropped (a stalled client must not hold a connection slot).
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The accepted connections (at most `max` at once), Nagle off (tonic leaves it on for incoming streams, and a
-/// unary call then waits ~40 ms for the delayed ACK), TLS handshakes done off the accept loop.
-fn incoming(
-    listener: TcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    max: usize,
-    stop: CancellationToken,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Conn>>(16);
-    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
-    tokio::spawn(async move {
-        loop {
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-                _ = stop.cancelled() => return,
-            };
-            let (stream, remote) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "gRPC accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                _ = stop.cancelled() => return,
-            };
-            let _ = stream.set_nodelay(true);
-            let tx = tx.clone();
-            match &tls {
-                None => {
-                    let conn = Conn {
-                        io: Io::Plain(stream),
-                        info: ConnInfo {
-                            remote: Some(remote),
-                            client_cn: None,
-                            client_subject: None,
-                        },
-                        _permit: permit,
-                    };
-                    if tx.send(Ok(conn)).await.is_err() {
-                        return;
-                    }
-                }
-                Some(acceptor) => {
-                    let acceptor = acceptor.clone();
-                    tokio::spawn(async move {
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                        {
-                            Ok(Ok(s)) => {
-                                let cert =
-                                    s.get_ref().1.peer_certificates().and_then(|c| c.first());
-                                let info = ConnInfo {
-                                    remote: Some(remote),
-                                    client_cn: cert.and_then(hl7gw_tls::common_name),
-                                    client_subject: cert.map(hl7gw_tls::subject),
-                                };
-                                let conn = Conn {
-                                    io: Io::Tls(Box::new(s)),
-                                    info,
-                                    _permit: permit,
-                                };
-                                let _ = tx.send(Ok(conn)).await;
-                            }
-                            Ok(Err(e)) => {
-                                tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed")
-                            }
-                            Err(_) => tracing::debug!(%remote, "gRPC TLS handshake timed out"),
-                        }
-                    });
-                }
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
 /// What a handler learns about the connection of a call (request extensions).
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
@@ -831,11 +1140,12 @@ enum Io {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// One accepted gRPC connection; it holds its place in the listener's connection limit until dropped.
+/// One accepted gRPC connection (its slot in the connection limit is held by its task).
 pub struct Conn {
     io: Io,
     info: ConnInfo,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// When the TCP connection was accepted (the first-stream timeout counts from here).
+    accepted: Instant,
 }
 
 impl std::fmt::Debug for Conn {
@@ -843,14 +1153,6 @@ impl std::fmt::Debug for Conn {
         f.debug_struct("Conn")
             .field("info", &self.info)
             .finish_non_exhaustive()
-    }
-}
-
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = ConnInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.info.clone()
     }
 }
 

@@ -189,6 +189,8 @@ impl Listening {
     ) -> Result<Self, CommonError> {
         grpc.check_start()?;
         let listener = crate::admin::bind("gRPC", service.grpc_addr).await?;
+        let mut registry = registry;
+        let metrics = crate::grpc::GrpcMetrics::register(&mut registry);
         let health = Arc::new(Health::default());
         let admin = AdminServer::start(service.admin_addr, health.clone(), registry).await?;
         let bound = Bound {
@@ -200,6 +202,7 @@ impl Listening {
             listener,
             settings: grpc,
             limits: crate::grpc::Limits::default(),
+            metrics,
             health: health.clone(),
         };
         Ok(Self {
@@ -217,6 +220,7 @@ pub struct GrpcListener {
     listener: tokio::net::TcpListener,
     settings: GrpcSettings,
     limits: crate::grpc::Limits,
+    metrics: crate::grpc::GrpcMetrics,
     health: Arc<Health>,
 }
 
@@ -247,13 +251,14 @@ impl GrpcListener {
             listener,
             settings,
             limits,
+            metrics,
             health,
         } = self;
         GrpcServer::spawn(move |stop| async move {
-            let router = crate::grpc::builder(limits.max_concurrent_streams)
-                .add_service(crate::grpc::health(health, S::NAME, stop.clone()))
-                .add_service(svc);
-            crate::grpc::serve(router, listener, &settings, limits.max_connections, stop).await
+            let routes =
+                tonic::service::Routes::new(crate::grpc::health(health, S::NAME, stop.clone()))
+                    .add_service(svc);
+            crate::grpc::serve(routes, listener, &settings, limits, metrics, stop).await
         })
     }
 }
