@@ -101,7 +101,8 @@ pub struct Config {
     /// `batch_too_large`) and dead-lettered once, not cut into tens of thousands of records.
     pub max_batch_messages: usize,
     /// A sender that does not read its ACKs for this long is disconnected (its unanswered messages are
-    /// resent by it, and counted in `hl7gw_ingress_write_timeouts_total`).
+    /// resent by it, and counted in `hl7gw_ingress_write_timeouts_total`); a gRPC `SendStream` that does not
+    /// read its answers for this long is ended with RESOURCE_EXHAUSTED, counted the same way.
     #[serde(with = "humantime_serde")]
     pub write_timeout: Duration,
     /// Most concurrent gRPC streams (SendStream and unary calls) per gRPC connection.

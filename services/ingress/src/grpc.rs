@@ -9,7 +9,6 @@ use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 /// The Ingest service.
@@ -85,7 +84,7 @@ impl Ingest for IngestService {
         Self::respond(&self.pipe, reply).map(Response::new)
     }
 
-    type SendStreamStream = ReceiverStream<Result<SendResponse, Status>>;
+    type SendStreamStream = Answers;
 
     async fn send_stream(
         &self,
@@ -108,12 +107,35 @@ impl Ingest for IngestService {
             .pipe
             .budget
             .connection(self.cfg.max_in_flight_bytes_per_connection);
-        // Answers in request order.
+        // Answers in request order. A client that takes none for `write_timeout` (its HTTP/2 window and the
+        // queue are full) has its stream ended, as MLLP closes such a connection: the messages waiting here
+        // and their bytes are let go (the sender resends what it got no answer for).
+        let (write_timeout, ended) = (self.cfg.write_timeout, Arc::new(Ended::default()));
+        let answers = Answers {
+            rx: out_rx,
+            ended: ended.clone(),
+        };
         tokio::spawn(async move {
             while let Some((p, _bytes)) = pending_rx.recv().await {
                 let reply = pipe.resolve(p).await;
                 let close = matches!(reply.action, Action::Close);
-                if out_tx.send(Self::respond(&pipe, reply)).await.is_err() || close {
+                let answer = Self::respond(&pipe, reply);
+                match tokio::time::timeout(write_timeout, out_tx.send(answer)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        pipe.metrics.write_timeouts.inc();
+                        tracing::info!(
+                            "gRPC stream did not read its answers within write_timeout: ended"
+                        );
+                        ended.end(Status::resource_exhausted(format!(
+                            "answers not read within write_timeout ({write_timeout:?}): stream \
+                             ended, resend the messages without an answer"
+                        )));
+                        break;
+                    }
+                }
+                if close {
                     break;
                 }
             }
@@ -129,13 +151,55 @@ impl Ingest for IngestService {
                 let Some(bytes) = budget.acquire(crate::budget::cost(&req.message)).await else {
                     break;
                 };
+                // An ended stream (answers not read) takes nothing more.
+                if pending_tx.is_closed() {
+                    break;
+                }
                 let p = submit(&pipe, max, req.message, &origin, seq);
                 if pending_tx.send((p, bytes)).await.is_err() {
                     break;
                 }
             }
         });
-        Ok(Response::new(ReceiverStream::new(out_rx)))
+        Ok(Response::new(answers))
+    }
+}
+
+/// Why a `SendStream` was ended early, once it was.
+#[derive(Debug, Default)]
+pub struct Ended(std::sync::Mutex<Option<Status>>);
+
+impl Ended {
+    fn end(&self, status: Status) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    }
+
+    fn take(&self) -> Option<Status> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A `SendStream`'s answers; once the stream is [`Ended`], its status comes next (the answers still queued
+/// are dropped) and the stream ends.
+#[derive(Debug)]
+pub struct Answers {
+    rx: mpsc::Receiver<Result<SendResponse, Status>>,
+    ended: Arc<Ended>,
+}
+
+impl tokio_stream::Stream for Answers {
+    type Item = Result<SendResponse, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if let Some(status) = self.ended.take() {
+            self.rx.close();
+            while self.rx.try_recv().is_ok() {}
+            return std::task::Poll::Ready(Some(Err(status)));
+        }
+        self.rx.poll_recv(cx)
     }
 }
 

@@ -132,3 +132,91 @@ async fn grpc_connections_are_sent_away_when_idle_or_old() {
     assert!(metric("grace_expired") >= 1.0, "no grace_expired close");
     drop(tx);
 }
+
+/// Issue 24, item 3: a `SendStream` whose answers the client does not take within `write_timeout` is ended
+/// (RESOURCE_EXHAUSTED after the answers already sent) and counted in `write_timeouts_total`, so it stops
+/// holding in-flight bytes; a sender that reads its answers on the same ingress is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_stream_that_never_reads_its_answers_is_ended_after_write_timeout() {
+    let (ingress, _t) = start([
+        ("HL7GW_WRITE_TIMEOUT", "1s".to_owned()),
+        ("HL7GW_ACK_MODE", "fast".to_owned()),
+    ]);
+    // The never-reading stream: far more answers than its HTTP/2 window (16 KiB here; hyper's clients take
+    // 2 MiB by default, which only moves the point where the server starts to wait) and the stream's queue
+    // hold.
+    let mut rude = IngestClient::new(
+        endpoint(&ingress)
+            .initial_stream_window_size(16 * 1024)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let sender = tokio::spawn(async move {
+        let mut sent = 0u32;
+        for i in 0..3000 {
+            let req = SendRequest {
+                message: adt(&format!("RUDE{i}"), "P1").into(),
+            };
+            // The ingress stops reading a stream it has ended: give up after 5 s without progress.
+            match tokio::time::timeout(Duration::from_secs(5), tx.send(req)).await {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+        sent
+    });
+    let mut answers = rude
+        .send_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // Meanwhile a well-behaved stream on its own connection is answered.
+    let mut polite = IngestClient::new(endpoint(&ingress).connect().await.unwrap());
+    let (ptx, prx) = tokio::sync::mpsc::channel(4);
+    let mut pan = polite
+        .send_stream(tokio_stream::wrappers::ReceiverStream::new(prx))
+        .await
+        .unwrap()
+        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let mut i = 0;
+    while Instant::now() < deadline {
+        ptx.send(SendRequest {
+            message: adt(&format!("POLITE{i}"), "P2").into(),
+        })
+        .await
+        .unwrap();
+        let a = tokio::time::timeout(Duration::from_secs(5), pan.message())
+            .await
+            .expect("the polite stream got no answer within 5 s")
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.ack_code, "AA", "POLITE{i}");
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let timeouts = ingress.metric("hl7gw_ingress_write_timeouts_total");
+    assert!(
+        timeouts >= 1.0,
+        "a stream that read none of its answers for 6 s was not ended (write_timeout 1s)"
+    );
+    // Reading now: the answers that were on their way, then the end.
+    let mut read = 0u32;
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), answers.message()).await {
+            Ok(Ok(Some(_))) => read += 1,
+            Ok(Ok(None)) => break None,
+            Ok(Err(s)) => break Some(s),
+            Err(_) => panic!("the ended stream neither answered nor ended within 10 s"),
+        }
+    };
+    let sent = sender.await.unwrap();
+    assert!(
+        read < sent,
+        "all {sent} answers arrived: the stream was not ended"
+    );
+    let status = end.expect("an ended stream ends with a status");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+}
