@@ -127,18 +127,15 @@ impl hl7gw_runtime::service::Service for App {
         } = self;
         let health = listening.health.clone();
 
-        let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
-        topics.push(cfg.dlq_topic.clone());
-        let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-        if let Err(e) = ensure_topics(&cfg.kafka, &topic_refs).await {
-            tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");
-        }
+        let topics_created = create_topics(&cfg).await;
         for d in &dests {
             d.consumer.subscribe(&[&d.topic])?;
         }
 
         let side_stop = CancellationToken::new();
         tokio::spawn(housekeeping(
+            cfg.clone(),
+            topics_created,
             dests.clone(),
             producer.clone(),
             health.clone(),
@@ -200,23 +197,38 @@ impl hl7gw_runtime::service::Service for App {
 /// Readiness (Kafka answers, the producer is not being recreated, dead letters can be written) and consumer
 /// lag per destination.
 async fn housekeeping(
+    cfg: Arc<Config>,
+    created: bool,
     dests: Vec<Arc<deliver::DestCtx>>,
     producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     health: Arc<Health>,
     metrics: metrics::EgressMetrics,
     stop: CancellationToken,
 ) {
+    let created = std::sync::atomic::AtomicBool::new(created);
     hl7gw_runtime::service::readiness_loop(health, stop, || async {
         producer.recover_if_fatal();
         let broken = producer.is_broken();
         let p = producer.get();
+        // Kafka answers: every topic's metadata until the topics are created (a producer asking for a missing
+        // topic by name has the broker create it with its defaults), then the DLQ topic's alone, the one this
+        // producer writes (every topic's every 2 s from every pod is heavy on a cluster with many topics).
+        let named = created
+            .load(Ordering::Relaxed)
+            .then(|| cfg.dlq_topic.clone());
+        let topic = named.clone();
         let ok = tokio::task::spawn_blocking(move || {
-            p.client()
-                .fetch_metadata(None, Duration::from_secs(2))
-                .is_ok()
+            metadata_ok(
+                p.client()
+                    .fetch_metadata(topic.as_deref(), Duration::from_secs(2)),
+                topic.as_deref(),
+            )
         })
         .await
-        .unwrap_or(false);
+        .unwrap_or(None);
+        if ok.is_some() && !created.load(Ordering::Relaxed) && create_topics(&cfg).await {
+            created.store(true, Ordering::Relaxed);
+        }
         for d in &dests {
             let c = d.consumer.clone();
             let lag = tokio::task::spawn_blocking(move || {
@@ -242,8 +254,8 @@ async fn housekeeping(
         });
         if broken {
             Err("kafka producer failed for good and is being recreated".to_owned())
-        } else if !ok {
-            Err(hl7gw_runtime::kafka::unreachable_reason())
+        } else if let Some(reason) = metadata_failure(ok, named.as_deref()) {
+            Err(reason)
         } else if let Some(reason) = dlq {
             Err(reason)
         } else {
@@ -251,4 +263,44 @@ async fn housekeeping(
         }
     })
     .await;
+}
+
+/// Whether Kafka answered a metadata request (`None` if not) and, when it was for a `named` topic, whether that
+/// topic has partitions.
+fn metadata_ok(
+    answer: rdkafka::error::KafkaResult<rdkafka::metadata::Metadata>,
+    named: Option<&str>,
+) -> Option<bool> {
+    let m = answer.ok()?;
+    Some(named.is_none_or(|name| {
+        m.topics()
+            .iter()
+            .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
+    }))
+}
+
+/// The readiness failure of a metadata probe (see [`metadata_ok`]) for `named`, if any.
+fn metadata_failure(ok: Option<bool>, named: Option<&str>) -> Option<String> {
+    match ok {
+        None => Some(hl7gw_runtime::kafka::unreachable_reason()),
+        Some(false) => Some(format!(
+            "topic {} does not exist or has no partitions",
+            named.unwrap_or_default()
+        )),
+        Some(true) => None,
+    }
+}
+
+/// Creates the destination and DLQ topics that do not exist yet; false when Kafka did not let it.
+async fn create_topics(cfg: &Config) -> bool {
+    let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
+    topics.push(cfg.dlq_topic.clone());
+    let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    match ensure_topics(&cfg.kafka, &refs).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");
+            false
+        }
+    }
 }

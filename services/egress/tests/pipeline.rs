@@ -922,3 +922,43 @@ fn a_dead_letter_over_the_record_limit_is_shrunk_and_later_messages_delivered() 
         );
     });
 }
+
+/// Issue 24, item 13: once its topics exist, the readiness probe (every 2 s) asks Kafka for the DLQ topic's
+/// metadata only (the topic its producer writes), not for every topic of the cluster.
+#[test]
+fn the_readiness_probe_asks_for_the_dlq_topic_only() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    p.env.retain(|(k, _)| *k != "RUST_LOG");
+    p.env.push((
+        "RUST_LOG",
+        "warn,hl7gw_runtime::service=info,librdkafka=debug".into(),
+    ));
+    p.egress
+        .env
+        .push(("HL7GW_KAFKA__PROPERTIES__DEBUG", "metadata".into()));
+    p.log_dir = Some(p.dir.path().to_owned());
+    p.start_egress();
+    support::wait_ready(
+        "egress",
+        p.egress.admin.unwrap(),
+        Instant::now() + Duration::from_secs(30),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let text = std::fs::read_to_string(p.dir.path().join("hl7gw-egress.log")).unwrap();
+    let mut lines = text.lines();
+    lines
+        .by_ref()
+        .find(|l| l.contains("hl7gw_runtime::service") && l.trim_end().ends_with("ready"))
+        .expect("the egress logged ready");
+    let asked: Vec<&str> = lines
+        .filter(|l| l.contains("Request metadata for") && l.contains("application requested"))
+        .collect();
+    let all = asked.iter().filter(|l| l.contains("all topics")).count();
+    assert_eq!(all, 0, "metadata requests for every topic: {asked:#?}");
+    assert!(
+        asked.len() >= 2,
+        "the probe asked for {} named topics",
+        asked.len()
+    );
+}

@@ -352,20 +352,30 @@ async fn housekeeping(
 ) {
     let known = tokio::sync::Mutex::new(BTreeSet::new());
     hl7gw_runtime::service::readiness_loop(health, stop, || async {
-        let topics_ok = ensure_destinations(&cfg, &live, &mut *known.lock().await).await;
-        let c = consumer.clone();
+        let mut known = known.lock().await;
+        let topics_ok = ensure_destinations(&cfg, &live, &mut known).await;
+        // Kafka answers: every topic's metadata until the inbound topic is created, then the inbound topic's
+        // alone (every topic's every 2 s from every pod is heavy on a cluster with many topics).
+        let named = known
+            .contains(&cfg.inbound_topic)
+            .then(|| cfg.inbound_topic.clone());
+        drop(known);
+        let (c, topic) = (consumer.clone(), named.clone());
         let (kafka_ok, lag) = tokio::task::spawn_blocking(move || {
-            let ok = c.fetch_metadata(None, Duration::from_secs(2)).is_ok();
+            let ok = metadata_ok(
+                c.fetch_metadata(topic.as_deref(), Duration::from_secs(2)),
+                topic.as_deref(),
+            );
             let lag = consumer_lag(c.as_ref(), Duration::from_secs(2)).ok();
             (ok, lag)
         })
         .await
-        .unwrap_or((false, None));
+        .unwrap_or((None, None));
         if let Some(lag) = lag {
             metrics.consumer_lag.set(lag);
         }
-        if !kafka_ok {
-            Err(hl7gw_runtime::kafka::unreachable_reason())
+        if let Some(reason) = metadata_failure(kafka_ok, named.as_deref()) {
+            Err(reason)
         } else if !live.is_loaded() {
             Err("routes not loaded".to_owned())
         } else if let Some(reason) = worker::abandoned_reason(metrics.abandoned_calls.get()) {
@@ -379,4 +389,30 @@ async fn housekeeping(
         }
     })
     .await;
+}
+
+/// Whether Kafka answered a metadata request (`None` if not) and, when it was for a `named` topic, whether that
+/// topic has partitions.
+fn metadata_ok(
+    answer: rdkafka::error::KafkaResult<rdkafka::metadata::Metadata>,
+    named: Option<&str>,
+) -> Option<bool> {
+    let m = answer.ok()?;
+    Some(named.is_none_or(|name| {
+        m.topics()
+            .iter()
+            .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
+    }))
+}
+
+/// The readiness failure of a metadata probe (see [`metadata_ok`]) for `named`, if any.
+fn metadata_failure(ok: Option<bool>, named: Option<&str>) -> Option<String> {
+    match ok {
+        None => Some(hl7gw_runtime::kafka::unreachable_reason()),
+        Some(false) => Some(format!(
+            "topic {} does not exist or has no partitions",
+            named.unwrap_or_default()
+        )),
+        Some(true) => None,
+    }
 }

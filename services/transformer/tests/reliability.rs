@@ -89,10 +89,19 @@ impl Transformer {
 
     /// Starts with `env`, and without the variables named in `remove` (inherited otherwise).
     fn start_without(env: &[(String, String)], remove: &[&str]) -> Self {
+        Self::spawn(env, remove, Stdio::inherit())
+    }
+
+    /// Starts with `env`, its log (stderr) to the file `log`.
+    fn start_logging(env: &[(String, String)], log: &Path) -> Self {
+        Self::spawn(env, &[], std::fs::File::create(log).unwrap().into())
+    }
+
+    fn spawn(env: &[(String, String)], remove: &[&str], stderr: Stdio) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hl7gw-transformer"));
         cmd.args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         for k in remove {
             cmd.env_remove(k);
         }
@@ -748,5 +757,52 @@ async fn outputs_just_under_the_record_limit_do_not_stop_the_partitions() {
         "near the limit: {} delivered, {} dead-lettered as too_large",
         delivered.len(),
         dead.len()
+    );
+}
+
+/// librdkafka's metadata requests made by the service itself (`application requested`) after it first logged
+/// `ready`, in the log at `log` of a service run with `RUST_LOG=...,librdkafka=debug` and
+/// `kafka.properties.debug: metadata`: (for every topic, for named topics).
+fn metadata_requests_after_ready(log: &Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let mut lines = text.lines();
+    lines
+        .by_ref()
+        .find(|l| l.contains("hl7gw_runtime::service") && l.trim_end().ends_with("ready"))
+        .expect("the service logged ready");
+    let asked: Vec<&str> = lines
+        .filter(|l| l.contains("Request metadata for") && l.contains("application requested"))
+        .collect();
+    let all = asked.iter().filter(|l| l.contains("all topics")).count();
+    (all, asked.len() - all)
+}
+
+/// Issue 24, item 13: once its topics exist, the readiness probe (every 2 s) asks Kafka for the inbound
+/// topic's metadata only, not for every topic of the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readiness_probe_asks_for_the_inbound_topic_only() {
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    route_file(&routes);
+    let log = dir.path().join("transformer.log");
+    let mut env = t.env_with_routes(broker(), &routes);
+    env.retain(|(k, _)| k != "RUST_LOG");
+    env.push((
+        "RUST_LOG".into(),
+        "warn,hl7gw_runtime::service=info,librdkafka=debug".into(),
+    ));
+    env.push(("HL7GW_KAFKA__PROPERTIES__DEBUG".into(), "metadata".into()));
+    let tr = Transformer::start_logging(&env, &log);
+    tr.wait_ready(Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (all, named) = metadata_requests_after_ready(&log);
+    assert_eq!(
+        all, 0,
+        "metadata requests for every topic ({named} for named ones)"
+    );
+    assert!(
+        named >= 2,
+        "the probe asked for {named} named topics' metadata"
     );
 }
