@@ -396,7 +396,8 @@ impl Auth {
                 .as_ref()
                 .is_some_and(|t| t.name_of(token).is_some());
             if !is_static {
-                return kube.authorize(token, method).await;
+                let peer = peer(req).map(|p| p.ip());
+                return kube.authorize(token, method, peer).await;
             }
         }
         let caller = self.authenticate(req)?;
@@ -440,38 +441,189 @@ impl Auth {
     }
 }
 
-/// How long a TokenReview/SubjectAccessReview decision is reused.
-const KUBE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a decision about a token the API server authenticated (allowed, or denied by RBAC) is reused.
+const KUBE_CACHE_TTL: Duration = Duration::from_secs(10);
 
-/// Decisions kept at most (the cache is cleared when full).
+/// How long "unknown token" is remembered: briefly (a token just issued is known a moment later), but a
+/// caller repeating a made-up token costs no review meanwhile.
+const KUBE_NEGATIVE_TTL: Duration = Duration::from_secs(5);
+
+/// Decisions kept at most in each of the two caches; the least recently used goes first. Unknown tokens
+/// have their own cache, so a flood of made-up tokens cannot push out the decisions of real callers.
 const KUBE_CACHE_MAX: usize = 4096;
+
+/// TokenReviews/SubjectAccessReviews in flight at most per service.
+const KUBE_REVIEWS_IN_FLIGHT: usize = 16;
+
+/// Reviews in flight at most for one peer (IP address): one client sending made-up tokens cannot take the
+/// reviews every other caller needs.
+const KUBE_REVIEWS_PER_PEER: usize = 2;
+
+/// How long a review (TokenReview, then SubjectAccessReview) may take before the call gets UNAVAILABLE.
+const KUBE_REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 type KubeDecision = Result<Caller, (tonic::Code, String)>;
 
-/// (SHA-256 of the token, method) → (when decided, decision).
-type KubeCache = std::collections::HashMap<([u8; 32], String), (std::time::Instant, KubeDecision)>;
+/// A map that keeps at most `cap` entries, each for `ttl`, forgetting the least recently used first.
+#[derive(Debug)]
+struct Lru<K, V> {
+    cap: usize,
+    ttl: Duration,
+    tick: u64,
+    /// key → (when stored, last use, value)
+    map: std::collections::HashMap<K, (Instant, u64, V)>,
+    /// last use → key, oldest first
+    order: BTreeMap<u64, K>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
+    fn new(cap: usize, ttl: Duration) -> Self {
+        Self {
+            cap: cap.max(1),
+            ttl,
+            tick: 0,
+            map: std::collections::HashMap::new(),
+            order: BTreeMap::new(),
+        }
+    }
+
+    /// The value of `key` if stored less than `ttl` ago (it becomes the most recently used).
+    fn get(&mut self, key: &K) -> Option<V> {
+        let (at, used, v) = self.map.get_mut(key)?;
+        if at.elapsed() >= self.ttl {
+            let used = *used;
+            self.map.remove(key);
+            self.order.remove(&used);
+            return None;
+        }
+        self.tick += 1;
+        self.order.remove(&*used);
+        *used = self.tick;
+        let v = v.clone();
+        self.order.insert(self.tick, key.clone());
+        Some(v)
+    }
+
+    /// Stores `value` under `key`, forgetting the least recently used entry when full.
+    fn insert(&mut self, key: K, value: V) {
+        self.tick += 1;
+        if let Some((_, used, _)) = self.map.get(&key) {
+            let used = *used;
+            self.order.remove(&used);
+        } else if self.map.len() >= self.cap
+            && let Some((_, oldest)) = self.order.pop_first()
+        {
+            self.map.remove(&oldest);
+        }
+        self.map
+            .insert(key.clone(), (Instant::now(), self.tick, value));
+        self.order.insert(self.tick, key);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// What the reviews decided lately: the decisions about tokens the API server knows, per (SHA-256 of the
+/// token, method), and the tokens it did not know, per SHA-256, each bounded on its own.
+#[derive(Debug)]
+struct KubeCache {
+    known: Lru<([u8; 32], String), KubeDecision>,
+    unknown: Lru<[u8; 32], (tonic::Code, String)>,
+}
+
+impl Default for KubeCache {
+    fn default() -> Self {
+        Self {
+            known: Lru::new(KUBE_CACHE_MAX, KUBE_CACHE_TTL),
+            unknown: Lru::new(KUBE_CACHE_MAX, KUBE_NEGATIVE_TTL),
+        }
+    }
+}
+
+impl KubeCache {
+    fn get(&mut self, digest: [u8; 32], method: &str) -> Option<KubeDecision> {
+        if let Some(refusal) = self.unknown.get(&digest) {
+            return Some(Err(refusal));
+        }
+        self.known.get(&(digest, method.to_owned()))
+    }
+
+    fn insert(&mut self, digest: [u8; 32], method: &str, decision: KubeDecision) {
+        match decision {
+            Err((code @ tonic::Code::Unauthenticated, m)) => self.unknown.insert(digest, (code, m)),
+            d => self.known.insert((digest, method.to_owned()), d),
+        }
+    }
+}
+
+/// Reviews in flight per peer address, at most `max` each.
+#[derive(Debug)]
+struct PeerReviews {
+    max: usize,
+    in_flight: std::sync::Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>,
+}
+
+impl PeerReviews {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            in_flight: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// A place for one review of `peer`'s, or `None` when it has `max` in flight.
+    fn try_start(&self, peer: Option<std::net::IpAddr>) -> Option<PeerReview<'_>> {
+        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(peer).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerReview { of: self, peer })
+    }
+}
+
+/// One review in flight for a peer, until dropped.
+struct PeerReview<'a> {
+    of: &'a PeerReviews,
+    peer: Option<std::net::IpAddr>,
+}
+
+impl Drop for PeerReview<'_> {
+    fn drop(&mut self) {
+        let mut m = self.of.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
+}
 
 /// Kubernetes authentication (TokenReview) and authorisation (SubjectAccessReview), with a short cache.
 struct KubeAuth {
     client: tokio::sync::OnceCell<(kube::Client, String)>,
-    /// (SHA-256 of the token, method) → decision.
     cache: std::sync::Mutex<KubeCache>,
     /// Reviews in flight at most: unknown tokens cannot flood the API server.
     reviews: tokio::sync::Semaphore,
+    /// Reviews in flight per peer.
+    per_peer: PeerReviews,
 }
 
 impl Default for KubeAuth {
     fn default() -> Self {
         Self {
             client: tokio::sync::OnceCell::new(),
-            cache: std::sync::Mutex::new(std::collections::HashMap::new()),
+            cache: std::sync::Mutex::new(KubeCache::default()),
             reviews: tokio::sync::Semaphore::new(KUBE_REVIEWS_IN_FLIGHT),
+            per_peer: PeerReviews::new(KUBE_REVIEWS_PER_PEER),
         }
     }
 }
-
-/// TokenReviews/SubjectAccessReviews in flight at most per service.
-const KUBE_REVIEWS_IN_FLIGHT: usize = 16;
 
 /// The audience a Kubernetes token must be issued for (`kubectl create token <sa> --audience hl7gw`): a token
 /// for the API server itself is refused, so a caller never hands the gateway a credential for the cluster.
@@ -498,7 +650,12 @@ impl KubeAuth {
             .await
     }
 
-    async fn authorize(&self, token: &str, method: &str) -> Result<Caller, Status> {
+    async fn authorize(
+        &self,
+        token: &str,
+        method: &str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Caller, Status> {
         // A ServiceAccount token is a JWT: three dot-separated parts. Anything else is not worth a review.
         if token.split('.').count() != 3 {
             return Err(Status::unauthenticated("unknown token"));
@@ -507,30 +664,35 @@ impl KubeAuth {
             use sha2::Digest;
             sha2::Sha256::digest(token.as_bytes()).into()
         };
-        let key = (digest, method.to_owned());
-        if let Some((at, d)) = self
+        let cached = self
             .cache
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            && at.elapsed() < KUBE_CACHE_TTL
-        {
-            return d.clone().map_err(|(c, m)| Status::new(c, m));
+            .get(digest, method);
+        if let Some(d) = cached {
+            return d.map_err(|(c, m)| Status::new(c, m));
         }
+        let Some(_peer) = self.per_peer.try_start(peer) else {
+            return Err(Status::unavailable(
+                "too many authentication reviews in flight from this address; retry",
+            ));
+        };
         let Ok(_permit) = self.reviews.try_acquire() else {
             return Err(Status::unavailable(
                 "too many authentication reviews in flight; retry",
             ));
         };
-        let decision = self.review(token, method).await?;
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= KUBE_CACHE_MAX {
-            cache.retain(|_, (at, _)| at.elapsed() < KUBE_CACHE_TTL);
-        }
-        if cache.len() >= KUBE_CACHE_MAX {
-            cache.clear();
-        }
-        cache.insert(key, (std::time::Instant::now(), decision.clone()));
+        let decision = tokio::time::timeout(KUBE_REVIEW_TIMEOUT, self.review(token, method))
+            .await
+            .map_err(|_| {
+                tracing::warn!("Kubernetes review timed out");
+                Status::unavailable("Kubernetes authentication timed out; retry")
+            })??;
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            digest,
+            method,
+            decision.clone(),
+        );
         decision.map_err(|(c, m)| Status::new(c, m))
     }
 
@@ -1317,6 +1479,76 @@ mod tests {
         assert_eq!(
             code(auth.authorize(&req(rotated, None), "Replay").await),
             Err(Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn the_review_cache_forgets_the_least_recently_used_and_keeps_unknown_tokens_apart() {
+        let mut lru = Lru::new(3, Duration::from_secs(60));
+        for k in 0..3 {
+            lru.insert(k, k * 10);
+        }
+        assert_eq!(lru.get(&0), Some(0), "0 is now the most recently used");
+        lru.insert(3, 30);
+        assert_eq!(lru.get(&1), None, "1 was the least recently used");
+        assert_eq!(
+            (lru.get(&0), lru.get(&2), lru.get(&3)),
+            (Some(0), Some(20), Some(30))
+        );
+        assert_eq!(lru.len(), 3);
+        let mut short = Lru::new(3, Duration::from_millis(20));
+        short.insert("k", 1);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(short.get(&"k"), None, "expired");
+        assert_eq!(short.len(), 0);
+
+        // A flood of made-up tokens (refused as unknown) never pushes out a real caller's decision.
+        let mut cache = KubeCache::default();
+        let good = [7u8; 32];
+        let caller = Caller::Kubernetes("system:serviceaccount:ns:sa".into());
+        cache.insert(good, "Status", Ok(caller.clone()));
+        for i in 0..(3 * KUBE_CACHE_MAX as u32) {
+            let mut junk = [0u8; 32];
+            junk[..4].copy_from_slice(&i.to_be_bytes());
+            cache.insert(
+                junk,
+                "Status",
+                Err((tonic::Code::Unauthenticated, "unknown token".into())),
+            );
+        }
+        assert_eq!(cache.get(good, "Status"), Some(Ok(caller)));
+        assert!(cache.unknown.len() <= KUBE_CACHE_MAX);
+        // The last junk token is remembered as unknown, for any method: no second review.
+        let mut last = [0u8; 32];
+        last[..4].copy_from_slice(&(3 * KUBE_CACHE_MAX as u32 - 1).to_be_bytes());
+        assert!(matches!(
+            cache.get(last, "Replay"),
+            Some(Err((tonic::Code::Unauthenticated, _)))
+        ));
+        // An RBAC refusal of a known token is a decision about a real caller: kept with them.
+        cache.insert(
+            [8u8; 32],
+            "Replay",
+            Err((tonic::Code::PermissionDenied, "no".into())),
+        );
+        assert_eq!(cache.known.len(), 2);
+    }
+
+    #[test]
+    fn one_peer_cannot_take_every_review() {
+        let reviews = PeerReviews::new(2);
+        let a = Some(std::net::IpAddr::from([10, 0, 0, 1]));
+        let b = Some(std::net::IpAddr::from([10, 0, 0, 2]));
+        let first = reviews.try_start(a).expect("a: 1");
+        let _second = reviews.try_start(a).expect("a: 2");
+        assert!(reviews.try_start(a).is_none(), "a third review for a");
+        assert!(reviews.try_start(b).is_some(), "b is not held up by a");
+        drop(first);
+        assert!(reviews.try_start(a).is_some(), "a again once one finished");
+        assert_eq!(
+            reviews.in_flight.lock().expect("map").len(),
+            1,
+            "peers without reviews are forgotten"
         );
     }
 
