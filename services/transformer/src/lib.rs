@@ -380,8 +380,8 @@ async fn housekeeping(
             Err("routes not loaded".to_owned())
         } else if let Some(reason) = worker::abandoned_reason(metrics.abandoned_calls.get()) {
             Err(reason)
-        } else if !worker_health.is_ok() {
-            Err("recovering: cannot commit to Kafka yet".to_owned())
+        } else if let Some(reason) = worker_health.failure(consumer.context().generation()) {
+            Err(reason)
         } else if !topics_ok {
             Err("destination topics not created yet".to_owned())
         } else {

@@ -19,8 +19,8 @@ use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -361,16 +361,24 @@ pub enum WorkerError {
 /// recovery from a fatal producer error.
 pub type ProducerFactory = Arc<dyn Fn() -> Result<FutureProducer, KafkaError> + Send + Sync>;
 
-/// The worker's part of readiness: false while it cannot commit (retrying a commit, recreating the producer).
+/// The worker's part of readiness: down while it cannot commit (retrying a commit, recreating the producer),
+/// and while the consumer cannot read the inbound topic (not authorised, missing), each with the reason.
 #[derive(Debug)]
 pub struct WorkerHealth {
     ok: AtomicBool,
+    /// The last error while recovering.
+    why: Mutex<String>,
+    /// A consumer error that stops all reading, and the rebalance generation it came in: it holds until a
+    /// record is read or the assignment changes (librdkafka may report it once only).
+    unreadable: Mutex<Option<(u64, String)>>,
 }
 
 impl Default for WorkerHealth {
     fn default() -> Self {
         Self {
             ok: AtomicBool::new(true),
+            why: Mutex::new(String::new()),
+            unreadable: Mutex::new(None),
         }
     }
 }
@@ -380,6 +388,40 @@ impl WorkerHealth {
     pub fn is_ok(&self) -> bool {
         self.ok.load(Ordering::Acquire)
     }
+
+    /// Why the worker makes the transformer unready, if it does; `generation` is the consumer's now.
+    pub fn failure(&self, generation: u64) -> Option<String> {
+        if !self.is_ok() {
+            let why = self.why.lock().map(|w| w.clone()).unwrap_or_default();
+            return Some(format!("recovering: cannot commit to Kafka yet ({why})"));
+        }
+        let unreadable = self.unreadable.lock().ok()?;
+        match unreadable.as_ref() {
+            Some((g, e)) if *g == generation => Some(format!("cannot read the inbound topic: {e}")),
+            _ => None,
+        }
+    }
+
+    fn set_unreadable(&self, v: Option<(u64, String)>) {
+        if let Ok(mut u) = self.unreadable.lock() {
+            *u = v;
+        }
+    }
+}
+
+/// A consumer error that stops all reading until someone fixes it (authorisation, a missing topic), as
+/// opposed to a broker away for a while, which librdkafka recovers from by itself.
+pub(crate) fn stops_reading(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+        )
+    )
 }
 
 /// The consume-transform-produce loop.
@@ -455,7 +497,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
             match self.transact(&batch, &mut buf, &mut refused).await {
                 Ok(done) => {
                     backoff.reset();
-                    self.set_recovering(false);
+                    self.set_recovering(None);
                     if done < batch.len() {
                         // The batch reached its time budget: what was routed is committed, the rest is read
                         // again.
@@ -465,7 +507,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 }
                 Err(e) => {
                     self.metrics.aborted(&e);
-                    self.set_recovering(true);
+                    self.set_recovering(Some(&e));
                     let aborted = if is_fatal(&e) {
                         false
                     } else {
@@ -493,12 +535,19 @@ impl<P: PluginCaller + 'static> Worker<P> {
         Ok(())
     }
 
-    fn set_recovering(&self, recovering: bool) {
+    /// Readiness down for `error` (at once, not at the next probe), or up again with `None`.
+    fn set_recovering(&self, error: Option<&dyn std::fmt::Display>) {
+        let Some(e) = error else {
+            self.health.ok.store(true, Ordering::Release);
+            return;
+        };
+        if let Ok(mut why) = self.health.why.lock() {
+            *why = e.to_string();
+        }
         // The flag first: the readiness probe loop reads it before it sets readiness.
-        self.health.ok.store(!recovering, Ordering::Release);
-        if recovering {
-            self.readiness
-                .set_dependency(Err("recovering: cannot commit to Kafka yet".to_owned()));
+        self.health.ok.store(false, Ordering::Release);
+        if let Some(reason) = self.health.failure(0) {
+            self.readiness.set_dependency(Err(reason));
         }
     }
 
@@ -534,7 +583,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
             match result {
                 Ok(()) => return Ok(()),
                 Err(e) if is_retriable(&e) => {
-                    self.set_recovering(true);
+                    self.set_recovering(Some(&e));
                     tracing::warn!(call = what, error = %e, "retriable transaction error: calling again");
                     tokio::time::sleep(backoff.next()).await;
                 }
@@ -554,7 +603,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
     /// then seeks the consumer to the committed offsets, so the records of an unfinished transaction are read
     /// again and those of a committed one are not. Retries until it worked or `stop`.
     async fn recover(&mut self, stop: &CancellationToken) {
-        self.set_recovering(true);
+        self.set_recovering(Some(&"recreating the transactional producer"));
         self.metrics.producer_recoveries.inc();
         tracing::warn!("recreating the transactional producer");
         let mut backoff = Backoff::default();
@@ -622,9 +671,16 @@ impl<P: PluginCaller + 'static> Worker<P> {
         // A rebalance runs inside `recv`, before it returns a record of the new assignment.
         let generation = self.consumer.context().generation();
         match first {
-            Ok(m) => batch.push(m.detach()),
+            Ok(m) => {
+                batch.push(m.detach());
+                self.health.set_unreadable(None);
+            }
             Err(e) => {
                 errors.log(&e);
+                if stops_reading(&e) {
+                    self.health
+                        .set_unreadable(Some((generation, e.to_string())));
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return Ok((batch, generation));
             }
@@ -801,22 +857,33 @@ impl<P: PluginCaller + 'static> Worker<P> {
     }
 
     /// Remembers the outputs whose delivery `reports` (in the order of `ids`) say Kafka refused them for good;
-    /// true when there was one.
+    /// true when there was one. The broker refuses a whole produce batch at once, so of the outputs of one topic
+    /// refused together only the largest is taken for the culprit: the others are sent again (and, should they
+    /// be refused again, the largest of those is next).
     fn note_refused<C>(
         &self,
         reports: &[Result<rdkafka::producer::future_producer::OwnedDeliveryResult, C>],
         ids: Vec<OutputId>,
         refused: &mut Refused,
     ) -> bool {
-        let mut any = false;
+        let mut culprits: BTreeMap<String, (usize, OutputId, &'static str)> = BTreeMap::new();
         for (report, id) in reports.iter().zip(ids) {
-            if let Ok(Err((e, _))) = report
+            if let Ok(Err((e, m))) = report
                 && let Some(reason) = refused_for_good(e)
             {
-                tracing::warn!(topic = %id.4, error = %e, "Kafka refused an output for good: it goes to the DLQ");
-                refused.insert(id, reason);
-                any = true;
+                tracing::warn!(topic = %id.4, error = %e, "Kafka refused an output for good");
+                let size = m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len);
+                match culprits.get(&id.4) {
+                    Some((largest, ..)) if *largest >= size => {}
+                    _ => {
+                        culprits.insert(id.4.clone(), (size, id, reason));
+                    }
+                }
             }
+        }
+        let any = !culprits.is_empty();
+        for (_, (_, id, reason)) in culprits {
+            refused.insert(id, reason);
         }
         any
     }
@@ -1024,6 +1091,26 @@ mod tests {
             assert!(Instant::now() < deadline, "still counted after it returned");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Issue 24, item 7: readiness names why the worker cannot go on: the error it is recovering from, or a
+    /// consumer error that stops all reading, until the assignment changes or a record is read.
+    #[test]
+    fn worker_health_names_the_error() {
+        let h = WorkerHealth::default();
+        assert_eq!(h.failure(1), None);
+        h.set_unreadable(Some((1, "Broker: Topic authorization failed".into())));
+        let why = h.failure(1).expect("unready");
+        assert!(why.contains("Topic authorization failed"), "{why}");
+        assert_eq!(h.failure(2), None, "the assignment changed since");
+        h.set_unreadable(None);
+        *h.why.lock().unwrap() = "Broker: Transactional Id authorization failed".into();
+        h.ok.store(false, Ordering::Release);
+        let why = h.failure(1).expect("unready");
+        assert!(
+            why.contains("recovering") && why.contains("Transactional Id"),
+            "{why}"
+        );
     }
 
     /// Issue 24, item 16: more abandoned calls than the bound make the transformer unready, with the reason.

@@ -806,3 +806,47 @@ async fn the_readiness_probe_asks_for_the_inbound_topic_only() {
         "the probe asked for {named} named topics' metadata"
     );
 }
+
+/// Issue 24, item 7: a destination topic whose own `max.message.bytes` is smaller than
+/// `kafka.max_message_bytes` (made by hand with the broker's defaults, say). The broker refuses the output for
+/// good; its transaction was aborted and retried forever, and nothing after it was routed. The output now goes
+/// to the DLQ as `too_large` (without the message, the DLQ may be as small), and the rest is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_the_broker_refuses_for_its_size_is_a_dead_letter() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let t = Topics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.yaml");
+    route_file(&routes);
+    let brokers = broker();
+    let admin: AdminClient<_> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let out = t.out("adt");
+    let small = NewTopic::new(&out, 3, TopicReplication::Fixed(1)).set("max.message.bytes", "8000");
+    for r in admin
+        .create_topics([&small], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let mut msgs = vec![padded("BIG", "MRN1", 12_000)];
+    msgs.extend(adts("S", 3));
+    produce(brokers, &t.inbound(), &msgs).await;
+    let tr = Transformer::start(&t.env_with_routes(brokers, &routes));
+    let ids: Vec<String> = ["BIG", "S0", "S1", "S2"].map(String::from).to_vec();
+    let (delivered, dead) = settled(brokers, &t, "adt", &ids, Duration::from_secs(40)).await;
+    assert_eq!(sorted_control_ids(&delivered), ["S0", "S1", "S2"]);
+    let [d] = &dead[..] else {
+        panic!("one dead letter: {}", dead.len())
+    };
+    let rej = d.envelope.rejection.clone().unwrap_or_default();
+    assert_eq!(rej.reason, "too_large", "{rej:?}");
+    assert!(
+        d.envelope.raw.is_empty() && rej.detail.contains("sha256"),
+        "{rej:?}"
+    );
+    tr.wait_ready(Duration::from_secs(10));
+}
