@@ -36,6 +36,10 @@ pub struct DestState {
     /// Since when, and why, a dead letter cannot be written (Kafka away, the DLQ topic not authorised, a record
     /// refused even shrunk): readiness goes down once this lasts [`DLQ_FAILING_UNREADY`].
     pub dlq_failing: Mutex<Option<(Instant, String)>>,
+    /// A consumer error that stops all reading of the destination topic (authorisation, a missing topic) and
+    /// the rebalance generation it came in: it holds until a record is read or the assignment changes
+    /// (librdkafka may report it once only).
+    pub unreadable: Mutex<Option<(u64, String)>>,
 }
 
 /// How long dead letters may fail to be written before the egress says so in `/readyz`.
@@ -43,12 +47,25 @@ pub const DLQ_FAILING_UNREADY: Duration = Duration::from_secs(5);
 
 impl DestState {
     /// Why this destination makes the egress unready, if it does: its dead letters have not been written for
-    /// [`DLQ_FAILING_UNREADY`].
-    pub fn unready_reason(&self) -> Option<String> {
-        let g = self.dlq_failing.lock().ok()?;
-        let (since, why) = g.as_ref()?;
-        (since.elapsed() >= DLQ_FAILING_UNREADY)
-            .then(|| format!("dead letters cannot be written to Kafka: {why}"))
+    /// [`DLQ_FAILING_UNREADY`], or its topic cannot be read (`generation`: the consumer's now).
+    pub fn unready_reason(&self, generation: u64) -> Option<String> {
+        if let Ok(g) = self.dlq_failing.lock()
+            && let Some((since, why)) = g.as_ref()
+            && since.elapsed() >= DLQ_FAILING_UNREADY
+        {
+            return Some(format!("dead letters cannot be written to Kafka: {why}"));
+        }
+        let u = self.unreadable.lock().ok()?;
+        match u.as_ref() {
+            Some((g, why)) if *g == generation => Some(format!("cannot read the topic: {why}")),
+            _ => None,
+        }
+    }
+
+    fn set_unreadable(&self, v: Option<(u64, String)>) {
+        if let Ok(mut u) = self.unreadable.lock() {
+            *u = v;
+        }
     }
 
     fn dlq_failing(&self, why: Option<&str>) {
@@ -200,9 +217,16 @@ impl DestCtx {
                 m = self.consumer.recv() => m,
             };
             let m = match m {
-                Ok(m) => m.detach(),
+                Ok(m) => {
+                    self.state.set_unreadable(None);
+                    m.detach()
+                }
                 Err(e) => {
                     tracing::warn!(destination = %self.name, error = %e, "consumer error");
+                    if stops_reading(&e) {
+                        let generation = self.consumer.context().generation();
+                        self.state.set_unreadable(Some((generation, e.to_string())));
+                    }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -583,6 +607,22 @@ impl DestCtx {
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
         Done::Settled
     }
+}
+
+/// A consumer error that stops all reading until someone fixes it (authorisation, a missing topic), as
+/// opposed to a broker away for a while, which librdkafka recovers from by itself.
+fn stops_reading(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::UnknownTopicOrPartition
+                | C::UnknownTopic
+        )
+    )
 }
 
 /// A record over librdkafka's or the topic's size limit.

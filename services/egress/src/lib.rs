@@ -194,8 +194,8 @@ impl hl7gw_runtime::service::Service for App {
     }
 }
 
-/// Readiness (Kafka answers, the producer is not being recreated, dead letters can be written) and consumer
-/// lag per destination.
+/// Readiness (Kafka answers, the producer is not being recreated, dead letters can be written, every
+/// destination topic can be read) and consumer lag per destination.
 async fn housekeeping(
     cfg: Arc<Config>,
     created: bool,
@@ -247,16 +247,16 @@ async fn housekeeping(
                     .set(lag);
             }
         }
-        let dlq = dests.iter().find_map(|d| {
+        let unready = dests.iter().find_map(|d| {
             d.state
-                .unready_reason()
+                .unready_reason(d.consumer.context().generation())
                 .map(|r| format!("destination {}: {r}", d.name))
         });
         if broken {
             Err("kafka producer failed for good and is being recreated".to_owned())
         } else if let Some(reason) = metadata_failure(ok, named.as_deref()) {
             Err(reason)
-        } else if let Some(reason) = dlq {
+        } else if let Some(reason) = unready {
             Err(reason)
         } else {
             Ok(())

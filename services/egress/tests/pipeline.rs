@@ -962,3 +962,125 @@ fn the_readiness_probe_asks_for_the_dlq_topic_only() {
         asked.len()
     );
 }
+
+/// Issue 24, item 7: a destination topic the egress cannot read (here missing, on a cluster where the egress
+/// does not create topics; an ACL refusing it is the same) left the egress polling forever with readiness
+/// green. Readiness now says which destination and why, and comes back once the topic exists.
+#[test]
+fn a_destination_topic_that_cannot_be_read_makes_the_egress_unready_with_the_reason() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = Pipeline::new();
+    p.env
+        .retain(|(k, _)| *k != "HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS");
+    p.env
+        .push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "0".into()));
+    p.start_egress();
+    let admin = p.egress.admin.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = support::http_get(admin, "/readyz");
+        if code == 503 && body.contains("destination lab: cannot read the topic") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readiness does not say the topic cannot be read: {code} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    runtime().block_on(async {
+        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", support::broker())
+            .create()
+            .unwrap();
+        let topic = p.topic("out.lab");
+        let t = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
+        for r in admin
+            .create_topics([&t], &AdminOptions::new())
+            .await
+            .unwrap()
+        {
+            r.unwrap();
+        }
+    });
+    support::wait_ready("egress", admin, Instant::now() + Duration::from_secs(60));
+}
+
+/// Issue 24, item 7: a DLQ topic that refuses even a shrunk dead letter (its `max.message.bytes` far below
+/// the egress's) left the egress retrying forever with readiness green. The dead letter is shrunk (answer,
+/// then message), readiness says dead letters cannot be written, and once the topic takes it, it lands.
+#[test]
+fn dead_letters_kafka_refuses_even_shrunk_make_the_egress_unready_with_the_reason() {
+    use rdkafka::admin::{
+        AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut p = Pipeline::new();
+        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", support::broker())
+            .create()
+            .unwrap();
+        let dlq = p.topic("dlq");
+        let t = NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "200");
+        for r in admin
+            .create_topics([&t], &AdminOptions::new())
+            .await
+            .unwrap()
+        {
+            r.unwrap();
+        }
+        let _got = big_ack_receiver(p.receiver_port, 1_000).await;
+        p.start_egress();
+        let http = p.egress.admin.unwrap();
+        tokio::task::spawn_blocking(move || {
+            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
+        })
+        .await
+        .unwrap();
+        produce_outputs(
+            &p.topic("out.lab"),
+            &[("BIG-2", adt_from("ADMIT", "BIG-2", "MRN-BIG"))],
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, body) = support::http_get(http, "/readyz");
+            if code == 503 && body.contains("dead letters cannot be written") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "readiness does not say dead letters cannot be written: {code} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let raise =
+            AlterConfig::new(ResourceSpecifier::Topic(&dlq)).set("max.message.bytes", "1000000");
+        for r in admin
+            .alter_configs([&raise], &AdminOptions::new())
+            .await
+            .unwrap()
+        {
+            r.unwrap();
+        }
+        let dead = tokio::task::spawn_blocking(move || {
+            support::read_topic(support::broker(), &dlq, 1, Duration::from_secs(20))
+        })
+        .await
+        .unwrap();
+        let [d] = &dead[..] else {
+            panic!("one dead letter: {}", dead.len())
+        };
+        let rej = d.envelope.rejection.clone().unwrap_or_default();
+        assert_eq!(rej.reason, "rejected");
+        assert!(rej.ack.is_empty() && d.envelope.raw.is_empty(), "{rej:?}");
+        assert!(rej.detail.contains("sha256"), "{}", rej.detail);
+        tokio::task::spawn_blocking(move || {
+            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
+        })
+        .await
+        .unwrap();
+    });
+}
