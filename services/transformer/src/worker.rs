@@ -212,9 +212,9 @@ fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetric
     *r = refused_to_dlq(cfg, r, "too_large", detail, false, metrics);
 }
 
-/// A dead letter, for `reason`, in place of the output `r` Kafka does not take: without the message itself
-/// when `strip` or when the dead letter would not fit the record limit either (the input stays in the inbound
-/// topic).
+/// A dead letter, for `reason`, in place of the output `r` Kafka does not take (a dead letter already keeps its
+/// own reason): without the message itself when `strip` or when the dead letter would not fit the record limit
+/// either (the input stays in the inbound topic).
 fn refused_to_dlq(
     cfg: &Config,
     r: &mut OutRecord,
@@ -224,13 +224,27 @@ fn refused_to_dlq(
     metrics: &TransformerMetrics,
 ) -> OutRecord {
     let mut env = std::mem::take(&mut r.envelope);
-    env.rejection = Some(Rejection {
-        stage: "transformer".into(),
-        reason: reason.into(),
-        detail,
-        ..Rejection::default()
-    });
-    let mut dead = dlq(cfg, env, reason, metrics);
+    let mut dead = match env.rejection.as_mut() {
+        // A dead letter already (e.g. `parse`): it keeps its reason, and goes without the message.
+        Some(rej) if r.topic == cfg.dlq_topic => {
+            rej.detail = format!("{}; {detail}", rej.detail);
+            OutRecord {
+                topic: r.topic.clone(),
+                key: std::mem::take(&mut r.key),
+                envelope: env,
+                traceparent: std::mem::take(&mut r.traceparent),
+            }
+        }
+        _ => {
+            env.rejection = Some(Rejection {
+                stage: "transformer".into(),
+                reason: reason.into(),
+                detail,
+                ..Rejection::default()
+            });
+            dlq(cfg, env, reason, metrics)
+        }
+    };
     if strip
         || record_size(&dead.envelope, &dead.key, &dead.traceparent) > cfg.kafka.max_message_bytes
     {
@@ -1276,6 +1290,33 @@ mod tests {
         assert!(r.envelope.raw.is_empty());
         assert!(rej.detail.contains("sha256 "), "{}", rej.detail);
         assert!(record_size(&r.envelope, &r.key, &r.traceparent) <= max);
+    }
+
+    /// A dead letter Kafka refuses (a message near the limit, plus its rejection) keeps its own reason and
+    /// loses the message, not its ids.
+    #[tokio::test]
+    async fn a_refused_dead_letter_keeps_its_reason() {
+        let (_reg, m) = TransformerMetrics::registered();
+        let cfg = Config::default();
+        let (mut r, _) = run(&cfg, &[], &inbound(ORU)).await;
+        let mut r = r.records.remove(0);
+        assert_eq!(r.topic, "hl7.dlq");
+        let dead = refused_to_dlq(&cfg, &mut r, "too_large", "refused".into(), true, &m);
+        let rej = dead.envelope.rejection.clone().unwrap();
+        assert_eq!(
+            (dead.topic.as_str(), rej.reason.as_str()),
+            ("hl7.dlq", "unmatched")
+        );
+        assert!(
+            rej.detail.contains("refused") && rej.detail.contains("sha256"),
+            "{}",
+            rej.detail
+        );
+        assert!(dead.envelope.raw.is_empty());
+        assert_eq!(
+            (dead.envelope.id.as_str(), dead.key.as_str()),
+            ("e1", "F|P1")
+        );
     }
 
     /// `helm test` traffic that no route names is counted, never delivered by default nor dead-lettered.
