@@ -639,7 +639,10 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     {
                         Some(Ok(())) => break,
                         Some(Err(e)) => {
-                            tracing::warn!(error = %e, "the new producer cannot initialise transactions yet")
+                            tracing::warn!(error = %e, "the new producer cannot initialise transactions yet");
+                            self.set_recovering(Some(&format_args!(
+                                "recreating the transactional producer: {e}"
+                            )));
                         }
                         None => {
                             self.metrics.stuck_calls.inc();
