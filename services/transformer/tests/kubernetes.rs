@@ -320,4 +320,70 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     let (ok, out) = cluster.kubectl(&["delete", "hl7route", "adt", "-n", ns], None);
     assert!(ok, "{out}");
     wait_destinations(&grpc, &[]).await;
+
+    made_up_tokens_from_one_address_do_not_keep_a_service_account_out(&grpc).await;
+}
+
+/// Issue 24, item 11: 64 callers on 127.0.0.1 send made-up JWT-shaped tokens as fast as they are refused
+/// (each one a TokenReview), while `ops` calls from 127.0.0.2 for 12 s, past the 10 s its decision is cached:
+/// every one of its calls is served (the flood gets 2 reviews in flight, not all 16).
+async fn made_up_tokens_from_one_address_do_not_keep_a_service_account_out(grpc: &str) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let reviews_asked = Arc::new(AtomicU64::new(0));
+    let mut flood = Vec::new();
+    for f in 0..64 {
+        let (grpc, stop, asked) = (grpc.to_owned(), stop.clone(), reviews_asked.clone());
+        flood.push(tokio::spawn(async move {
+            let mut c = TransformClient::connect(grpc).await.unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let token = format!("eyJhbGciOiJSUzI1NiJ9.{}.{f}", uuid::Uuid::now_v7().simple());
+                let mut req = tonic::Request::new(TransformRequest {
+                    message: ADT.to_vec().into(),
+                    ..TransformRequest::default()
+                });
+                req.metadata_mut()
+                    .insert("authorization", format!("Bearer {token}").parse().unwrap());
+                let r = c.transform(req).await;
+                assert!(r.is_err(), "a made-up token was let in");
+                asked.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let ops = TransformClient::new(
+        tonic::transport::Endpoint::from_shared(grpc.to_owned())
+            .unwrap()
+            .local_address(Some([127, 0, 0, 2].into()))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let token = OPS_TOKEN.get().unwrap();
+    let (start, mut calls, mut refused) = (Instant::now(), 0, Vec::new());
+    while start.elapsed() < Duration::from_secs(12) {
+        let mut req = tonic::Request::new(TransformRequest {
+            message: ADT.to_vec().into(),
+            ..TransformRequest::default()
+        });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        calls += 1;
+        if let Err(s) = ops.clone().transform(req).await {
+            refused.push(format!("{:?} {}", s.code(), s.message()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.await.unwrap();
+    }
+    let asked = reviews_asked.load(Ordering::Relaxed);
+    assert!(asked > 100, "the flood made only {asked} calls");
+    assert!(
+        refused.is_empty(),
+        "ops was refused {} of {calls} calls during a flood of {asked} made-up tokens: {:?}",
+        refused.len(),
+        &refused[..refused.len().min(5)]
+    );
 }
