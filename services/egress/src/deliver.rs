@@ -412,6 +412,15 @@ impl DestCtx {
         let out = outgoing(&env.raw, &self.dest.ack_policy);
         // The receiver answers the control id it reads in the message sent (a route may have changed it).
         let sent_id = hl7v2::Header::salvage(&out).control_id;
+        if sent_id.is_empty() {
+            // No answer could name it (a route cleared MSH-10): sent, it would wait for one forever.
+            self.m.unanswerable(&span);
+            let detail =
+                "the message as sent has no MSH-10: no answer could be matched to it".into();
+            return self
+                .dead_letter(env, "no_control_id", detail, None, stop)
+                .await;
+        }
         let retry = &self.dest.retry;
         let policy = &self.dest.ack_policy;
         let mut attempt = env.attempts;

@@ -48,6 +48,11 @@ impl DestMetrics {
         );
     }
 
+    /// The message as sent has no MSH-10, so no answer could ever be matched to it: DLQ, not sent.
+    pub fn unanswerable(&self, span: &Span) {
+        tracing::warn!(parent: span, "the message has no MSH-10 (control id): DLQ");
+    }
+
     /// The attempts (or negative answers) allowed ran out: the message goes to the DLQ.
     pub fn gave_up(&self, span: &Span, reason: &'static str, attempts: u32) {
         tracing::warn!(parent: span, reason, attempts, "giving up: DLQ");

@@ -1084,3 +1084,51 @@ fn dead_letters_kafka_refuses_even_shrunk_make_the_egress_unready_with_the_reaso
         .unwrap();
     });
 }
+
+/// Issue 24, item 14's corollary: only an answer naming the message's MSH-10 counts, so a message sent without
+/// one (a route cleared it) could never be answered and would be sent again forever. It is a dead letter,
+/// `no_control_id`, and the messages after it are delivered.
+#[test]
+fn a_message_without_a_control_id_is_a_dead_letter_not_resent_forever() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut p = Pipeline::new();
+        let got = big_ack_receiver(p.receiver_port, 0).await;
+        p.start_egress();
+        let http = p.egress.admin.unwrap();
+        tokio::task::spawn_blocking(move || {
+            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
+        })
+        .await
+        .unwrap();
+        let messages = [
+            ("NOID", adt_from("ADMIT", "", "MRN-BIG")),
+            ("AFTER-3", adt_from("ADMIT", "AFTER-3", "MRN-BIG")),
+        ];
+        produce_outputs(&p.topic("out.lab"), &messages).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !got.lock().unwrap().iter().any(|c| c == "AFTER-3") {
+            assert!(
+                Instant::now() < deadline,
+                "the message after it was not delivered: the receiver got {:?}",
+                got.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let dlq = p.topic("dlq");
+        let dead = tokio::task::spawn_blocking(move || {
+            support::read_topic(support::broker(), &dlq, 1, Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
+        let reasons: Vec<String> = dead
+            .iter()
+            .map(|d| d.envelope.rejection.clone().unwrap_or_default().reason)
+            .collect();
+        assert_eq!(reasons, ["no_control_id"]);
+        assert!(
+            !got.lock().unwrap().iter().any(String::is_empty),
+            "it was not sent"
+        );
+    });
+}
