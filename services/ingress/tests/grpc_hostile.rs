@@ -220,3 +220,32 @@ async fn a_grpc_stream_that_never_reads_its_answers_is_ended_after_write_timeout
     let status = end.expect("an ended stream ends with a status");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
 }
+
+/// Issue 24, item 2: a client that finished the HTTP/2 handshake and then stops answering (a dead peer, a
+/// half-open tunnel) is disconnected when a keepalive PING goes unanswered, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_client_that_stops_answering_pings_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (ingress, _t) = start([
+        ("HL7GW_GRPC__KEEPALIVE_INTERVAL", "1s".to_owned()),
+        ("HL7GW_GRPC__KEEPALIVE_TIMEOUT", "1s".to_owned()),
+        ("HL7GW_GRPC__FIRST_STREAM_TIMEOUT", "60s".to_owned()),
+    ]);
+    let mut c = tokio::net::TcpStream::connect(ingress.grpc).await.unwrap();
+    // The client preface and an empty SETTINGS frame, then silence: no SETTINGS ACK, no PING answer.
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let opened = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(_)) | Ok(Err(_))),
+        "the connection stayed open {:?} without answering a PING",
+        opened.elapsed()
+    );
+    let closed =
+        ingress.metric("hl7gw_grpc_connections_closed_total{reason=\"keepalive_timeout\"}");
+    assert_eq!(closed, 1.0, "keepalive_timeout closes");
+}
