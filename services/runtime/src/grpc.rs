@@ -1,5 +1,6 @@
 //! The services' gRPC listener, built one way for all three: TLS or mutual TLS (PEM files), TCP_NODELAY, a
-//! connection limit, gzip/zstd, health; and who may call which method. Admin methods are refused to anyone not
+//! connection limit, connection lifetimes (first-stream timeout, HTTP/2 keepalive, idle timeout, maximum
+//! age), gzip/zstd, health; and who may call which method. Admin methods are refused to anyone not
 //! allow-listed (deny by default); every call to them is audited (who, method, what, result; never content).
 
 use crate::admin::Health;
@@ -1609,6 +1610,22 @@ mod tests {
         };
         assert!(s.validate(&["Replay"]).is_err());
         assert!(s.validate(&["Status"]).is_err(), "unknown method");
+        let lifetimes = |first: u64, ka: u64, kat: u64| GrpcSettings {
+            first_stream_timeout: Duration::from_secs(first),
+            keepalive_interval: Duration::from_secs(ka),
+            keepalive_timeout: Duration::from_secs(kat),
+            ..GrpcSettings::default()
+        };
+        assert!(GrpcSettings::default().validate(&[]).is_ok());
+        assert!(
+            lifetimes(0, 60, 20).validate(&[]).is_err(),
+            "no first-stream timeout"
+        );
+        assert!(
+            lifetimes(10, 60, 0).validate(&[]).is_err(),
+            "keepalive without timeout"
+        );
+        assert!(lifetimes(10, 0, 0).validate(&[]).is_ok(), "keepalive off");
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("tokens");
         std::fs::write(&file, "short-secret-token\n").expect("write");
