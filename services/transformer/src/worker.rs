@@ -1295,6 +1295,43 @@ mod tests {
         assert!(record_size(&r.envelope, &r.key, &r.traceparent) <= max);
     }
 
+    /// librdkafka's own size check (`message.max.bytes`) counts key, headers and overhead: it never refuses a
+    /// record [`record_size`] says fits, and its refusal is a `too_large` dead letter, not a retry.
+    #[test]
+    fn librdkafka_takes_every_record_record_size_says_fits() {
+        let max = 1000;
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.max.bytes", max.to_string())
+            .create_with_context(hl7gw_runtime::kafka::KafkaContext)
+            .unwrap();
+        let trace = hl7gw_runtime::proto::v1::TraceContext {
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            tracestate: String::new(),
+        };
+        let env = envelope::decode(&inbound(ADT)).unwrap();
+        let mut r = output_record(&Config::default(), env, "lab", &trace);
+        let mut buf = Vec::new();
+        let mut fitting = 0;
+        let refused = (0..max).find_map(|n| {
+            r.envelope.raw = vec![b'X'; n].into();
+            let fits = record_size(&r.envelope, &r.key, &r.traceparent) <= max;
+            match send(&producer, &r, &mut buf) {
+                Ok(_) => {
+                    fitting += usize::from(fits);
+                    None
+                }
+                Err(e) => {
+                    assert!(!fits, "refused at {n} bytes of message though it fits: {e}");
+                    Some(e)
+                }
+            }
+        });
+        let e = refused.expect("librdkafka refused a record over its limit");
+        assert_eq!(refused_for_good(&e), Some("too_large"));
+        assert!(fitting > 0);
+    }
+
     /// A dead letter Kafka refuses (a message near the limit, plus its rejection) keeps its own reason and
     /// loses the message, not its ids.
     #[tokio::test]
