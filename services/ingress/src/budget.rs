@@ -17,21 +17,31 @@ pub const MESSAGE_OVERHEAD: usize = 1024;
 /// beyond them the read buffer is reserved from it, so a thousand half-sent 1 MiB frames cannot take a GiB.
 pub const FREE_READ_BYTES: usize = 64 * 1024;
 
+/// The largest message a connection holding nothing else may take from the floor instead of the shared
+/// budget.
+pub const FLOOR_MESSAGE_BYTES: usize = 64 * 1024;
+
 /// The process's budget.
 #[derive(Debug)]
 pub struct Budget {
     process: Arc<Semaphore>,
+    /// Bytes for the one message of a connection that holds nothing else (a send-and-wait sender's every
+    /// message): never waited for, so clients that spend the shared budget (never reading their answers, say)
+    /// do not hold up a sender that waits for each answer. `FLOOR_MESSAGE_BYTES` per connection slot.
+    floor: Arc<Semaphore>,
     total: usize,
     held: Gauge,
     waits: Counter,
 }
 
 impl Budget {
-    /// A budget of `total` bytes (at most `u32::MAX`), shown in `held` and counting waits in `waits`.
-    pub fn new(total: usize, held: Gauge, waits: Counter) -> Self {
+    /// A budget of `total` bytes (at most `u32::MAX`) and a floor of `floor` bytes, shown in `held` and
+    /// counting waits in `waits`.
+    pub fn new(total: usize, floor: usize, held: Gauge, waits: Counter) -> Self {
         let total = total.clamp(1, u32::MAX as usize);
         Self {
             process: Arc::new(Semaphore::new(total)),
+            floor: Arc::new(Semaphore::new(floor.min(u32::MAX as usize))),
             total,
             held,
             waits,
@@ -65,17 +75,19 @@ pub struct ConnectionBudget {
 impl ConnectionBudget {
     /// Waits until `cost` bytes (clamped to the connection's bound) are free in the connection's share and
     /// in the process's budget, and holds them until the returned [`Held`] is dropped. The connection's own
-    /// share is taken first, so a connection waiting for the process holds nothing of it.
+    /// share is taken first, so a connection waiting for the process holds nothing of it. A message of at most
+    /// [`FLOOR_MESSAGE_BYTES`] on a connection that holds nothing else comes from the floor when it has room.
     pub async fn acquire(&self, cost: usize) -> Option<Held> {
         let n = cost.clamp(1, self.max) as u32;
+        let alone = self.own.available_permits() == self.max;
         let own = self.own.clone().acquire_many_owned(n).await.ok()?;
         let p = &self.process;
-        let process = match p.process.clone().try_acquire_many_owned(n) {
-            Ok(permit) => permit,
-            Err(_) => {
-                p.waits.inc();
-                p.process.clone().acquire_many_owned(n).await.ok()?
-            }
+        let floor = (alone && n as usize <= FLOOR_MESSAGE_BYTES)
+            .then(|| p.floor.clone().try_acquire_many_owned(n).ok())
+            .flatten();
+        let process = match floor {
+            Some(permit) => permit,
+            None => self.shared(n).await?,
         };
         p.held.inc_by(i64::from(n));
         Some(Held {
@@ -86,18 +98,24 @@ impl ConnectionBudget {
         })
     }
 
+    /// `n` bytes of the shared budget, waiting (counted) when they are not free.
+    async fn shared(&self, n: u32) -> Option<OwnedSemaphorePermit> {
+        let p = &self.process;
+        match p.process.clone().try_acquire_many_owned(n) {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                p.waits.inc();
+                p.process.clone().acquire_many_owned(n).await.ok()
+            }
+        }
+    }
+
     /// Reserves `bytes` of the process's budget (not the connection's own share, which counts messages) for a
     /// read buffer holding a frame not yet complete.
     pub async fn reserve_reading(&self, bytes: usize) -> Option<Held> {
         let n = bytes.clamp(1, self.process.total) as u32;
+        let process = self.shared(n).await?;
         let p = &self.process;
-        let process = match p.process.clone().try_acquire_many_owned(n) {
-            Ok(permit) => permit,
-            Err(_) => {
-                p.waits.inc();
-                p.process.clone().acquire_many_owned(n).await.ok()?
-            }
-        };
         p.held.inc_by(i64::from(n));
         Some(Held {
             _own: None,
@@ -150,7 +168,7 @@ mod tests {
     use std::time::Duration;
 
     fn budget(total: usize) -> Arc<Budget> {
-        Arc::new(Budget::new(total, Gauge::default(), Counter::default()))
+        Arc::new(Budget::new(total, 0, Gauge::default(), Counter::default()))
     }
 
     /// Issue 24, item 3: many connections together hold no more than the process's budget; one that waits
@@ -176,6 +194,33 @@ mod tests {
         drop(third);
         drop(held);
         assert_eq!(b.held.get(), 0);
+    }
+
+    /// A connection holding nothing else takes a small message from the floor, so a send-and-wait sender is
+    /// not held up by clients that spent the shared budget; its second message waits like any other.
+    #[tokio::test]
+    async fn a_lone_small_message_comes_from_the_floor() {
+        let b = Arc::new(Budget::new(
+            5_000,
+            2 * FLOOR_MESSAGE_BYTES,
+            Gauge::default(),
+            Counter::default(),
+        ));
+        let hog = b.connection(5_000);
+        let _floor = hog.acquire(1_000).await.expect("free");
+        let _spent = hog.acquire(4_000).await.expect("free");
+        let sender = b.connection(5_000);
+        let first = tokio::time::timeout(Duration::from_millis(100), sender.acquire(1_000)).await;
+        assert!(
+            matches!(first, Ok(Some(_))),
+            "the floor serves a lone message"
+        );
+        let second = tokio::time::timeout(Duration::from_millis(100), sender.acquire(2_000)).await;
+        assert!(
+            second.is_err(),
+            "a second message waits for the shared budget"
+        );
+        assert_eq!(b.held.get(), 6_000);
     }
 
     /// Issue 24, item 4: a batch is charged per message, a lone message its bytes and one overhead.

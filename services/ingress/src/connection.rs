@@ -214,10 +214,13 @@ async fn write_loop<W>(
     let mut ack = Vec::with_capacity(512);
     let mut out = BytesMut::with_capacity(4 * 1024);
     let mut codec = MllpCodec::default();
-    while let Some((p, _bytes)) = rx.recv().await {
+    while let Some((p, bytes)) = rx.recv().await {
         let reply = pipe.resolve(p).await;
-        // Answered as far as eviction goes: the answer is about to be written, or the connection closes.
+        // Answered as far as eviction and the byte budget go: the answer is about to be written, or the
+        // connection closes. Released before the write, so a sender that waits for each answer finds its
+        // connection holding nothing when it sends the next message (and gets the budget's floor).
         progress.answered();
+        drop(bytes);
         if matches!(reply.action, Action::Close) {
             closing.cancel();
             break;

@@ -322,6 +322,8 @@ impl Pipeline {
         metrics.in_flight_budget_bytes.set(total as i64);
         let budget = Arc::new(Budget::new(
             total,
+            cfg.max_connections
+                .saturating_mul(crate::budget::FLOOR_MESSAGE_BYTES),
             metrics.in_flight_bytes.clone(),
             metrics.budget_waits.clone(),
         ));
