@@ -218,7 +218,7 @@ async fn housekeeping(
             .then(|| cfg.dlq_topic.clone());
         let topic = named.clone();
         let ok = tokio::task::spawn_blocking(move || {
-            metadata_ok(
+            hl7gw_runtime::kafka::metadata_ok(
                 p.client()
                     .fetch_metadata(topic.as_deref(), Duration::from_secs(2)),
                 topic.as_deref(),
@@ -254,7 +254,7 @@ async fn housekeeping(
         });
         if broken {
             Err("kafka producer failed for good and is being recreated".to_owned())
-        } else if let Some(reason) = metadata_failure(ok, named.as_deref()) {
+        } else if let Some(reason) = hl7gw_runtime::kafka::metadata_failure(ok, named.as_deref()) {
             Err(reason)
         } else if let Some(reason) = unready {
             Err(reason)
@@ -263,32 +263,6 @@ async fn housekeeping(
         }
     })
     .await;
-}
-
-/// Whether Kafka answered a metadata request (`None` if not) and, when it was for a `named` topic, whether that
-/// topic has partitions.
-fn metadata_ok(
-    answer: rdkafka::error::KafkaResult<rdkafka::metadata::Metadata>,
-    named: Option<&str>,
-) -> Option<bool> {
-    let m = answer.ok()?;
-    Some(named.is_none_or(|name| {
-        m.topics()
-            .iter()
-            .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
-    }))
-}
-
-/// The readiness failure of a metadata probe (see [`metadata_ok`]) for `named`, if any.
-fn metadata_failure(ok: Option<bool>, named: Option<&str>) -> Option<String> {
-    match ok {
-        None => Some(hl7gw_runtime::kafka::unreachable_reason()),
-        Some(false) => Some(format!(
-            "topic {} does not exist or has no partitions",
-            named.unwrap_or_default()
-        )),
-        Some(true) => None,
-    }
 }
 
 /// Creates the destination and DLQ topics that do not exist yet; false when Kafka did not let it.

@@ -822,6 +822,17 @@ async fn produce_outputs(topic: &str, messages: &[(&str, Vec<u8>)]) {
 }
 
 /// A receiver taking frames up to 4 MiB that answers AE with a `ack_bytes`-byte ACK (its MSA-3 text) to control
+/// Starts the pipeline's egress and waits (30 s at most) until its `/readyz` says ready.
+async fn start_ready_egress(p: &mut Pipeline) {
+    p.start_egress();
+    let admin = p.egress.admin.expect("the egress's admin address");
+    tokio::task::spawn_blocking(move || {
+        support::wait_ready("egress", admin, Instant::now() + Duration::from_secs(30))
+    })
+    .await
+    .expect("the readiness wait");
+}
+
 /// ids starting with `BIG`, AA to the others; returns the control ids it got, in order.
 async fn big_ack_receiver(port: u16, ack_bytes: usize) -> std::sync::Arc<Mutex<Vec<String>>> {
     use futures_util::{SinkExt, StreamExt};
@@ -866,13 +877,7 @@ fn a_dead_letter_over_the_record_limit_is_shrunk_and_later_messages_delivered() 
     runtime().block_on(async {
         let mut p = Pipeline::new();
         let got = big_ack_receiver(p.receiver_port, 200_000).await;
-        p.start_egress();
-        let admin = p.egress.admin.unwrap();
-        tokio::task::spawn_blocking(move || {
-            support::wait_ready("egress", admin, Instant::now() + Duration::from_secs(30))
-        })
-        .await
-        .unwrap();
+        start_ready_egress(&mut p).await;
         let mut big = adt_from("ADMIT", "BIG-1", "MRN-BIG");
         big.extend_from_slice(b"NTE|1||");
         big.resize(1_900 * 1024, b'X');
@@ -1032,13 +1037,8 @@ fn dead_letters_kafka_refuses_even_shrunk_make_the_egress_unready_with_the_reaso
             r.unwrap();
         }
         let _got = big_ack_receiver(p.receiver_port, 1_000).await;
-        p.start_egress();
+        start_ready_egress(&mut p).await;
         let http = p.egress.admin.unwrap();
-        tokio::task::spawn_blocking(move || {
-            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
-        })
-        .await
-        .unwrap();
         produce_outputs(
             &p.topic("out.lab"),
             &[("BIG-2", adt_from("ADMIT", "BIG-2", "MRN-BIG"))],
@@ -1094,13 +1094,7 @@ fn a_message_without_a_control_id_is_a_dead_letter_not_resent_forever() {
     runtime().block_on(async {
         let mut p = Pipeline::new();
         let got = big_ack_receiver(p.receiver_port, 0).await;
-        p.start_egress();
-        let http = p.egress.admin.unwrap();
-        tokio::task::spawn_blocking(move || {
-            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
-        })
-        .await
-        .unwrap();
+        start_ready_egress(&mut p).await;
         let messages = [
             ("NOID", adt_from("ADMIT", "", "MRN-BIG")),
             ("AFTER-3", adt_from("ADMIT", "AFTER-3", "MRN-BIG")),

@@ -628,6 +628,32 @@ pub fn recent_client_error(within: Duration) -> Option<String> {
     recent(&e.credentials).or_else(|| recent(&e.other))
 }
 
+/// Whether Kafka answered a readiness probe's metadata request (`None` if not) and, when it was for a `named` topic, whether that
+/// topic has partitions.
+pub fn metadata_ok(
+    answer: rdkafka::error::KafkaResult<rdkafka::metadata::Metadata>,
+    named: Option<&str>,
+) -> Option<bool> {
+    let m = answer.ok()?;
+    Some(named.is_none_or(|name| {
+        m.topics()
+            .iter()
+            .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
+    }))
+}
+
+/// The readiness failure of a metadata probe (see [`metadata_ok`]) for `named`, if any.
+pub fn metadata_failure(ok: Option<bool>, named: Option<&str>) -> Option<String> {
+    match ok {
+        None => Some(unreachable_reason()),
+        Some(false) => Some(format!(
+            "topic {} does not exist or has no partitions",
+            named.unwrap_or_default()
+        )),
+        Some(true) => None,
+    }
+}
+
 /// Why Kafka did not answer a readiness probe: the clients' last error when recent (a refused password or
 /// certificate says so), else that no broker answered.
 pub fn unreachable_reason() -> String {

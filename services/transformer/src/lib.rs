@@ -362,7 +362,7 @@ async fn housekeeping(
         drop(known);
         let (c, topic) = (consumer.clone(), named.clone());
         let (kafka_ok, lag) = tokio::task::spawn_blocking(move || {
-            let ok = metadata_ok(
+            let ok = hl7gw_runtime::kafka::metadata_ok(
                 c.fetch_metadata(topic.as_deref(), Duration::from_secs(2)),
                 topic.as_deref(),
             );
@@ -374,7 +374,7 @@ async fn housekeeping(
         if let Some(lag) = lag {
             metrics.consumer_lag.set(lag);
         }
-        if let Some(reason) = metadata_failure(kafka_ok, named.as_deref()) {
+        if let Some(reason) = hl7gw_runtime::kafka::metadata_failure(kafka_ok, named.as_deref()) {
             Err(reason)
         } else if !live.is_loaded() {
             Err("routes not loaded".to_owned())
@@ -389,30 +389,4 @@ async fn housekeeping(
         }
     })
     .await;
-}
-
-/// Whether Kafka answered a metadata request (`None` if not) and, when it was for a `named` topic, whether that
-/// topic has partitions.
-fn metadata_ok(
-    answer: rdkafka::error::KafkaResult<rdkafka::metadata::Metadata>,
-    named: Option<&str>,
-) -> Option<bool> {
-    let m = answer.ok()?;
-    Some(named.is_none_or(|name| {
-        m.topics()
-            .iter()
-            .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
-    }))
-}
-
-/// The readiness failure of a metadata probe (see [`metadata_ok`]) for `named`, if any.
-fn metadata_failure(ok: Option<bool>, named: Option<&str>) -> Option<String> {
-    match ok {
-        None => Some(hl7gw_runtime::kafka::unreachable_reason()),
-        Some(false) => Some(format!(
-            "topic {} does not exist or has no partitions",
-            named.unwrap_or_default()
-        )),
-        Some(true) => None,
-    }
 }
