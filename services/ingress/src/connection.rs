@@ -239,11 +239,13 @@ async fn write_loop<W>(
             let _ = codec.encode(&ack[..], &mut out);
         }
         if (rx.is_empty() || out.len() > 64 * 1024) && !out.is_empty() {
+            progress.writing();
             let written = tokio::time::timeout(cfg.write_timeout, async {
                 wr.write_all(&out).await?;
                 wr.flush().await
             })
             .await;
+            progress.written();
             match written {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {

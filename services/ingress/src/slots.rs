@@ -1,10 +1,13 @@
 //! MLLP connection slots: at most `max_connections` open, and at the limit a new connection takes the slot of
-//! the one that has completed no frame for longest (idle, or trickling bytes into a frame that never ends) when
-//! that is longer than `evict_after` and nothing of it waits for an answer. Idle and slow clients then cost only
-//! themselves: a real sender gets in, and a sender whose connection was closed while idle simply reconnects.
+//! one that is doing nothing for anyone: first the oldest that never completed a frame (a scanner, an idle or a
+//! slowloris client: a real sender sends its message as soon as it connects), then the one that completed no
+//! frame for longest, past `evict_after`, with nothing unanswered, then one whose answers have not been read for
+//! `evict_after`. Idle, slow and never-reading clients then cost only themselves, even when they reconnect as
+//! fast as they are closed: a real sender gets in and, once it sends, keeps its slot; a sender whose connection
+//! was closed while idle simply reconnects.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -32,6 +35,12 @@ pub struct Slots {
 pub struct Progress {
     /// Milliseconds from the listener's start to the connection's last complete frame (or its opening).
     last_frame_ms: AtomicU64,
+    /// Milliseconds from the listener's start to its opening.
+    opened_ms: u64,
+    /// It completed a frame.
+    proven: AtomicBool,
+    /// 1 + milliseconds from the listener's start to when the write of its answers blocked (0: not blocked).
+    write_blocked_ms: AtomicU64,
     /// Messages read and not yet answered.
     unanswered: AtomicUsize,
     /// Cancelled when the connection is to close for a new one.
@@ -44,6 +53,38 @@ impl Progress {
     pub fn frame(&self) {
         self.last_frame_ms
             .store(ms_since(self.base), Ordering::Relaxed);
+        self.proven.store(true, Ordering::Relaxed);
+    }
+
+    /// Answers are being written (the write may block on a peer that does not read).
+    pub fn writing(&self) {
+        self.write_blocked_ms
+            .store(ms_since(self.base) + 1, Ordering::Relaxed);
+    }
+
+    /// The write finished.
+    pub fn written(&self) {
+        self.write_blocked_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// How good a victim it is at `now` (lower first), or `None` when it is doing something for someone.
+    fn eviction_rank(&self, now: u64, min_age: u64) -> Option<(u8, u64)> {
+        if self.evicted.is_cancelled() {
+            return None;
+        }
+        let unanswered = self.unanswered.load(Ordering::Relaxed);
+        if !self.proven.load(Ordering::Relaxed) && unanswered == 0 {
+            return Some((0, self.opened_ms));
+        }
+        let last = self.last_frame_ms.load(Ordering::Relaxed);
+        if unanswered == 0 && now.saturating_sub(last) >= min_age {
+            return Some((1, last));
+        }
+        let blocked = self.write_blocked_ms.load(Ordering::Relaxed);
+        if blocked != 0 && now.saturating_sub(blocked - 1) >= min_age {
+            return Some((2, blocked));
+        }
+        None
     }
 
     /// A message was read; its answer is due.
@@ -109,12 +150,9 @@ impl Slots {
         let open = lock(&self.open);
         let victim = open
             .values()
-            .filter(|p| {
-                !p.evicted.is_cancelled()
-                    && p.unanswered.load(Ordering::Relaxed) == 0
-                    && now.saturating_sub(p.last_frame_ms.load(Ordering::Relaxed)) >= min_age
-            })
-            .min_by_key(|p| p.last_frame_ms.load(Ordering::Relaxed));
+            .filter_map(|p| Some((p.eviction_rank(now, min_age)?, p)))
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, p)| p);
         match victim {
             Some(v) => {
                 v.evicted.cancel();
@@ -137,8 +175,12 @@ impl Slots {
     }
 
     fn slot(self: &Arc<Self>, id: u64, permit: OwnedSemaphorePermit) -> Slot {
+        let opened_ms = ms_since(self.base);
         let progress = Arc::new(Progress {
-            last_frame_ms: AtomicU64::new(ms_since(self.base)),
+            last_frame_ms: AtomicU64::new(opened_ms),
+            opened_ms,
+            proven: AtomicBool::new(false),
+            write_blocked_ms: AtomicU64::new(0),
             unanswered: AtomicUsize::new(0),
             evicted: CancellationToken::new(),
             base: self.base,
@@ -165,35 +207,48 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    /// At the limit, the connection with no frame for longest and nothing unanswered is chosen; a busy one
-    /// (a message waiting for its answer) and a recent one are not.
+    /// At the limit, a connection that never completed a frame goes first (the oldest), then the stalest
+    /// idle one; one with a message waiting for its answer and one that just completed a frame are kept, until
+    /// its answers go unread for `evict_after`.
     #[tokio::test]
     async fn the_stalest_idle_connection_makes_room() {
         let slots = Slots::new(3, Duration::from_millis(50));
-        let Taken::Free(a) = slots.take(1) else {
-            panic!("free")
+        let take = |id| match slots.take(id) {
+            Taken::Free(s) => s,
+            _ => panic!("free"),
         };
-        let Taken::Free(b) = slots.take(2) else {
-            panic!("free")
-        };
-        let Taken::Free(c) = slots.take(3) else {
-            panic!("free")
-        };
+        let (a, b, c) = (take(1), take(2), take(3));
+        for s in [&a, &b, &c] {
+            s.progress.frame();
+        }
+        a.progress.read();
         assert!(
             matches!(slots.take(4), Taken::Refused),
             "nobody is stale yet"
         );
+        let d = {
+            drop(c);
+            take(4)
+        };
+        assert!(matches!(slots.take(5), Taken::Evicting));
+        assert!(
+            d.progress.evicted.is_cancelled(),
+            "the one without a frame goes first"
+        );
+        drop(d);
+        let e = slots.wait(5).await.expect("the evicted one's slot");
+        e.progress.frame();
+        e.progress.read();
         tokio::time::sleep(Duration::from_millis(80)).await;
-        a.progress.read();
         b.progress.frame();
-        // a waits for an answer, b just completed a frame: c is the one.
-        assert!(matches!(slots.take(4), Taken::Evicting));
-        assert!(c.progress.evicted.is_cancelled());
-        assert!(!a.progress.evicted.is_cancelled() && !b.progress.evicted.is_cancelled());
-        drop(c);
-        assert!(slots.wait(4).await.is_some());
-        a.progress.answered();
-        drop(b);
+        // a and e wait for answers, b just completed a frame: nobody.
+        assert!(matches!(slots.take(6), Taken::Refused));
+        a.progress.writing();
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        b.progress.frame();
+        // a's answers have not been read for longer than evict_after.
+        assert!(matches!(slots.take(6), Taken::Evicting));
+        assert!(a.progress.evicted.is_cancelled());
     }
 
     #[test]

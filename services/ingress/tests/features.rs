@@ -975,6 +975,8 @@ async fn max_connections_refusals_and_idle_closes_are_counted() {
     let (ingress, _) = start([
         ("HL7GW_MAX_CONNECTIONS", "2".into()),
         ("HL7GW_IDLE_TIMEOUT", "2s".into()),
+        // Refusals at the limit, not eviction (at_the_limit_the_stalest_idle_or_slow_connection_makes_room).
+        ("HL7GW_EVICT_AFTER", "0s".into()),
     ]);
     let mut a = Mllp::connect(ingress.mllp).await;
     let _b = Mllp::connect(ingress.mllp).await;
@@ -1025,6 +1027,8 @@ async fn slow_connections_cannot_hold_every_slot() {
         ("HL7GW_MAX_CONNECTIONS", "6".into()),
         ("HL7GW_FRAME_TIMEOUT", "2s".into()),
         ("HL7GW_IDLE_TIMEOUT", "2s".into()),
+        // The deadlines alone (eviction would also let the sender in).
+        ("HL7GW_EVICT_AFTER", "0s".into()),
     ]);
     let addr = ingress.mllp;
     let mut slow = Vec::new();
@@ -1086,6 +1090,7 @@ async fn at_the_limit_the_stalest_idle_or_slow_connection_makes_room() {
         .map(|_| tokio::spawn(trickle(addr, b"\x0b", Duration::from_secs(20))))
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut senders = Vec::new();
     for i in 1..=2 {
         let started = Instant::now();
         let mut c = Mllp::connect(addr).await;
@@ -1096,6 +1101,7 @@ async fn at_the_limit_the_stalest_idle_or_slow_connection_makes_room() {
             "sender {i}: no ACK after {:?}",
             started.elapsed()
         );
+        senders.push(c);
     }
     assert!(ingress.metric("hl7gw_ingress_connections_evicted_total") >= 2.0);
     for t in slow {
