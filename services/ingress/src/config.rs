@@ -77,10 +77,11 @@ pub struct Config {
     /// is closed, whatever bytes it trickles in between (counted in `hl7gw_ingress_idle_closes_total`).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// At `max_connections`, a new connection closes the open one that has completed no frame for longest
-    /// (idle, or trickling bytes into a frame), if that is longer than this and it has no message waiting for
-    /// its answer: idle and slow clients cannot keep real senders out (counted in
-    /// `hl7gw_ingress_connections_evicted_total`; 0s: never, new connections are refused instead).
+    /// At `max_connections`, a new connection closes one doing nothing for anyone: the oldest that never
+    /// completed a frame, else the one with no complete frame for longest if longer than this and nothing of it
+    /// is unanswered, else one whose answers went unread for this long. Idle, slow and never-reading clients
+    /// cannot keep real senders out (counted in `hl7gw_ingress_connections_evicted_total`; 0s: never, new
+    /// connections are refused instead).
     #[serde(with = "humantime_serde")]
     pub evict_after: Duration,
     /// A frame not complete this long after its start block is dropped and the connection closed, however
