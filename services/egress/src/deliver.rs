@@ -223,7 +223,7 @@ impl DestCtx {
                 }
                 Err(e) => {
                     tracing::warn!(destination = %self.name, error = %e, "consumer error");
-                    if stops_reading(&e) {
+                    if hl7gw_runtime::kafka::stops_reading(&e) {
                         let generation = self.consumer.context().generation();
                         self.state.set_unreadable(Some((generation, e.to_string())));
                     }
@@ -618,22 +618,6 @@ impl DestCtx {
     }
 }
 
-/// A consumer error that stops all reading until someone fixes it (authorisation, a missing topic), as
-/// opposed to a broker away for a while, which librdkafka recovers from by itself.
-fn stops_reading(e: &rdkafka::error::KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::TopicAuthorizationFailed
-                | C::GroupAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-                | C::UnknownTopicOrPartition
-                | C::UnknownTopic
-        )
-    )
-}
-
 /// A record over librdkafka's or the topic's size limit.
 fn is_too_large(e: &rdkafka::error::KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
@@ -643,21 +627,10 @@ fn is_too_large(e: &rdkafka::error::KafkaError) -> bool {
     )
 }
 
-/// Bytes a record takes beyond its key, value and headers, as the limits count them: librdkafka's worst case
-/// per record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`, 36 bytes) and the record batch header (61 bytes) the broker
-/// counts against the topic's `max.message.bytes`, rounded up.
-const RECORD_OVERHEAD: usize = 128;
-
-/// Encodes `env` into `buf` and returns the size Kafka counts for its record: the encoded envelope, its key,
-/// the headers (each with its two length varints) and [`RECORD_OVERHEAD`].
+/// Encodes `env` into `buf` and returns the size Kafka counts for its record ([`envelope::record_size`]).
 fn encode_record(env: &Envelope, traceparent: &str, buf: &mut Vec<u8>) -> usize {
-    use rdkafka::message::Headers as _;
     envelope::encode_into(env, buf);
-    let headers: usize = envelope::record_headers(env, traceparent)
-        .iter()
-        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + 10)
-        .sum();
-    buf.len() + env.key.len() + headers + RECORD_OVERHEAD
+    envelope::record_size(env, buf.len(), env.key.len(), traceparent)
 }
 
 /// Shrinks a dead letter until its record fits `max` bytes (see [`shrink_one`]); `buf` is scratch space.

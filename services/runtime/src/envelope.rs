@@ -104,6 +104,22 @@ pub fn encode_into(env: &Envelope, buf: &mut Vec<u8>) {
     let _ = env.encode(buf);
 }
 
+/// Bytes a record takes beyond its key, value and headers, as the limits count them: librdkafka's worst case
+/// per record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`, 36 bytes) and the record batch header (61 bytes) the broker
+/// counts against the topic's `max.message.bytes`, rounded up.
+pub const RECORD_OVERHEAD: usize = 128;
+
+/// The size Kafka counts for the record of `env` whose encoding is `encoded_len` bytes, keyed by `key_len`
+/// bytes: the value, the key, the headers (each with its two length varints) and [`RECORD_OVERHEAD`].
+pub fn record_size(env: &Envelope, encoded_len: usize, key_len: usize, traceparent: &str) -> usize {
+    use rdkafka::message::Headers as _;
+    let headers: usize = record_headers(env, traceparent)
+        .iter()
+        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + 10)
+        .sum();
+    encoded_len + key_len + headers + RECORD_OVERHEAD
+}
+
 /// The Kafka headers of a worker's record: those of [`kafka_headers`], with `traceparent` the given one (which
 /// continues the message's trace) and `hl7gw.destination` when the envelope names one.
 pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::OwnedHeaders {

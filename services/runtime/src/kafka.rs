@@ -654,6 +654,21 @@ pub fn metadata_failure(ok: Option<bool>, named: Option<&str>) -> Option<String>
     }
 }
 
+/// A consumer error that stops all reading until someone fixes it (authorisation, a missing topic), as
+/// opposed to a broker away for a while, which librdkafka recovers from by itself.
+pub fn stops_reading(e: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+        )
+    )
+}
+
 /// Why Kafka did not answer a readiness probe: the clients' last error when recent (a refused password or
 /// certificate says so), else that no broker answered.
 pub fn unreachable_reason() -> String {

@@ -267,21 +267,10 @@ fn strip_message(env: &mut Envelope) {
     }
 }
 
-/// Bytes a record takes beyond its key, value and headers, as the limits count them: librdkafka's worst case
-/// per record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`, 36 bytes) and the record batch header (61 bytes) the broker
-/// counts against the topic's `max.message.bytes`, rounded up.
-const RECORD_OVERHEAD: usize = 128;
-
-/// The size Kafka counts for the record of `env` keyed by `key`: the encoded envelope, the key, the headers
-/// (each with its two length varints) and [`RECORD_OVERHEAD`].
+/// The size Kafka counts for the record of `env` keyed by `key` ([`envelope::record_size`]).
 fn record_size(env: &Envelope, key: &str, traceparent: &str) -> usize {
     use prost::Message as _;
-    use rdkafka::message::Headers as _;
-    let headers: usize = envelope::record_headers(env, traceparent)
-        .iter()
-        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + 10)
-        .sum();
-    env.encoded_len() + key.len() + headers + RECORD_OVERHEAD
+    envelope::record_size(env, env.encoded_len(), key.len(), traceparent)
 }
 
 /// The dead-letter reason of an error that refuses one record for good (sending it again cannot help): a record
@@ -421,21 +410,6 @@ impl WorkerHealth {
             *u = v;
         }
     }
-}
-
-/// A consumer error that stops all reading until someone fixes it (authorisation, a missing topic), as
-/// opposed to a broker away for a while, which librdkafka recovers from by itself.
-pub(crate) fn stops_reading(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::GroupAuthorizationFailed
-                | RDKafkaErrorCode::ClusterAuthorizationFailed
-                | RDKafkaErrorCode::UnknownTopicOrPartition
-                | RDKafkaErrorCode::UnknownTopic
-        )
-    )
 }
 
 /// The consume-transform-produce loop.
@@ -694,7 +668,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
             }
             Err(e) => {
                 errors.log(&e);
-                if stops_reading(&e) {
+                if hl7gw_runtime::kafka::stops_reading(&e) {
                     self.health
                         .set_unreadable(Some((generation, e.to_string())));
                 }
