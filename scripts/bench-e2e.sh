@@ -32,6 +32,9 @@ for mode in fast durable; do
   done
   kill -TERM "$ingress_pid"; wait "$ingress_pid" || true; ingress_pid=""
 done
+# shellcheck source=scripts/lib/benchinfo.sh
+. scripts/lib/benchinfo.sh
+bench_info bench-e2e bench.
 python3 scripts/lib/loadrun.py table "$results" mode clients=clients=d run msgs_per_sec=msg/s=,.0f \
   "p50_ms=p50 ms=.3f" "p99_ms=p99 ms=.3f" "max_ms=max ms=.1f" acks=ACKs errors=errors=d \
   "ingress_us=CPU µs/msg: ingress=.1f" broker_us=broker=.1f "load_us=load client=.1f"

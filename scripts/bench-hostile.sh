@@ -99,6 +99,9 @@ PY
   fi
 done
 echo "hl7gw-ingress defaults, $hostile hostile connections per abuse (${warm} s before the normal sender), normal sender 1 client x ${secs} s:"
+# shellcheck source=scripts/lib/benchinfo.sh
+. scripts/lib/benchinfo.sh
+bench_info bench-hostile bench.
 python3 scripts/lib/loadrun.py table "$results" abuse msgs_per_sec=msg/s=,.0f "p50_ms=p50 ms=.2f" \
   "p99_ms=p99 ms=.2f" "max_ms=max ms=.1f" errors=errors "ingress_rss_mib=ingress RSS MiB=.0f" \
   "ingress_us=ingress CPU µs/msg=.1f" evicted=evicted=d idle_closes=idle=d "frame_timeouts=frame timeouts=d" \

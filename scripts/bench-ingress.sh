@@ -42,3 +42,4 @@ print(f'{label} clients={clients}: {r["msgs_per_sec"]:,.0f} msg/s, p50 {r["p50_m
       f'CPU µs/msg ingress {r["ingress_us"]}, broker {r["broker_us"]}, load {r["load_us"]}; '
       f'{per_request:.2f} messages per produce request; errors {r["errors"]}')
 PY
+echo "  topic: $(scripts/kafka.sh topics "$topic")" >&2

@@ -15,6 +15,11 @@
 #   brokers     print the bootstrap list: 127.0.0.1:p1,127.0.0.1:p2,...
 #   controller  print the node id of the active KRaft controller (after a kill: once a live one is elected)
 #   scram-user NAME PASSWORD   create or change a SCRAM-SHA-512 user (KAFKA_SECURE=1)
+#   create-topic NAME PARTITIONS  create a topic (replication as the cluster's default); an existing one is kept
+#   topics [PREFIX]  one line per topic (whose name starts with PREFIX): name, partitions, replication factor
+#   config KEY=VALUE...  set cluster-wide dynamic broker settings on the running brokers (e.g. num.io.threads=2),
+#               so that settings can be compared on one warm broker; KEY= removes one
+#   settings    the server.properties of node 1, one key=value a line, and KAFKA_JVM_OPTS (what a bench ran with)
 #
 # Jars come from Maven Central through scripts/kafka/pom.xml and are cached in .cache/kafka-$KAFKA_VERSION.
 # Settings (environment):
@@ -27,6 +32,9 @@
 #   KAFKA_SECURE           1: also listen with TLS and authentication (one node only; see below)    (0)
 #   KAFKA_HOST             address of the plaintext client listener (127.0.0.1; scripts/node.sh's bridge address
 #                          10.88.0.1 for a broker the local node's pods reach; controllers stay on 127.0.0.1)
+#   KAFKA_JVM_OPTS         more JVM options for each node, e.g. a Flight Recording (scripts/bench-pipeline.sh) ()
+#   KAFKA_EXTRA_PROPERTIES more server.properties lines, space- or newline-separated key=value, later keys win,
+#                          e.g. "num.io.threads=2" to measure a broker setting (the benches)   ()
 #
 # KAFKA_SECURE=1 adds two listeners beside the plaintext one (which the tools keep using):
 #   SASL_SSL on KAFKA_PORT + 2: TLS, SCRAM-SHA-512 user `hl7gw`, password in $KAFKA_DATA_DIR/pki/password
@@ -157,6 +165,7 @@ controller.quorum.election.backoff.max.ms=750
 replica.lag.time.max.ms=10000
 PROPS
   fi
+  if [ -n "${KAFKA_EXTRA_PROPERTIES:-}" ]; then tr ' ' '\n' <<<"$KAFKA_EXTRA_PROPERTIES" | grep . >>"$dir/server.properties"; fi
   if [ "$KAFKA_SECURE" = 1 ]; then
     # Later keys win in a properties file: the listener lines below replace the plaintext-only ones.
     pki
@@ -250,8 +259,10 @@ format() {
 }
 
 launch() {
+  local extra=()
+  if [ -n "${KAFKA_JVM_OPTS:-}" ]; then read -r -a extra <<<"$KAFKA_JVM_OPTS"; fi
   nohup bash -c 'exec "$@"' _ java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
-    -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$libs/*" \
+    "${extra[@]}" -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$libs/*" \
     kafka.Kafka "$dir/server.properties" >"$dir/kafka.log" 2>&1 9>&- &
   echo $! >"$pidfile"
 }
@@ -453,6 +464,38 @@ scram_user() {
     --add-config "SCRAM-SHA-512=[password=$2]" >/dev/null
 }
 
+create_topic() {
+  [ -n "${1:-}" ] && [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { log "usage: create-topic NAME PARTITIONS"; exit 2; }
+  tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(brokers)" \
+    --command-config "$KAFKA_DATA_DIR/tools.properties" --create --if-not-exists --topic "$1" --partitions "$2" >/dev/null
+}
+
+# Internal topics (__consumer_offsets, __transaction_state) are listed too: their partitions are part of a bench's shape.
+topics() {
+  tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(brokers)" \
+    --command-config "$KAFKA_DATA_DIR/tools.properties" --describe --exclude-internal=false 2>/dev/null |
+    sed -n 's/^Topic: \([^[:space:]]*\)[[:space:]].*PartitionCount: \([0-9]*\)[[:space:]]*ReplicationFactor: \([0-9]*\).*/\1 \2 \3/p' |
+    awk -v p="${1:-}" 'index($1, p) == 1 { printf "%s partitions=%s replication=%s\n", $1, $2, $3 }' | sort
+}
+
+config() {
+  local add=() del=() kv
+  for kv; do if [ -z "${kv#*=}" ]; then del+=("${kv%%=*}"); else add+=("$kv"); fi; done
+  local args=()
+  [ ${#add[@]} -eq 0 ] || args+=(--add-config "$(IFS=,; echo "${add[*]}")")
+  [ ${#del[@]} -eq 0 ] || args+=(--delete-config "$(IFS=,; echo "${del[*]}")")
+  [ ${#args[@]} -gt 0 ] || { log "usage: config KEY=VALUE..."; exit 2; }
+  tool kafka.admin.ConfigCommand --bootstrap-server "$(brokers)" --command-config "$KAFKA_DATA_DIR/tools.properties" \
+    --alter --entity-type brokers --entity-default "${args[@]}" >/dev/null
+  log "set on the running brokers: $*"
+}
+
+settings() {
+  at 1
+  grep -v -E '^(#|$)|password|pem' "$dir/server.properties"
+  echo "jvm: -Xmx$KAFKA_HEAP -XX:+UseG1GC ${KAFKA_JVM_OPTS:-}"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
@@ -465,5 +508,11 @@ case "${1:-}" in
   brokers) brokers ;;
   controller) controller ;;
   scram-user) scram_user "${2:-}" "${3:-}" ;;
-  *) echo "usage: $0 up|down|status|wait|fetch|kill N|stop N|start N|brokers|controller|scram-user NAME PASSWORD" >&2; exit 2 ;;
+  create-topic) create_topic "${2:-}" "${3:-}" ;;
+  topics) topics "${2:-}" ;;
+  settings) settings; tool kafka.admin.ConfigCommand --bootstrap-server "$(brokers)" \
+    --command-config "$KAFKA_DATA_DIR/tools.properties" --describe --entity-type brokers --entity-default 2>/dev/null |
+    sed -n 's/^ *\([a-z.]*=[^ ]*\) sensitive=.*/\1 (dynamic)/p' ;;
+  config) shift; config "$@" ;;
+  *) echo "usage: $0 up|down|status|wait|fetch|kill N|stop N|start N|brokers|controller|scram-user NAME PASSWORD|create-topic NAME PARTITIONS|topics [PREFIX]|config KEY=VALUE...|settings" >&2; exit 2 ;;
 esac

@@ -9,6 +9,10 @@
   loadrun.py table FILE KEY[=HEADER[=FORMAT]]...
       Prints the JSON lines of FILE as a Markdown table, a column per KEY (`acks` as "AA 100, AE 2";
       FORMAT a Python format spec such as ",.0f"; a numeric format right-aligns the column).
+  loadrun.py rounds FILE
+      bench-peers' repeated runs (a `round` field per line): one row per peer, clients and in-flight with the
+      median and the range (min–max) of each figure over the rounds, then each round's ratios of hl7gw to Camel
+      (durable / sync, fast / fire-and-forget, 8 sequential clients).
 """
 import json
 import os
@@ -79,7 +83,44 @@ def table(rows, columns):
         print("| " + " | ".join(cells) + " |")
 
 
+def rounds(rows):
+    """bench-peers' rounds as a table of medians and ranges, then the ratios of each round."""
+    import statistics
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["peer"], r["clients"], r["in_flight"]), []).append(r)
+    cols = [("msgs_per_sec", "msg/s", ",.0f"), ("p50_ms", "p50 ms", ".3f"), ("p99_ms", "p99 ms", ".3f"),
+            ("server_us", "CPU µs/msg: server", ".1f"), ("broker_us", "broker", ".1f"),
+            ("load_us", "load client", ".1f")]
+    print("| peer | clients | in flight each | runs | " + " | ".join(h for _, h, _ in cols) + " | errors |")
+    print("|---|---:|---:|---:|" + "---:|" * len(cols) + "---:|")
+    for (peer, clients, in_flight), rs in groups.items():
+        cells = []
+        for key, _, fmt in cols:
+            v = [r[key] for r in rs]
+            cells.append(f"{format(statistics.median(v), fmt)} ({format(min(v), fmt)}–{format(max(v), fmt)})")
+        print(f"| {peer} | {clients} | {in_flight} | {len(rs)} | " + " | ".join(cells)
+              + f" | {sum(r['errors'] for r in rs)} |")
+    by = {(r["peer"], r["clients"], r["in_flight"], r.get("round")): r for r in rows}
+    print("\nEach cell: the median over the rounds (the range). Each round's ratio of msg/s, hl7gw / Camel, sequential clients:")
+    for ours, theirs in (("hl7gw-durable", "camel-sync"), ("hl7gw-fast", "camel-ff")):
+        ratios = []
+        for rnd in sorted({r.get("round") for r in rows}):
+            a = by.get((ours, 8, 1, rnd)) or next((r for r in rows if r["peer"] == ours and r["in_flight"] == 1
+                                                    and r["clients"] > 1 and r.get("round") == rnd), None)
+            b = by.get((theirs, 8, 1, rnd)) or next((r for r in rows if r["peer"] == theirs and r["in_flight"] == 1
+                                                      and r["clients"] > 1 and r.get("round") == rnd), None)
+            if a and b and b["msgs_per_sec"]:
+                ratios.append(a["msgs_per_sec"] / b["msgs_per_sec"])
+        if ratios:
+            print(f"- {ours} / {theirs}: " + ", ".join(f"{x:.2f}x" for x in ratios)
+                  + f" (median {statistics.median(ratios):.2f}x)")
+
+
 def main(argv):
+    if argv[:1] == ["rounds"] and len(argv) == 2:
+        rounds([json.loads(line) for line in open(argv[1])])
+        return
     if argv[:1] == ["table"] and len(argv) > 2:
         table([json.loads(line) for line in open(argv[1])], argv[2:])
         return
