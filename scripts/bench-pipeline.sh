@@ -24,8 +24,10 @@
 # CPU time in the first 42 s, 1 s in the 15 s after 75 s), so a phase after a short warm-up measures the JIT.
 # BENCH_KEEP_BROKER=1 uses the broker that is running (already warm) and leaves it running: runs of settings
 # being compared can share one warm broker.
-# Topics are created before the services start: the inbound topic with BENCH_PARTITIONS (12), the output and
+# Topics are created before the services start: the inbound topic with BENCH_PARTITIONS (3: the services' own
+# kafka.create_topics_partitions and the sizing rule for one broker, docs/BENCHMARKS.md), the output and
 # dead-letter topics with BENCH_OUT_PARTITIONS (BENCH_PARTITIONS).
+# BENCH_BATCH_LINGER (5ms) and BENCH_BATCH_INTERVAL (20ms) are the transformer's batch_linger and batch_interval.
 # BENCH_WORKER_PROPERTIES (e.g. '{"fetch.min.bytes"="8192"}') is kafka.properties for the transformer and the
 # egress, to measure consumer settings; BENCH_INGRESS_ENV, BENCH_TRANSFORMER_ENV, BENCH_EGRESS_ENV add
 # NAME=VALUE settings to one service (e.g. BENCH_INGRESS_ENV=HL7GW_KAFKA__MAX_IN_FLIGHT=1); KAFKA_EXTRA_PROPERTIES
@@ -41,7 +43,7 @@ cd "$(dirname "$0")/.."
 export BENCH_SECONDS=${BENCH_SECONDS:-30} BENCH_CLIENTS=${BENCH_CLIENTS:-8} BENCH_IN_FLIGHT=${BENCH_IN_FLIGHT:-1}
 export BENCH_RATES=${BENCH_RATES-500 1000 2000 4000} BENCH_CURVE_SECONDS=${BENCH_CURVE_SECONDS:-20}
 export BENCH_MAX=${BENCH_MAX:-1} BENCH_WARMUP_SECONDS=${BENCH_WARMUP_SECONDS:-60} BENCH_BROKER_PROFILE=${BENCH_BROKER_PROFILE:-0}
-partitions=${BENCH_PARTITIONS:-12}
+partitions=${BENCH_PARTITIONS:-3}
 out_partitions=${BENCH_OUT_PARTITIONS:-$partitions}
 receiver=${BENCH_RECEIVER:-ack}
 export KAFKA_NODES=${KAFKA_NODES:-1}
@@ -103,7 +105,8 @@ env HL7GW_INBOUND_TOPIC=$run.inbound HL7GW_DLQ_TOPIC=$run.dlq "${ingress_env[@]}
 ingress_pid=$!
 pids+=("$ingress_pid")
 env HL7GW_INBOUND_TOPIC=$run.inbound HL7GW_DLQ_TOPIC=$run.dlq HL7GW_OUT_TOPIC_PREFIX=$run.out. HL7GW_GROUP_ID=$run.t \
-  HL7GW_BATCH_LINGER="${BENCH_BATCH_LINGER:-5ms}" HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS="$out_partitions" \
+  HL7GW_BATCH_LINGER="${BENCH_BATCH_LINGER:-5ms}" HL7GW_BATCH_INTERVAL="${BENCH_BATCH_INTERVAL:-20ms}" \
+  HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS="$out_partitions" \
   HL7GW_ROUTES__FILE=examples/pipeline/routes.yaml HL7GW_KAFKA__PROPERTIES="${BENCH_WORKER_PROPERTIES:-{\}}" \
   "${transformer_env[@]}" target/release/hl7gw-transformer \
   --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29465 >/dev/null 2>"$out/transformer.log" &
@@ -122,7 +125,7 @@ done
 . scripts/lib/benchinfo.sh
 {
   bench_info bench-pipeline
-  echo "settings: clients=$BENCH_CLIENTS in_flight=$BENCH_IN_FLIGHT seconds=$BENCH_SECONDS rates='$BENCH_RATES' curve_seconds=$BENCH_CURVE_SECONDS warmup_seconds=$BENCH_WARMUP_SECONDS batch_linger=${BENCH_BATCH_LINGER:-5ms} worker_properties='${BENCH_WORKER_PROPERTIES:-{\}}' ingress_env='${BENCH_INGRESS_ENV:-}' transformer_env='${BENCH_TRANSFORMER_ENV:-}' egress_env='${BENCH_EGRESS_ENV:-}' receiver=$receiver brokers=$KAFKA_NODES ($brokers)"
+  echo "settings: clients=$BENCH_CLIENTS in_flight=$BENCH_IN_FLIGHT seconds=$BENCH_SECONDS rates='$BENCH_RATES' curve_seconds=$BENCH_CURVE_SECONDS warmup_seconds=$BENCH_WARMUP_SECONDS batch_linger=${BENCH_BATCH_LINGER:-5ms} batch_interval=${BENCH_BATCH_INTERVAL:-20ms} worker_properties='${BENCH_WORKER_PROPERTIES:-{\}}' ingress_env='${BENCH_INGRESS_ENV:-}' transformer_env='${BENCH_TRANSFORMER_ENV:-}' egress_env='${BENCH_EGRESS_ENV:-}' receiver=$receiver brokers=$KAFKA_NODES ($brokers)"
 } >"$out/settings.txt"
 cat "$out/settings.txt" >&2
 python3 - "$out" "$receiver" "$ingress_pid" "$transformer_pid" "$egress_pid" "$broker_pids" \

@@ -35,7 +35,8 @@ pub struct KafkaSettings {
     pub max_in_flight: u32,
     /// `compression.type`: none, gzip, snappy, lz4 or zstd.
     pub compression: String,
-    /// Partitions for topics the service creates when they are missing (0: do not create topics).
+    /// Partitions for topics the service creates when they are missing (0: do not create topics). 3: few
+    /// partitions per broker make fuller produce requests (the broker's CPU goes per request; docs/BENCHMARKS.md).
     pub create_topics_partitions: u32,
     /// Replication factor of topics the service creates (-1: the broker's default). Production: 3.
     pub replication_factor: i32,
@@ -177,7 +178,7 @@ impl Default for KafkaSettings {
             linger_ms: 0,
             max_in_flight: 5,
             compression: "none".into(),
-            create_topics_partitions: 6,
+            create_topics_partitions: 3,
             replication_factor: -1,
             min_insync_replicas: 0,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -494,7 +495,9 @@ impl KafkaSettings {
 
 /// Consumer settings for the workers: a group, offsets committed only after the service's work is done
 /// (`commit`), read_committed so records of aborted transactions are never seen, and a short session timeout so
-/// a killed pod's partitions move on within seconds.
+/// a killed pod's partitions move on within seconds. A fetch waits at the broker up to 100 ms for data (it
+/// returns as soon as a record is there): 10 ms made an idle consumer send each broker 100 empty fetches a
+/// second, and the broker's CPU goes per request (docs/BENCHMARKS.md, issue 25).
 pub fn consumer_config(
     group_id: &str,
     client_id: &str,
@@ -508,7 +511,7 @@ pub fn consumer_config(
         .set("isolation.level", "read_committed")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
-        .set("fetch.wait.max.ms", "10");
+        .set("fetch.wait.max.ms", "100");
     match commit {
         Commit::Manual => c.set("enable.auto.commit", "false"),
         Commit::StoredEvery(every) => c.set("enable.auto.commit", "true").set(

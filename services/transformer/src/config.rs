@@ -97,6 +97,12 @@ pub struct Config {
     /// How long a batch waits for more messages once it has one.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
+    /// The shortest time from one transaction's start to the next one's: a batch whose linger is over sooner
+    /// goes on gathering until then (or until it is full). Each transaction costs the broker about ten requests
+    /// whatever its size, so this bounds them to 1/interval a second; it adds latency only when messages come
+    /// faster than that (a message alone still waits only `batch_linger`). 0 turns it off.
+    #[serde(with = "humantime_serde")]
+    pub batch_interval: Duration,
     /// Bound on each transaction call (begin/commit/abort, offsets), and the producer's
     /// `transaction.timeout.ms`. It also bounds a batch: routing a batch (plugin calls included) stops after half
     /// of it, what was routed is committed and the rest is read again (`hl7gw_transformer_batches_cut_total`);
@@ -124,6 +130,7 @@ impl Default for Config {
             batch_max: 500,
             batch_max_bytes: 16 << 20,
             batch_linger: Duration::from_millis(5),
+            batch_interval: Duration::from_millis(20),
             transaction_timeout: Duration::from_secs(10),
             service: ServiceSettings::default(),
             kafka: KafkaSettings::default(),

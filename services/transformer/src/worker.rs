@@ -325,6 +325,22 @@ fn output_record(
 }
 
 /// Payload bytes of the records gathered so far.
+/// When a batch whose first record came at `now` stops gathering: after `linger`, and not before `interval`
+/// from the previous batch's start (so transactions start at most 1/interval a second under a steady feed,
+/// while a message after a quiet spell waits only `linger`).
+fn batch_deadline(
+    now: tokio::time::Instant,
+    previous: Option<tokio::time::Instant>,
+    linger: Duration,
+    interval: Duration,
+) -> tokio::time::Instant {
+    let lingered = now + linger;
+    match previous {
+        Some(p) if p + interval > lingered => p + interval,
+        _ => lingered,
+    }
+}
+
 fn batch_bytes(batch: &[OwnedMessage]) -> usize {
     batch
         .iter()
@@ -467,11 +483,13 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let mut refused = Refused::new();
         let mut backoff = Backoff::default();
         let mut errors = ErrorLog::default();
+        let mut last_start: Option<tokio::time::Instant> = None;
         while !stop.is_cancelled() {
-            let (batch, generation) = self.gather(&stop, &mut errors).await?;
+            let (batch, generation) = self.gather(&stop, &mut errors, last_start).await?;
             if batch.is_empty() {
                 continue;
             }
+            last_start = Some(tokio::time::Instant::now());
             if self.consumer.context().generation() != generation {
                 // Partitions moved while gathering: read the batch again from its first records (a partition
                 // that left this pod is read by its new owner from the committed offset).
@@ -646,13 +664,14 @@ impl<P: PluginCaller + 'static> Worker<P> {
         tracing::info!("transactional producer recreated; reading from the committed offsets");
     }
 
-    /// Waits for one record, then takes what else arrives within `batch_linger`, up to `batch_max` records
-    /// and `batch_max_bytes` of payload. Returns
-    /// the batch and the rebalance generation its first record was read in.
+    /// Waits for one record, then takes what else arrives within `batch_linger` (and until `batch_interval`
+    /// after the previous batch's start, `previous`), up to `batch_max` records and `batch_max_bytes` of
+    /// payload. Returns the batch and the rebalance generation its first record was read in.
     async fn gather(
         &self,
         stop: &CancellationToken,
         errors: &mut ErrorLog,
+        previous: Option<tokio::time::Instant>,
     ) -> Result<(Vec<OwnedMessage>, u64), WorkerError> {
         let mut batch = Vec::new();
         let first = tokio::select! {
@@ -676,7 +695,12 @@ impl<P: PluginCaller + 'static> Worker<P> {
                 return Ok((batch, generation));
             }
         }
-        let deadline = tokio::time::Instant::now() + self.cfg.batch_linger;
+        let deadline = batch_deadline(
+            tokio::time::Instant::now(),
+            previous,
+            self.cfg.batch_linger,
+            self.cfg.batch_interval,
+        );
         let mut bytes = batch_bytes(&batch);
         while batch.len() < self.cfg.batch_max && bytes < self.cfg.batch_max_bytes {
             match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
@@ -1055,6 +1079,24 @@ mod tests {
     use crate::engine::{Plugin, Route};
     use crate::route::HL7RouteSpec;
     use hl7gw_runtime::proto::v1::TransformRequest;
+
+    #[test]
+    fn a_batch_gathers_until_the_interval_since_the_previous_start() {
+        let t = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        // A steady feed: the previous batch started 2 ms ago, so this one gathers until 20 ms after it.
+        assert_eq!(
+            batch_deadline(t, Some(t - ms(2)), ms(5), ms(20)),
+            t + ms(18)
+        );
+        // After a quiet spell (or with the interval off) only the linger counts.
+        assert_eq!(
+            batch_deadline(t, Some(t - ms(500)), ms(5), ms(20)),
+            t + ms(5)
+        );
+        assert_eq!(batch_deadline(t, None, ms(5), ms(20)), t + ms(5));
+        assert_eq!(batch_deadline(t, Some(t), ms(5), ms(0)), t + ms(5));
+    }
 
     /// A librdkafka call stuck past its own timeout (librdkafka#5456) is given up on, not waited for forever;
     /// issue 24, item 16: it is counted as abandoned until it returns.
