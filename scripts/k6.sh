@@ -188,6 +188,8 @@ bench() {
     done
     stop_ingress
   done
+  # shellcheck source=scripts/lib/benchinfo.sh
+  (cd "$root" && . scripts/lib/benchinfo.sh && bench_info bench-k6 k6.bench.)
   python3 - "$out/results.jsonl" "$iters" "$secs" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -121,6 +121,9 @@ helm test hl7gw -n hl7gw --timeout 120s >/dev/null ||
 
 if [ "$mode" = bench ]; then
   bench_job
+  # shellcheck source=scripts/lib/benchinfo.sh
+  . scripts/lib/benchinfo.sh
+  bench_info bench-node hl7. >&2
   teardown
   exit 0
 fi
