@@ -1,5 +1,6 @@
 //! Logs and traces: `tracing` to stderr (text or JSON), OpenTelemetry spans exported over OTLP when the
-//! standard `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace context in and out of Kafka headers.
+//! standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace context
+//! in and out of Kafka headers.
 //!
 //! Spans and log lines carry message type, control id, facility names, sizes and codes, never patient data.
 
@@ -35,7 +36,8 @@ pub enum TelemetryError {
 }
 
 /// Installs the global subscriber: `RUST_LOG` filter (default `info`), text or JSON lines on stderr, and the
-/// OpenTelemetry layer (exporting only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).
+/// OpenTelemetry layer (exporting only when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// is set).
 pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, TelemetryError> {
     let mut builder = SdkTracerProvider::builder().with_resource(
         opentelemetry_sdk::Resource::builder()
