@@ -115,6 +115,9 @@ pub struct Config {
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
 
+/// The longest `batch_linger` or `batch_interval`: a message waits for them before its transaction starts.
+const MAX_BATCH_WAIT: Duration = Duration::from_secs(1);
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -173,6 +176,12 @@ impl Config {
         if self.transaction_timeout < Duration::from_secs(1) {
             return rule("transaction_timeout must be at least 1s");
         }
+        // Every message of a batch waits up to these before its transaction even starts.
+        if self.batch_linger > MAX_BATCH_WAIT || self.batch_interval > MAX_BATCH_WAIT {
+            return rule(
+                "batch_linger and batch_interval must be at most 1s (each message waits for them)",
+            );
+        }
         if self.routes.reload_interval.is_zero() {
             return rule("routes.reload_interval must be more than 0");
         }
@@ -217,6 +226,17 @@ mod tests {
             ..c.clone()
         };
         assert!(half_tls.validate().is_err(), "cert without key");
+        for (linger, interval) in [(2000, 20), (5, 1500)] {
+            let slow = Config {
+                batch_linger: Duration::from_millis(linger),
+                batch_interval: Duration::from_millis(interval),
+                ..c.clone()
+            };
+            assert!(
+                slow.validate().is_err(),
+                "batch waits over 1s: {linger} / {interval} ms"
+            );
+        }
         assert_eq!(c.out_topic("lab"), "hl7.out.lab");
         assert_eq!(c.service.grpc_addr.port(), 50051);
     }

@@ -324,7 +324,6 @@ fn output_record(
     }
 }
 
-/// Payload bytes of the records gathered so far.
 /// When a batch whose first record came at `now` stops gathering: after `linger`, and not before `interval`
 /// from the previous batch's start (so transactions start at most 1/interval a second under a steady feed,
 /// while a message after a quiet spell waits only `linger`).
@@ -341,6 +340,7 @@ fn batch_deadline(
     }
 }
 
+/// Payload bytes of the records gathered so far.
 fn batch_bytes(batch: &[OwnedMessage]) -> usize {
     batch
         .iter()
