@@ -112,7 +112,8 @@ class Phase:
         self.jmx1 = jmx_counts()
 
     def samples(self):
-        """{thread name: Counter(label)} of the request handlers' samples (execution and native)."""
+        """The request handler threads' samples in the phase (execution and native, not the waiting ones),
+        counted by (the API whose KafkaApis.handleXxx frame they are in, whether they append to a log)."""
         if not os.path.exists(self.file):
             return collections.Counter()
         text = subprocess.run(["jfr", "print", "--stack-depth", "400", "--events",
@@ -168,11 +169,3 @@ class Phase:
         return {"broker_us_by_cause": [(c, round(us, 1)) for c, us in rows],
                 "handler_samples": total_samples, "broker_requests_per_delivered": requests}
 
-
-def wait_jmx(deadline_s=30):
-    end = time.time() + deadline_s
-    while time.time() < end:
-        if jmx_counts():
-            return True
-        time.sleep(1)
-    return False

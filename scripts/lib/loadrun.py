@@ -101,15 +101,15 @@ def rounds(rows):
             cells.append(f"{format(statistics.median(v), fmt)} ({format(min(v), fmt)}–{format(max(v), fmt)})")
         print(f"| {peer} | {clients} | {in_flight} | {len(rs)} | " + " | ".join(cells)
               + f" | {sum(r['errors'] for r in rs)} |")
-    by = {(r["peer"], r["clients"], r["in_flight"], r.get("round")): r for r in rows}
+    def seq(peer, rnd):
+        """The run of `peer` in round `rnd` with several sequential clients."""
+        return next((r for r in rows if r["peer"] == peer and r["in_flight"] == 1 and r["clients"] > 1
+                     and r.get("round") == rnd), None)
     print("\nEach cell: the median over the rounds (the range). Each round's ratio of msg/s, hl7gw / Camel, sequential clients:")
     for ours, theirs in (("hl7gw-durable", "camel-sync"), ("hl7gw-fast", "camel-ff")):
         ratios = []
         for rnd in sorted({r.get("round") for r in rows}):
-            a = by.get((ours, 8, 1, rnd)) or next((r for r in rows if r["peer"] == ours and r["in_flight"] == 1
-                                                    and r["clients"] > 1 and r.get("round") == rnd), None)
-            b = by.get((theirs, 8, 1, rnd)) or next((r for r in rows if r["peer"] == theirs and r["in_flight"] == 1
-                                                      and r["clients"] > 1 and r.get("round") == rnd), None)
+            a, b = seq(ours, rnd), seq(theirs, rnd)
             if a and b and b["msgs_per_sec"]:
                 ratios.append(a["msgs_per_sec"] / b["msgs_per_sec"])
         if ratios:
