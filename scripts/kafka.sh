@@ -473,7 +473,7 @@ create_topic() {
 # Internal topics (__consumer_offsets, __transaction_state) are listed too: their partitions are part of a bench's shape.
 topics() {
   tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(brokers)" \
-    --command-config "$KAFKA_DATA_DIR/tools.properties" --describe --exclude-internal=false 2>/dev/null |
+    --command-config "$KAFKA_DATA_DIR/tools.properties" --describe 2>/dev/null |
     sed -n 's/^Topic: \([^[:space:]]*\)[[:space:]].*PartitionCount: \([0-9]*\)[[:space:]]*ReplicationFactor: \([0-9]*\).*/\1 \2 \3/p' |
     awk -v p="${1:-}" 'index($1, p) == 1 { printf "%s partitions=%s replication=%s\n", $1, $2, $3 }' | sort
 }
