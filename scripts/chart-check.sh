@@ -225,7 +225,8 @@ offline() {
   local rendered=() j
   for j in $(seq 1 "$n"); do rendered+=(--rendered "$tmp/rendered-$j.yaml"); done
   python3 scripts/chart/check-metrics.py --dashboard "$CHART/files/dashboards/hl7gw.json" "${rendered[@]}" \
-    --source services/ingress/src/metrics.rs services/transformer/src/metrics.rs services/egress/src/metrics.rs >&2
+    --source services/ingress/src/metrics.rs services/transformer/src/metrics.rs services/egress/src/metrics.rs \
+    services/runtime/src/certs.rs >&2
   mkdir -p "$tmp/rules"
   helm template hl7gw "$CHART" --namespace hl7gw --set metrics.prometheusRule.enabled=true \
     --show-only templates/prometheusrule.yaml >"$tmp/rules/rule.yaml"

@@ -4,7 +4,7 @@
     check-metrics.py --rendered MANIFESTS.yaml [--dashboard FILE.json] [--source metrics.rs...] [--scrape FILE...]
 
 Known names come from the services' metric definitions (--source: the `metric_set!` table of each
-services/*/src/metrics.rs, read the way prometheus_client names them: hl7gw_<service>_<name>[_<unit>], `_total` for counters, `_bucket`/`_sum`/`_count` for
+services/*/src/metrics.rs, and services/runtime/src/certs.rs's, read the way prometheus_client names them: hl7gw_<service>_<name>[_<unit>], `_total` for counters, `_bucket`/`_sum`/`_count` for
 histograms) and/or from Prometheus text scrapes of running services (--scrape: a `curl .../metrics` output; a scrape
 lists a labelled family only once it has a sample, so a scrape after traffic is the stronger check). Queried names
 are every `hl7gw_...` identifier in the dashboard's expressions, the PrometheusRules' expressions, the HPAs' metric

@@ -67,11 +67,14 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// Builds the connector from the destination's PEM files.
-    pub fn from_config(d: &Destination) -> Result<Option<Self>, hl7gw_tls::TlsError> {
+    /// Builds the connector from the PEM files of destination `name`.
+    pub fn from_config(name: &str, d: &Destination) -> Result<Option<Self>, hl7gw_tls::TlsError> {
         let Some(t) = &d.tls else { return Ok(None) };
         let identity = t.cert.as_deref().zip(t.key.as_deref());
         let config = hl7gw_tls::client_config(&t.ca, identity)?;
+        if let Some(cert) = &t.cert {
+            hl7gw_runtime::certs::record("mllp-client", Some(name), cert);
+        }
         let name = t
             .server_name
             .clone()

@@ -65,7 +65,7 @@ impl hl7gw_runtime::service::Service for App {
 
         let mut dests = Vec::new();
         for (name, d) in &cfg.destinations {
-            let tls = client::Tls::from_config(d).map_err(|source| EgressError::Tls {
+            let tls = client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
                 destination: name.clone(),
                 source,
             })?;

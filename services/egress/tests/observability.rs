@@ -379,12 +379,18 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     retry: {{initial_backoff: 100ms, max_backoff: 1s}}
   flaky:
     address: 127.0.0.1:{}
+    tls: {{ca: {}, cert: {}, key: {}}}
     connect_timeout: 1s
     response_timeout: 1s
     retry: {{max_attempts: 2, initial_backoff: 50ms, max_backoff: 100ms}}
 ",
             p.receiver_port,
-            free_port()
+            free_port(),
+            // A client certificate (nothing listens there, so it is never shown): its notAfter is in the
+            // egress's scrape (hl7gw_tls_certificate_not_after_timestamp_seconds, HL7GWCertificateExpiry).
+            pki.file("ca.pem"),
+            pki.file("client.pem"),
+            pki.file("client.key"),
         ),
     )
     .unwrap();

@@ -57,7 +57,7 @@ async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate()
         server_name: Some("localhost".into()),
     };
     let client = |d: Destination| {
-        let tls = Tls::from_config(&d).unwrap();
+        let tls = Tls::from_config("lab", &d).unwrap();
         MllpClient::new(Arc::new(d), tls, Gauge::default(), Counter::default())
     };
 
@@ -65,9 +65,17 @@ async fn delivers_over_mutual_tls_and_is_refused_without_the_right_certificate()
     let d = destination(&addr, tls(Some("client")));
     let mut ok = MllpClient::new(
         Arc::new(d.clone()),
-        Tls::from_config(&d).unwrap(),
+        Tls::from_config("lab", &d).unwrap(),
         connected.clone(),
         Counter::default(),
+    );
+    // The client certificate's notAfter is in every registry, labelled by use and destination (issue 26).
+    let scrape = hl7gw_runtime::metrics::render(&hl7gw_runtime::metrics::registry());
+    let not_after = hl7gw_tls::file_not_after(&pki.path("client.pem")).unwrap();
+    assert!(
+        scrape.lines().any(|l| l
+            == format!(r#"hl7gw_tls_certificate_not_after_timestamp_seconds{{use="mllp-client",destination="lab"}} {not_after}"#)),
+        "{scrape}"
     );
     let ack = ok
         .send(msg, b"TLS-1")

@@ -181,6 +181,7 @@ impl GrpcSettings {
         // Client certificates are optional here: a caller may authenticate with a token instead, and each
         // method's allow list decides (Ingest's default asks for one when the MLLP listener does).
         let config = hl7gw_tls::server_config_with(&t.cert, &t.key, t.client_ca.as_deref(), false)?;
+        crate::certs::record("grpc-server", None, &t.cert);
         let mut config = Arc::unwrap_or_clone(config);
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))

@@ -5,6 +5,7 @@
 pub use hl7gw_proto as proto;
 
 pub mod admin;
+pub mod certs;
 pub mod config;
 pub mod dedup;
 pub mod delivery;

@@ -11,6 +11,8 @@ pub fn registry() -> Registry {
     let mut r = Registry::with_prefix(PREFIX);
     // librdkafka's statistics (Kafka requests per broker and API, produce batch sizes) of every client.
     r.register_collector(Box::new(crate::kafka::stats::StatsCollector));
+    // When each TLS certificate the process presents expires (crate::certs).
+    crate::certs::TlsMetrics::register(&mut r);
     r
 }
 

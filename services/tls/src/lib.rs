@@ -19,6 +19,8 @@ pub enum TlsError {
     },
     #[error("no certificate in {0}")]
     NoCertificate(String),
+    #[error("a certificate in {0} does not parse")]
+    Unparsed(String),
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("client CA: {0}")]
@@ -124,6 +126,27 @@ pub fn subject(cert: &CertificateDer<'_>) -> String {
         Ok((_, c)) => c.subject().to_string(),
         Err(_) => "unparsed-certificate".to_owned(),
     }
+}
+
+/// The earliest notAfter (unix seconds) of a certificate chain: when the chain a process presents stops being
+/// valid (usually the leaf's, sooner when an intermediate expires first); `None` for an empty chain or a
+/// certificate that does not parse.
+pub fn not_after(chain: &[CertificateDer<'_>]) -> Option<i64> {
+    chain
+        .iter()
+        .map(|c| {
+            x509_parser::parse_x509_certificate(c.as_ref())
+                .ok()
+                .map(|(_, c)| c.validity().not_after.timestamp())
+        })
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .min()
+}
+
+/// [`not_after`] of the chain in a PEM file.
+pub fn file_not_after(path: &Path) -> Result<i64, TlsError> {
+    not_after(&load_certs(path)?).ok_or_else(|| TlsError::Unparsed(path.display().to_string()))
 }
 
 /// The first common name (CN) of a certificate's subject, the identity callers are allow-listed by.

@@ -50,6 +50,7 @@ impl GrpcPlugins {
                 read_pem("cert", cert)?,
                 read_pem("key", key)?,
             ));
+            hl7gw_runtime::certs::record("grpc-client", None, cert);
         }
         Ok(Self {
             channels: Mutex::default(),

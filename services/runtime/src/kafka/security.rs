@@ -291,6 +291,8 @@ impl KafkaSecurity {
             if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
                 c.set("ssl.certificate.location", path_str(cert))
                     .set("ssl.key.location", path_str(key));
+                // Each client made (a recreated producer too) reads the file again: so does the gauge.
+                crate::certs::record("kafka-client", None, cert);
             }
             if let Some(f) = &self.key_password_file {
                 c.set("ssl.key.password", read("key_password_file", f)?);
