@@ -55,7 +55,7 @@ impl tonic::service::Interceptor for Bearer {
 type Authed = InterceptedService<Channel, Bearer>;
 
 impl Conn {
-    async fn channel(&self) -> anyhow::Result<(Authed, Duration)> {
+    pub(crate) async fn channel(&self) -> anyhow::Result<(Authed, Duration)> {
         let timeout = Duration::from_secs(self.timeout);
         let mut ep = Endpoint::from_shared(self.to.clone())
             .with_context(|| format!("--to {}", self.to))?
@@ -99,7 +99,7 @@ impl Conn {
     }
 }
 
-fn status_error(s: tonic::Status) -> anyhow::Error {
+pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
@@ -175,7 +175,7 @@ pub struct DryRunArgs {
     route: Option<String>,
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -19,6 +19,7 @@ mod commands;
 mod receive;
 mod sanitise;
 mod send;
+mod senders;
 mod tls;
 
 #[derive(Debug, Parser)]
@@ -52,6 +53,8 @@ enum Command {
     Replay(admin::ReplayArgs),
     /// Show what the transformer's live routes would do with a message (gRPC Transform; TLS, token).
     DryRun(admin::DryRunArgs),
+    /// Show an ingress pod's senders and connections: messages, NAKs, last message (gRPC Ingest/Senders).
+    Senders(senders::SendersArgs),
 }
 
 /// Writes `args` to stderr as `hl7gw <command>: ...`, the command being the last part of `module`.
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Deadletters(args) => admin::deadletters(args),
         Command::Replay(args) => admin::replay(args),
         Command::DryRun(args) => admin::dry_run(args),
+        Command::Senders(args) => senders::run(args),
     };
     match result {
         Ok(code) => code,

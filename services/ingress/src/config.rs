@@ -44,6 +44,24 @@ pub struct TlsConfig {
     pub client_ca: Option<PathBuf>,
 }
 
+/// A sender named in the config (`senders:`): its messages are counted in the per-sender metrics
+/// (`hl7gw_ingress_sender_*{sender="<name>"}`), which only named senders get, so the label stays bounded.
+/// Matched on the first component (HD-1) of MSH-3 and MSH-4 as received, case-sensitively.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedSender {
+    /// The `sender` label: 1 to 64 letters, digits, `_`, `-` or `.`; unique.
+    pub name: String,
+    /// MSH-3's first component (namespace id), e.g. `LAB`.
+    pub sending_application: String,
+    /// MSH-4's first component; absent: any facility.
+    #[serde(default)]
+    pub sending_facility: Option<String>,
+}
+
+/// Longest `senders[].name` (a metric label value).
+pub const MAX_SENDER_NAME: usize = 64;
+
 /// The whole ingress configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -141,6 +159,12 @@ pub struct Config {
     pub kafka: KafkaSettings,
     /// The gRPC listener's TLS and who may call which method (admin methods: nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
+    /// Senders that get their own metrics (`hl7gw_ingress_sender_*{sender}`), e.g. for a "sender silent"
+    /// alert. Every sender is in the sender view (`Senders`, `hl7gw senders`) whether named or not.
+    pub senders: Vec<NamedSender>,
+    /// Most distinct (MSH-3, MSH-4) pairs the sender view tracks; messages of further pairs are counted
+    /// together in its `other` entry (`hl7gw_ingress_senders_untracked_messages_total`).
+    pub max_senders: usize,
 }
 
 impl Default for Config {
@@ -184,6 +208,8 @@ impl Default for Config {
             listener_name: "mllp".into(),
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
+            senders: Vec::new(),
+            max_senders: 1000,
         }
     }
 }
@@ -223,7 +249,7 @@ impl Config {
     }
 
     /// The gRPC methods of this service, as named in `grpc.allow`.
-    pub const GRPC_METHODS: &'static [&'static str] = &["Ingest"];
+    pub const GRPC_METHODS: &'static [&'static str] = &["Ingest", "Senders"];
 
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -292,6 +318,7 @@ impl Config {
         if self.versions.is_empty() {
             return rule("versions must list at least one HL7 version");
         }
+        self.validate_senders()?;
         if let Some(tls) = &self.tls {
             for (what, p) in [("tls.cert", Some(&tls.cert)), ("tls.key", Some(&tls.key))]
                 .into_iter()
@@ -305,6 +332,62 @@ impl Config {
                         p.display()
                     )));
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// `senders` and `max_senders`: names label-safe and unique, each (application, facility) named once,
+    /// values a single HD component.
+    fn validate_senders(&self) -> Result<(), ConfigError> {
+        let rule = |m: String| Err(ConfigError::Rule(m));
+        if !(1..=100_000).contains(&self.max_senders) {
+            return rule("max_senders must be between 1 and 100000".into());
+        }
+        if self.senders.len() > 1000 {
+            return rule(
+                "senders: at most 1000 named senders (each one is a metric label value)".into(),
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut pairs = std::collections::HashSet::new();
+        for (i, s) in self.senders.iter().enumerate() {
+            let safe = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.');
+            if s.name.is_empty() || s.name.len() > MAX_SENDER_NAME || !s.name.bytes().all(safe) {
+                return rule(format!(
+                    "senders[{i}].name {:?}: 1 to {MAX_SENDER_NAME} letters, digits, '_', '-' or '.'",
+                    s.name
+                ));
+            }
+            if !names.insert(s.name.as_str()) {
+                return rule(format!("senders[{i}].name {:?} is used twice", s.name));
+            }
+            let hd1 = |what: &str, v: &str| {
+                let bad = |c: char| matches!(c, '|' | '^' | '~' | '\\' | '&') || c.is_control();
+                if v.is_empty() || v.len() > hl7v2::ack::MAX_HD || v.contains(bad) {
+                    Err(ConfigError::Rule(format!(
+                        "senders[{i}].{what} {v:?}: the first component of the field as sent (1 to {} \
+                         characters, no delimiters)",
+                        hl7v2::ack::MAX_HD
+                    )))
+                } else {
+                    Ok(())
+                }
+            };
+            hd1("sending_application", &s.sending_application)?;
+            if let Some(f) = &s.sending_facility {
+                hd1("sending_facility", f)?;
+            }
+            if !pairs.insert((
+                s.sending_application.as_str(),
+                s.sending_facility.as_deref(),
+            )) {
+                return rule(format!(
+                    "senders[{i}] ({}): this sending application and facility are named twice",
+                    s.name
+                ));
             }
         }
         Ok(())
@@ -361,5 +444,46 @@ mod tests {
         for c in bad {
             assert!(c.validate().is_err(), "{c:?}");
         }
+    }
+
+    /// Issue 26, item 3: named senders are label-safe, unique, and name one HD component; unknown keys of an
+    /// entry are refused.
+    #[test]
+    fn named_senders_are_checked() {
+        let sender = |name: &str, app: &str, fac: Option<&str>| NamedSender {
+            name: name.into(),
+            sending_application: app.into(),
+            sending_facility: fac.map(Into::into),
+        };
+        let with = |senders: Vec<NamedSender>| Config {
+            senders,
+            ..Config::default()
+        };
+        let ok = with(vec![
+            sender("lab", "LAB", None),
+            sender("lab-north", "LAB", Some("NORTH")),
+        ]);
+        ok.validate().unwrap();
+        let bad = [
+            with(vec![sender("lab", "LAB", None), sender("lab", "RAD", None)]),
+            with(vec![sender("a", "LAB", None), sender("b", "LAB", None)]),
+            with(vec![sender("has space", "LAB", None)]),
+            with(vec![sender("quote\"", "LAB", None)]),
+            with(vec![sender(&"x".repeat(65), "LAB", None)]),
+            with(vec![sender("lab", "", None)]),
+            with(vec![sender("lab", "LAB^1.2^ISO", None)]),
+            with(vec![sender("lab", "LAB", Some("A|B"))]),
+            Config {
+                max_senders: 0,
+                ..Config::default()
+            },
+        ];
+        for c in bad {
+            assert!(c.validate().is_err(), "{:?}", c.senders);
+        }
+        let typo: Result<NamedSender, _> = serde_json::from_str(
+            r#"{"name": "lab", "sending_application": "LAB", "sending_facilty": "NORTH"}"#,
+        );
+        assert!(typo.is_err(), "an unknown key is refused");
     }
 }

@@ -39,6 +39,8 @@ pub async fn serve<S>(
         .budget
         .connection(cfg.max_in_flight_bytes_per_connection);
     let closing = CancellationToken::new();
+    // Listed in the sender view while the writer runs (it answers the connection's last message).
+    let listed = pipe.senders.connect(&origin);
     let writer = tokio::spawn(write_loop(
         wr,
         rx,
@@ -46,6 +48,7 @@ pub async fn serve<S>(
         cfg.clone(),
         closing.clone(),
         progress.clone(),
+        listed,
     ));
     let m = &pipe.metrics;
     let mut codec = MllpCodec::new(cfg.max_frame_bytes);
@@ -207,6 +210,7 @@ async fn write_loop<W>(
     cfg: Arc<Config>,
     closing: CancellationToken,
     progress: Arc<Progress>,
+    listed: crate::senders::SenderConn,
 ) where
     W: AsyncWrite + Unpin,
 {
@@ -216,6 +220,7 @@ async fn write_loop<W>(
     let mut codec = MllpCodec::default();
     while let Some((p, bytes)) = rx.recv().await {
         let reply = pipe.resolve(p).await;
+        pipe.answered(&listed, &reply);
         // Answered as far as eviction and the byte budget go: the answer is about to be written, or the
         // connection closes. Released before the write, so a sender that waits for each answer finds its
         // connection holding nothing when it sends the next message (and gets the budget's floor).
@@ -323,7 +328,7 @@ mod tests {
             let origin = Origin {
                 listener: "mllp".into(),
                 protocol: "mllp",
-                peer: format!("127.0.0.1:{id}"),
+                peer: format!("127.0.0.1:{id}").into(),
                 connection_id: format!("c{id}"),
                 tls_client: String::new(),
             };

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::metrics::{ProtocolLabels, ReasonLabels};
 use crate::pipeline::{Action, Origin, Pending, Pipeline, Reply};
 use hl7gw_runtime::proto::v1::ingest_server::{Ingest, IngestServer};
-use hl7gw_runtime::proto::v1::{SendRequest, SendResponse};
+use hl7gw_runtime::proto::v1::{SendRequest, SendResponse, SendersRequest, SendersResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -41,7 +41,8 @@ impl IngestService {
             protocol: "grpc",
             peer: hl7gw_runtime::grpc::peer(req)
                 .map(|p| p.to_string())
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                .into(),
             connection_id: format!("grpc-{id}"),
             tls_client: hl7gw_runtime::grpc::client_subject(req).unwrap_or_default(),
         })
@@ -81,6 +82,8 @@ impl Ingest for IngestService {
         let origin = self.origin(&req).await?;
         let p = self.submit(req.into_inner().message, &origin, 1);
         let reply = self.pipe.resolve(p).await;
+        self.pipe
+            .answered(&self.pipe.senders.unlisted(&origin), &reply);
         Self::respond(&self.pipe, reply).map(Response::new)
     }
 
@@ -115,9 +118,12 @@ impl Ingest for IngestService {
             rx: out_rx,
             ended: ended.clone(),
         };
+        // Listed in the sender view until the stream's answers end.
+        let listed = pipe.senders.connect(&origin);
         tokio::spawn(async move {
             while let Some((p, _bytes)) = pending_rx.recv().await {
                 let reply = pipe.resolve(p).await;
+                pipe.answered(&listed, &reply);
                 let close = matches!(reply.action, Action::Close);
                 let answer = Self::respond(&pipe, reply);
                 match tokio::time::timeout(write_timeout, out_tx.send(answer)).await {
@@ -162,6 +168,32 @@ impl Ingest for IngestService {
             }
         });
         Ok(Response::new(answers))
+    }
+
+    /// Admin: the sender view (nobody unless `grpc.allow.Senders` says; audited).
+    async fn senders(
+        &self,
+        req: Request<SendersRequest>,
+    ) -> Result<Response<SendersResponse>, Status> {
+        let what = format!(
+            "sending_application={:?}",
+            hl7gw_runtime::grpc::clip(&req.get_ref().sending_application)
+        );
+        let caller = self.auth.admin(&req, "Senders", &what).await?;
+        let peer = hl7gw_runtime::grpc::peer(&req);
+        let view = self
+            .pipe
+            .senders
+            .snapshot(&req.into_inner().sending_application);
+        let result: Result<Response<SendersResponse>, Status> = Ok(Response::new(view));
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Senders", &what, &result, |r| {
+            format!(
+                "{} senders, {} connections",
+                r.senders.len(),
+                r.connections.len()
+            )
+        });
+        result
     }
 }
 

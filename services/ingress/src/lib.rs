@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod listener;
 pub mod metrics;
 pub mod pipeline;
+pub mod senders;
 pub mod slots;
 pub mod tls;
 

@@ -131,7 +131,7 @@ async fn handle(
     let mut origin = Origin {
         listener,
         protocol: "mllp",
-        peer,
+        peer: peer.into(),
         connection_id: format!("mllp-{id}"),
         tls_client: String::new(),
     };

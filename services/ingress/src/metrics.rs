@@ -19,7 +19,13 @@ pub mod outcome {
 hl7gw_runtime::label_sets! {
     pub struct CodeLabels { pub code: &'static str }
     pub struct ProtocolLabels { pub protocol: &'static str }
+    /// `sender`: a name from the config's `senders:` (bounded by the config, never from input).
+    pub struct SenderLabels { pub sender: String }
+    pub struct SenderCodeLabels { pub sender: String, pub code: &'static str }
 }
+
+/// A gauge holding unix seconds.
+pub type TimestampGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 hl7gw_runtime::metric_set! {
     /// Every ingress metric.
@@ -61,6 +67,16 @@ hl7gw_runtime::metric_set! {
             the one with no complete frame for longest (idle or trickling), nothing waiting for its answer";
         pub producer_recoveries: Counter =
             "Kafka producers recreated in-process after a fatal error (messages in flight got AR/CR 207)";
+        pub sender_messages: Family<SenderLabels, Counter> =
+            "Messages answered, for each sender named in the config (senders:)";
+        pub sender_naks: Family<SenderCodeLabels, Counter> =
+            "Negative answers (AE, AR, CE, CR) for each sender named in the config, whether or not MSH-15 asked for them";
+        pub sender_last_message_timestamp: Family<SenderLabels, TimestampGauge> =
+            "When each sender named in the config last had a message answered (unix time; the process start \
+            until its first message)", unit Seconds;
+        pub senders_tracked: Gauge = "Distinct (MSH-3, MSH-4) pairs in the sender view (at most max_senders)";
+        pub senders_untracked_messages: Counter =
+            "Messages of senders beyond max_senders, counted in the sender view's other entry";
     }
 }
 
@@ -75,14 +91,26 @@ impl IngressMetrics {
         self.acks.get_or_create(&CodeLabels { code }).inc();
     }
 
-    /// A message rejected for `reason`: counter and one log line (control id and code only).
-    pub fn rejected(&self, t: MsgType, reason: &'static str, hl7_code: u16, control_id: &[u8]) {
+    /// A message rejected for `reason`: counter and one log line (control id, code and who sent it: MSH-3,
+    /// MSH-4, peer, listener; no patient data).
+    pub(crate) fn rejected(
+        &self,
+        t: MsgType,
+        reason: &'static str,
+        hl7_code: u16,
+        control_id: &[u8],
+        who: &crate::pipeline::Who<'_>,
+    ) {
         self.rejects.get_or_create(&ReasonLabels { reason }).inc();
         self.message(t, outcome::REJECTED);
         tracing::info!(
             reason,
             hl7_error = hl7_code,
             control_id = %String::from_utf8_lossy(&control_id[..control_id.len().min(64)]),
+            sending_application = %who.app(),
+            sending_facility = %who.fac(),
+            peer = %who.peer,
+            listener = %who.listener,
             "message rejected"
         );
     }

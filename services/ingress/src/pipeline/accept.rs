@@ -189,7 +189,16 @@ impl Pipeline {
                     let r = self.too_large(payload.len());
                     return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
                 }
-                tracing::warn!(parent: &span, error = %e, "publish refused by the producer");
+                let who = Who::new(&h, &origin.peer, &origin.listener);
+                tracing::warn!(
+                    parent: &span,
+                    error = %e,
+                    sending_application = %who.app(),
+                    sending_facility = %who.fac(),
+                    peer = %who.peer,
+                    listener = %who.listener,
+                    "publish refused by the producer: AR/CR 207"
+                );
                 self.metrics.message(t, outcome::UNAVAILABLE);
                 return Pending::Ready(self.unavailable(frame, "kafka_unavailable"));
             }
@@ -204,6 +213,9 @@ impl Pipeline {
                 msg_type: t,
                 span,
                 in_flight: InFlight::new(&self.metrics.in_flight),
+                peer: origin.peer.clone(),
+                listener: origin.listener.clone(),
+                protocol: origin.protocol,
             }),
             AckMode::Fast => {
                 self.metrics.message(t, outcome::ACCEPTED);
@@ -387,7 +399,7 @@ impl Pipeline {
     fn source(&self, o: &Origin) -> Source {
         Source {
             listener: o.listener.to_string(),
-            peer: o.peer.clone(),
+            peer: o.peer.to_string(),
             pod: self.pod.clone(),
             protocol: o.protocol.into(),
             connection_id: o.connection_id.clone(),

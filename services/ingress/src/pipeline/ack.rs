@@ -4,6 +4,35 @@
 use super::*;
 
 impl Pipeline {
+    /// The code `r` answers with, whether or not the sender asked for that ACK (MSH-15); None for a close,
+    /// and for a batch (each of its messages has its own).
+    pub fn answer_code(&self, r: &Reply) -> Option<AckCode> {
+        let outcome = match &r.action {
+            Action::Accept | Action::Replay(_) => Outcome::Accept,
+            Action::Reject(rej) => rej.outcome,
+            Action::Close | Action::Batch(_) => return None,
+        };
+        Some(ack_code(&Header::salvage(&r.frame), outcome))
+    }
+
+    /// Counts an answered message (each message of a batch) in the sender view, for `conn`.
+    pub fn answered(&self, conn: &crate::senders::SenderConn, r: &Reply) {
+        let now = SystemTime::now();
+        match &r.action {
+            Action::Batch(b) => {
+                for (frame, code) in &b.answered {
+                    self.senders
+                        .record(conn, &Header::salvage(frame), *code, now);
+                }
+            }
+            _ => {
+                let code = self.answer_code(r);
+                self.senders
+                    .record(conn, &Header::salvage(&r.frame), code, now);
+            }
+        }
+    }
+
     /// Writes the ACK for `r` into `buf` (cleared first) and returns its code, or `None` when nothing is to be
     /// sent (enhanced mode whose MSH-15 asks for no such ACK, or a close).
     pub fn render(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {

@@ -40,7 +40,7 @@ use tracing::Span;
 pub struct Origin {
     pub listener: Arc<str>,
     pub protocol: &'static str,
-    pub peer: String,
+    pub peer: Arc<str>,
     pub connection_id: String,
     pub tls_client: String,
 }
@@ -211,6 +211,8 @@ impl Reply {
 pub struct BatchReply {
     /// Each message's ACK (when it asks for one) and code.
     acks: Vec<(Vec<u8>, AckCode)>,
+    /// Each message and its answer's code, asked for or not (the sender view counts them).
+    answered: Vec<(Bytes, Option<AckCode>)>,
     all_accepted: bool,
     header: BatchHeader,
 }
@@ -274,6 +276,46 @@ pub struct Publish {
     msg_type: MsgType,
     span: Span,
     in_flight: InFlight,
+    /// Peer, listener and protocol, for the log lines (and a dead letter's source) of a NAK decided by
+    /// Kafka's answer.
+    peer: Arc<str>,
+    listener: Arc<str>,
+    protocol: &'static str,
+}
+
+/// Who sent a message, for reject and NAK log lines: MSH-3 and MSH-4 (their first component, as the sender
+/// view names senders, cut short), peer address and listener. No patient data.
+#[derive(Clone, Copy)]
+pub(crate) struct Who<'a> {
+    pub sending_application: &'a [u8],
+    pub sending_facility: &'a [u8],
+    pub peer: &'a str,
+    pub listener: &'a str,
+}
+
+impl<'a> Who<'a> {
+    /// `h`'s sender on `origin` (unknown for a record Kafka refused after the publish: empty peer and listener).
+    pub(crate) fn new(h: &'a Header<'a>, peer: &'a str, listener: &'a str) -> Self {
+        let c = h.delimiters.component;
+        let clip = |v: &'a [u8]| {
+            let v = crate::senders::hd1(v, c);
+            &v[..v.len().min(64)]
+        };
+        Self {
+            sending_application: clip(h.sending_application),
+            sending_facility: clip(h.sending_facility),
+            peer,
+            listener,
+        }
+    }
+
+    pub(crate) fn app(&self) -> std::borrow::Cow<'a, str> {
+        String::from_utf8_lossy(self.sending_application)
+    }
+
+    pub(crate) fn fac(&self) -> std::borrow::Cow<'a, str> {
+        String::from_utf8_lossy(self.sending_facility)
+    }
 }
 
 /// The shared per-process message pipeline.
@@ -284,6 +326,8 @@ pub struct Pipeline {
     /// The bytes all connections and streams together may hold.
     pub budget: Arc<Budget>,
     pub metrics: IngressMetrics,
+    /// The live view of senders and connections (`Ingest/Senders`).
+    pub senders: Arc<crate::senders::Senders>,
     key_paths: Vec<hl7v2::Path>,
     /// `key_salt_file`'s content: keys are salted hashes.
     key_salt: Option<Vec<u8>>,
@@ -328,6 +372,7 @@ impl Pipeline {
             metrics.budget_waits.clone(),
         ));
         Self {
+            senders: Arc::new(crate::senders::Senders::new(&cfg, metrics.clone())),
             dedup: Arc::new(Dedup::new(
                 cfg.duplicate_window,
                 cfg.duplicate_capacity,

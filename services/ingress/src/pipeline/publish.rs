@@ -14,6 +14,7 @@ impl Pipeline {
                 header,
             } => {
                 let mut acks = Vec::with_capacity(parts.len());
+                let mut answered = Vec::with_capacity(parts.len());
                 let mut all_accepted = true;
                 for p in parts {
                     let r = Box::pin(self.resolve(p)).await;
@@ -22,6 +23,7 @@ impl Pipeline {
                         return r;
                     }
                     all_accepted &= matches!(r.action, Action::Accept | Action::Replay(_));
+                    answered.push((r.frame.clone(), self.answer_code(&r)));
                     let mut one = Vec::with_capacity(256);
                     if let Some(code) = self.render(&r, &mut one) {
                         acks.push((one, code));
@@ -30,6 +32,7 @@ impl Pipeline {
                 return Reply {
                     action: Action::Batch(Box::new(BatchReply {
                         acks,
+                        answered,
                         all_accepted,
                         header,
                     })),
@@ -47,6 +50,14 @@ impl Pipeline {
             Pending::Publishing(p) => p,
         };
         let (frame, started, msg_type, span) = (p.frame, p.started, p.msg_type, p.span);
+        // A record Kafka refused is dead-lettered with what is known of its source (not its connection id).
+        let origin = Origin {
+            listener: p.listener,
+            protocol: p.protocol,
+            peer: p.peer,
+            connection_id: String::new(),
+            tls_client: String::new(),
+        };
         let deadline = tokio::time::Instant::from_std(started + self.cfg.ack_timeout);
         let res = tokio::time::timeout_at(deadline, p.delivery).await;
         drop(p.in_flight);
@@ -68,7 +79,7 @@ impl Pipeline {
                 self.metrics.publish_failed(kafka_reason(&e));
                 tracing::warn!(parent: &span, size, "the topic refused the record as too large");
                 let r = self.too_large(size);
-                self.reject(frame, r, None, 0, SystemTime::now())
+                self.reject(frame, r, Some(&origin), 0, SystemTime::now())
             }
             Ok(Ok(Err((e, _))))
                 if e.rdkafka_error_code()
@@ -78,7 +89,17 @@ impl Pipeline {
                 if is_fatal(&e) {
                     self.producer.recover_if_fatal();
                 }
-                tracing::warn!(parent: &span, error = %e, "Kafka did not store the message");
+                let h = Header::salvage(&frame);
+                let who = Who::new(&h, &origin.peer, &origin.listener);
+                tracing::warn!(
+                    parent: &span,
+                    error = %e,
+                    sending_application = %who.app(),
+                    sending_facility = %who.fac(),
+                    peer = %who.peer,
+                    listener = %who.listener,
+                    "Kafka did not store the message: AR/CR 207"
+                );
                 self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 self.unavailable(frame, "kafka_unavailable")
             }
@@ -89,7 +110,17 @@ impl Pipeline {
             // Our timer or librdkafka's own delivery timeout (set to the same bound): `on_timeout` decides.
             Ok(Ok(Err(_))) | Err(_) => {
                 self.metrics.publish_failed("timeout");
-                tracing::warn!(parent: &span, "Kafka did not confirm within ack_timeout");
+                let h = Header::salvage(&frame);
+                let who = Who::new(&h, &origin.peer, &origin.listener);
+                tracing::warn!(
+                    parent: &span,
+                    sending_application = %who.app(),
+                    sending_facility = %who.fac(),
+                    peer = %who.peer,
+                    listener = %who.listener,
+                    on_timeout = ?self.cfg.on_timeout,
+                    "Kafka did not confirm within ack_timeout"
+                );
                 self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 match self.cfg.on_timeout {
                     OnTimeout::Nak => self.unavailable(frame, "kafka_timeout"),
@@ -174,11 +205,13 @@ impl Pipeline {
         received: SystemTime,
     ) -> Reply {
         let h = Header::salvage(&frame);
+        let who = origin.map_or(Who::new(&h, "", ""), |o| Who::new(&h, &o.peer, &o.listener));
         self.metrics.rejected(
             MsgType::new(h.message_type),
             r.reason,
             r.code.code(),
             h.control_id,
+            &who,
         );
         let id = envelope::new_id();
         let mut env = self.envelope(&id, received, origin, &frame, &h, self.fallback, sequence);
