@@ -260,6 +260,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- with include "hl7gw.grpcConfig" (dict "root" . "component" "ingress") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
+{{- /* ingress.senders (camelCase, with the alert's silentAfter) as the ingress's senders: key. */ -}}
+{{- if $v.ingress.senders -}}
+{{- $senders := list -}}
+{{- $names := dict -}}
+{{- range $v.ingress.senders -}}
+{{- if hasKey $names .name }}{{ fail (printf "ingress.senders: the name %s is used twice" .name) }}{{ end -}}
+{{- $_ := set $names .name true -}}
+{{- $s := dict "name" .name "sending_application" .sendingApplication -}}
+{{- with .sendingFacility }}{{ $_ := set $s "sending_facility" . }}{{ end -}}
+{{- $senders = append $senders $s -}}
+{{- end -}}
+{{- $_ := set $c "senders" $senders -}}
+{{- end -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.ingress.config)) -}}
 {{- end -}}
 
