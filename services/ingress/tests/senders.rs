@@ -280,6 +280,19 @@ async fn operators_see_each_sender_and_connection_and_the_named_senders_metrics(
         2
     );
     assert_eq!(lines.last().unwrap()["kind"], "summary");
+    // One sender: `--application` (and the connections that last carried it).
+    let (ok, one, err) = cli(&["--application", "RAD", "--json"], true);
+    assert!(ok, "{err}");
+    let one: Vec<serde_json::Value> = one
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let apps: Vec<&str> = one
+        .iter()
+        .filter(|v| v["kind"] != "summary")
+        .map(|v| v["sending_application"].as_str().unwrap())
+        .collect();
+    assert_eq!(apps, ["RAD", "RAD"], "{one:?}");
 
     // Anonymous callers are refused, by the API and by the CLI.
     let anonymous = client
