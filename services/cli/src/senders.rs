@@ -27,7 +27,9 @@ pub struct SendersArgs {
 pub fn run(a: SendersArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let (ch, _) = a.conn.channel().await?;
+        // A view of up to 10,000 senders is larger than tonic's default 4 MiB answer.
         let r = IngestClient::new(ch)
+            .max_decoding_message_size(64 << 20)
             .senders(SendersRequest {
                 sending_application: a.application.unwrap_or_default(),
             })

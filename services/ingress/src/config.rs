@@ -343,8 +343,9 @@ impl Config {
     /// values a single HD component.
     fn validate_senders(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
-        if !(1..=100_000).contains(&self.max_senders) {
-            return rule("max_senders must be between 1 and 100000".into());
+        // The whole view is one gRPC answer: 10,000 senders of the longest MSH-3/MSH-4 stay within a few MiB.
+        if !(1..=10_000).contains(&self.max_senders) {
+            return rule("max_senders must be between 1 and 10000".into());
         }
         if self.senders.len() > 1000 {
             return rule(

@@ -7,12 +7,17 @@ impl Pipeline {
     /// The code `r` answers with, whether or not the sender asked for that ACK (MSH-15); None for a close,
     /// and for a batch (each of its messages has its own).
     pub fn answer_code(&self, r: &Reply) -> Option<AckCode> {
+        Self::code_of(r, &Header::salvage(&r.frame))
+    }
+
+    /// [`Pipeline::answer_code`] with `r.frame`'s header already read.
+    fn code_of(r: &Reply, h: &Header<'_>) -> Option<AckCode> {
         let outcome = match &r.action {
             Action::Accept | Action::Replay(_) => Outcome::Accept,
             Action::Reject(rej) => rej.outcome,
             Action::Close | Action::Batch(_) => return None,
         };
-        Some(ack_code(&Header::salvage(&r.frame), outcome))
+        Some(ack_code(h, outcome))
     }
 
     /// Counts an answered message (each message of a batch) in the sender view, for `conn`.
@@ -26,9 +31,8 @@ impl Pipeline {
                 }
             }
             _ => {
-                let code = self.answer_code(r);
-                self.senders
-                    .record(conn, &Header::salvage(&r.frame), code, now);
+                let h = Header::salvage(&r.frame);
+                self.senders.record(conn, &h, Self::code_of(r, &h), now);
             }
         }
     }
