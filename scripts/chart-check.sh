@@ -229,7 +229,7 @@ offline() {
     services/runtime/src/certs.rs >&2
   mkdir -p "$tmp/rules"
   helm template hl7gw "$CHART" --namespace hl7gw --set metrics.prometheusRule.enabled=true \
-    --show-only templates/prometheusrule.yaml >"$tmp/rules/rule.yaml"
+    -f scripts/chart/rules-values.yaml --show-only templates/prometheusrule.yaml >"$tmp/rules/rule.yaml"
   python3 - "$tmp/rules/rule.yaml" >"$tmp/rules/hl7gw-rules.yaml" <<'EOF'
 import sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))

@@ -368,6 +368,12 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     ];
     let dir = p.dir.path().to_owned();
     p.log_dir = Some(dir.clone());
+    // A named sender (the test messages' MSH-3), so that the per-sender families the dashboard and
+    // HL7GWSenderSilent query are in the ingress's scrape.
+    p.ingress.env.push((
+        "HL7GW_SENDERS",
+        "[{name=testapp,sending_application=TESTAPP}]".into(),
+    ));
     std::fs::write(dir.join("routes.yaml"), routes(free_port())).unwrap();
     std::fs::write(
         dir.join("egress.yaml"),
