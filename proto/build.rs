@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "hl7gw/v1/ingest.proto",
         "hl7gw/v1/transform.proto",
         "hl7gw/v1/egress.proto",
+        "hl7gw/v1/events.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());

@@ -103,17 +103,33 @@ pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
-fn timestamp(s: &Option<String>) -> anyhow::Result<Option<prost_types::Timestamp>> {
+/// A time as operators write it: RFC 3339 (`2026-11-23T10:00:00Z`), a time ago (`1h`, `30m`, `2d 4h`), or `now`.
+pub(crate) fn parse_time(
+    t: &str,
+    now: std::time::SystemTime,
+) -> anyhow::Result<std::time::SystemTime> {
+    let t = t.trim();
+    if t == "now" {
+        return Ok(now);
+    }
+    if let Ok(ago) = humantime::parse_duration(t.trim_end_matches(" ago")) {
+        return now
+            .checked_sub(ago)
+            .with_context(|| format!("{t:?} is too long ago"));
+    }
+    humantime::parse_rfc3339_weak(t).with_context(|| {
+        format!("{t:?} is not a time like 2026-11-23T10:00:00Z, nor a time ago like 1h or 30m")
+    })
+}
+
+pub(crate) fn timestamp(s: &Option<String>) -> anyhow::Result<Option<prost_types::Timestamp>> {
+    let now = std::time::SystemTime::now();
     s.as_deref()
-        .map(|t| {
-            humantime::parse_rfc3339_weak(t)
-                .map(prost_types::Timestamp::from)
-                .with_context(|| format!("{t:?} is not a time like 2026-11-23T10:00:00Z"))
-        })
+        .map(|t| parse_time(t, now).map(prost_types::Timestamp::from))
         .transpose()
 }
 
-fn rfc3339(t: Option<&prost_types::Timestamp>) -> String {
+pub(crate) fn rfc3339(t: Option<&prost_types::Timestamp>) -> String {
     t.and_then(|t| std::time::SystemTime::try_from(*t).ok())
         .map(|t| humantime::format_rfc3339_millis(t).to_string())
         .unwrap_or_default()
@@ -125,15 +141,23 @@ pub struct Selection {
     /// Of this destination
     #[arg(long)]
     destination: Option<String>,
-    /// Of this stage: egress or transformer
+    /// Of this stage: egress (a receiver refused it or it could not be delivered) or transformer (no route
+    /// took it, or a route failed). The ingress's rejects are not dead letters here: their senders were NAKed
+    /// and resend (docs/runbook.md)
     #[arg(long)]
     stage: Option<String>,
-    /// From this time (RFC 3339)
+    /// Of this reason (e.g. rejected, gave_up, unmatched)
+    #[arg(long)]
+    reason: Option<String>,
+    /// From this time: RFC 3339, or a time ago (1h, 30m, 2d)
     #[arg(long)]
     since: Option<String>,
-    /// Until this time (RFC 3339)
+    /// Until this time: RFC 3339, or a time ago
     #[arg(long)]
     until: Option<String>,
+    /// Go on where an earlier page stopped (the cursor it printed); --since is then not used
+    #[arg(long)]
+    cursor: Option<String>,
 }
 
 /// `hl7gw deadletters`: list dead letters of the egress.
@@ -149,6 +173,9 @@ pub struct DeadLettersArgs {
     /// Also print each message (patient data: only where you may see it)
     #[arg(long)]
     with_message: bool,
+    /// Every page, not only the first (each page asked with the previous one's cursor)
+    #[arg(long)]
+    all: bool,
 }
 
 /// `hl7gw replay`: send dead letters back.
@@ -161,6 +188,12 @@ pub struct ReplayArgs {
     ids: Vec<String>,
     #[command(flatten)]
     select: Selection,
+    /// List what would be replayed (one JSON line each); replay nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Also replay letters that were replayed before (without it they are skipped)
+    #[arg(long)]
+    force: bool,
 }
 
 /// `hl7gw dry-run`: what the transformer's live routes would do with a message.
@@ -182,80 +215,131 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the runtime")
 }
 
-/// Prints one JSON line per dead letter (no message unless `--with-message`).
+fn dead_letter_line(d: &hl7gw_runtime::proto::v1::DeadLetter) -> serde_json::Value {
+    let mut line = json!({
+        "id": d.id,
+        "at": rfc3339(d.at.as_ref()),
+        "stage": d.stage,
+        "destination": d.destination,
+        "reason": d.reason,
+        "ack_code": d.ack_code,
+        "attempts": d.attempts,
+        "message_type": d.message_type,
+        "control_id": d.control_id,
+        "dlq": format!("{}/{}", d.partition, d.offset),
+    });
+    if !d.replayed_by.is_empty() {
+        line["replayed_by"] = json!(d.replayed_by);
+        line["replayed_at"] = json!(rfc3339(d.replayed_at.as_ref()));
+    }
+    line
+}
+
+/// Prints one JSON line per dead letter (no message unless `--with-message`), page after page with `--all`;
+/// the last page's cursor goes to stderr.
 pub fn deadletters(a: DeadLettersArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let (ch, _) = a.conn.channel().await?;
-        let r = EgressClient::new(ch)
-            .list_dead_letters(ListDeadLettersRequest {
-                destination: a.select.destination.unwrap_or_default(),
-                stage: a.select.stage.unwrap_or_default(),
-                since: timestamp(&a.select.since)?,
-                until: timestamp(&a.select.until)?,
-                limit: a.limit,
-                include_envelope: a.with_message,
-            })
-            .await
-            .map_err(status_error)?
-            .into_inner();
-        for d in &r.dead_letters {
-            let mut line = json!({
-                "id": d.id,
-                "at": rfc3339(d.at.as_ref()),
-                "stage": d.stage,
-                "destination": d.destination,
-                "reason": d.reason,
-                "ack_code": d.ack_code,
-                "attempts": d.attempts,
-                "message_type": d.message_type,
-                "control_id": d.control_id,
-            });
-            if let Some(env) = &d.envelope {
-                line["message"] = json!(String::from_utf8_lossy(&env.raw));
+        let mut client = EgressClient::new(ch);
+        let mut cursor = a.select.cursor.clone().unwrap_or_default();
+        let mut total = 0usize;
+        loop {
+            let r = client
+                .list_dead_letters(ListDeadLettersRequest {
+                    destination: a.select.destination.clone().unwrap_or_default(),
+                    stage: a.select.stage.clone().unwrap_or_default(),
+                    reason: a.select.reason.clone().unwrap_or_default(),
+                    since: timestamp(&a.select.since)?,
+                    until: timestamp(&a.select.until)?,
+                    limit: a.limit,
+                    include_envelope: a.with_message,
+                    cursor: cursor.clone(),
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            for d in &r.dead_letters {
+                let mut line = dead_letter_line(d);
+                if let Some(env) = &d.envelope {
+                    line["message"] = json!(String::from_utf8_lossy(&env.raw));
+                }
+                println!("{line}");
             }
-            println!("{line}");
+            total += r.dead_letters.len();
+            let stuck = r.next_cursor == cursor;
+            cursor = r.next_cursor;
+            if !(r.truncated && a.all) || stuck {
+                eprintln!(
+                    "hl7gw deadletters: {total} dead letter(s){}",
+                    if r.truncated {
+                        format!("; more match: continue with --cursor {cursor}")
+                    } else {
+                        format!("; next time, --cursor {cursor} lists only newer ones")
+                    }
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
         }
-        eprintln!(
-            "hl7gw deadletters: {} dead letter(s){}",
-            r.dead_letters.len(),
-            if r.truncated {
-                "; more match: ask again with --since the last one's time"
-            } else {
-                ""
-            }
-        );
-        Ok(ExitCode::SUCCESS)
     })
 }
 
-/// Replays and prints the ids sent back.
+/// Replays what the selection matches, page after page (each page one Kafka transaction: a cut run can be run
+/// again, letters already replayed are skipped unless `--force`), printing the ids sent back; with
+/// `--dry-run`, the letters that would be, one JSON line each.
 pub fn replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     if a.ids.is_empty() && a.select.destination.is_none() && a.select.stage.is_none() {
-        bail!("name --id, or --destination or --stage (with --since/--until)");
+        bail!("name --id, or --destination or --stage (with --since/--until, --reason)");
     }
     runtime()?.block_on(async {
         let (ch, _) = a.conn.channel().await?;
-        let r = EgressClient::new(ch)
-            .replay(ReplayRequest {
-                ids: a.ids,
-                destination: a.select.destination.unwrap_or_default(),
-                stage: a.select.stage.unwrap_or_default(),
-                since: timestamp(&a.select.since)?,
-                until: timestamp(&a.select.until)?,
-            })
-            .await
-            .map_err(status_error)?
-            .into_inner();
-        for id in &r.ids {
-            println!("{id}");
+        let mut client = EgressClient::new(ch);
+        let mut cursor = a.select.cursor.clone().unwrap_or_default();
+        let (mut replayed, mut skipped) = (0u64, 0u64);
+        loop {
+            let r = client
+                .replay(ReplayRequest {
+                    ids: a.ids.clone(),
+                    destination: a.select.destination.clone().unwrap_or_default(),
+                    stage: a.select.stage.clone().unwrap_or_default(),
+                    reason: a.select.reason.clone().unwrap_or_default(),
+                    since: timestamp(&a.select.since)?,
+                    until: timestamp(&a.select.until)?,
+                    cursor: cursor.clone(),
+                    dry_run: a.dry_run,
+                    force: a.force,
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            if a.dry_run {
+                for d in &r.letters {
+                    println!("{}", dead_letter_line(d));
+                }
+            } else {
+                for id in &r.ids {
+                    println!("{id}");
+                }
+            }
+            replayed += u64::from(r.replayed);
+            skipped += u64::from(r.skipped);
+            // A page that moved nothing ends it (the server's cursor did not advance).
+            let stuck = r.next_cursor == cursor;
+            cursor = r.next_cursor;
+            if !r.truncated || stuck {
+                break;
+            }
         }
         eprintln!(
-            "hl7gw replay: {} replayed{}",
-            r.replayed,
-            if r.truncated {
-                "; more match: run it again"
+            "hl7gw replay: {replayed} {}{}",
+            if a.dry_run {
+                "would be replayed"
             } else {
-                ""
+                "replayed"
+            },
+            if skipped > 0 {
+                format!("; {skipped} skipped: replayed before (--force sends them again)")
+            } else {
+                String::new()
             }
         );
         Ok(ExitCode::SUCCESS)

@@ -16,6 +16,7 @@ macro_rules! log {
 
 mod admin;
 mod commands;
+mod ops;
 mod receive;
 mod sanitise;
 mod send;
@@ -49,8 +50,13 @@ enum Command {
     Receive(receive::ReceiveArgs),
     /// List the egress's dead letters (gRPC Egress/ListDeadLetters; TLS, token), one JSON line each.
     Deadletters(admin::DeadLettersArgs),
-    /// Send dead letters back (gRPC Egress/Replay; TLS, token).
+    /// Send dead letters back (gRPC Egress/Replay; TLS, token): once each, unless --force.
     Replay(admin::ReplayArgs),
+    /// Each destination of an egress pod: connected, backlog, oldest undelivered age, last ACK (Egress/Status).
+    Status(ops::StatusArgs),
+    /// Where a message went, by envelope id or control id: received, routed, delivered, dead-lettered,
+    /// replayed (Egress/Trace, from the inbound topic and the hl7.events ledger).
+    Trace(ops::TraceArgs),
     /// Show what the transformer's live routes would do with a message (gRPC Transform; TLS, token).
     DryRun(admin::DryRunArgs),
     /// Show an ingress pod's senders and connections: messages, NAKs, last message (gRPC Ingest/Senders).
@@ -72,6 +78,8 @@ fn main() -> ExitCode {
         Command::Receive(args) => receive::run(args),
         Command::Deadletters(args) => admin::deadletters(args),
         Command::Replay(args) => admin::replay(args),
+        Command::Status(args) => ops::status(args),
+        Command::Trace(args) => ops::trace(args),
         Command::DryRun(args) => admin::dry_run(args),
         Command::Senders(args) => senders::run(args),
     };

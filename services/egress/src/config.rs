@@ -162,6 +162,8 @@ pub struct Config {
     pub queue_bytes_per_partition: usize,
     /// The brokers, how to reach them, and the tuning of the consumers and the DLQ producer.
     pub kafka: KafkaSettings,
+    /// The delivery ledger: the events topic (`hl7.events`; empty: off) and its retention when created.
+    pub ledger: hl7gw_runtime::ledger::LedgerSettings,
     /// The gRPC listener's TLS and who may call Status, ListDeadLetters and Replay (nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
@@ -179,6 +181,7 @@ impl Default for Config {
             queue_per_partition: 64,
             queue_bytes_per_partition: 4 << 20,
             service: ServiceSettings::default(),
+            ledger: hl7gw_runtime::ledger::LedgerSettings::default(),
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }
@@ -189,7 +192,8 @@ hl7gw_runtime::service_config!(Config);
 
 impl Config {
     /// The gRPC methods of this service, as named in `grpc.allow`.
-    pub const GRPC_METHODS: &'static [&'static str] = &["Status", "ListDeadLetters", "Replay"];
+    pub const GRPC_METHODS: &'static [&'static str] =
+        &["Status", "ListDeadLetters", "Replay", "Trace"];
 
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -4,11 +4,14 @@
 
 use crate::config::Config;
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::kafka::Producer;
+use hl7gw_runtime::kafka::{KafkaContext, TransactionalProducer};
+use hl7gw_runtime::ledger;
 use hl7gw_runtime::proto::v1::{DeadLetter, Envelope};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
+use rdkafka::producer::Producer as _;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 /// Most dead letters one call lists or replays (the server's page), whatever the caller asks.
@@ -25,12 +28,49 @@ pub fn page_limit(requested: usize) -> usize {
     }
 }
 
-/// A page of dead letters, and whether more matched.
+/// A page of dead letters, whether more matched, and where the next page starts.
 #[derive(Debug, Default)]
 pub struct Page {
     pub letters: Vec<(DeadLetter, Envelope)>,
     pub truncated: bool,
+    pub next_cursor: String,
 }
+
+/// Where a listing goes on: per DLQ partition, the next offset to read.
+pub type Cursor = BTreeMap<i32, i64>;
+
+/// A cursor as callers carry it: `partition:offset` pairs, comma-separated.
+pub fn format_cursor(c: &Cursor) -> String {
+    c.iter()
+        .map(|(p, o)| format!("{p}:{o}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads a cursor [`format_cursor`] made.
+pub fn parse_cursor(s: &str) -> Result<Cursor, String> {
+    let mut c = Cursor::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let parsed = part
+            .split_once(':')
+            .and_then(|(p, o)| Some((p.parse::<i32>().ok()?, o.parse::<i64>().ok()?)));
+        match parsed {
+            Some((p, o)) if p >= 0 && o >= 0 && c.len() < 10_000 => {
+                c.insert(p, o);
+            }
+            _ => return Err("the cursor is not one a listing returned".to_owned()),
+        }
+    }
+    Ok(c)
+}
+
+/// The Kafka header of a replay marker: the DLQ partition and offset (`<partition>/<offset>`) of the dead
+/// letter it says was replayed. A marker is a DLQ record (an envelope with rejection stage `replay`) written in
+/// the same transaction as the replay, to the dead letter's partition: every later listing finds it after the
+/// letter and reports the letter replayed.
+pub const REPLAY_OF_HEADER: &str = "hl7gw.replay-of";
+/// The stage of replay markers in the DLQ.
+pub const STAGE_REPLAY: &str = "replay";
 
 /// What to list.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +85,10 @@ pub struct Filter {
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
     pub limit: usize,
+    /// Only dead letters of this reason (empty: any).
+    pub reason: String,
+    /// Go on from a previous page (then `since_ms` is not used).
+    pub cursor: Option<Cursor>,
 }
 
 /// Why dead letters could not be read or replayed.
@@ -54,19 +98,25 @@ pub enum DeadLetterError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("the DLQ could not be read to its end within {0:?}")]
     Timeout(Duration),
+    #[error("{0}")]
+    Cursor(String),
 }
 
 /// How long `list` waits before asking again while the DLQ's partitions have no leader (a new topic, a failover).
 const LEADERSHIP_RETRY: Duration = Duration::from_millis(250);
 
+/// Where a listing's reading starts (non-empty partitions), where each ends, and every partition's first offset.
+type Extent = (TopicPartitionList, Vec<(i32, i64)>, Cursor);
+
 /// The DLQ's non-empty partitions: where each starts (to assign) and where it ends now.
 fn extent(
     consumer: &BaseConsumer<hl7gw_runtime::kafka::KafkaContext>,
     topic: &str,
-) -> Result<(TopicPartitionList, Vec<(i32, i64)>), rdkafka::error::KafkaError> {
+) -> Result<Extent, rdkafka::error::KafkaError> {
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();
+    let mut lows = Cursor::new();
     for t in md.topics() {
         match t.error().map(rdkafka::types::RDKafkaErrorCode::from) {
             // No DLQ yet (a cluster that does not create topics on demand): nothing dead-lettered.
@@ -76,13 +126,14 @@ fn extent(
         }
         for p in t.partitions() {
             let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(5))?;
+            lows.insert(p.id(), low);
             if high > low {
                 tpl.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
                 ends.push((p.id(), high));
             }
         }
     }
-    Ok((tpl, ends))
+    Ok((tpl, ends, lows))
 }
 
 /// Reads the DLQ from the start (or from `since`) to its current end and returns the egress's dead letters
@@ -98,7 +149,7 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         .map_err(rdkafka::error::KafkaError::from)?
         .create_with_context(hl7gw_runtime::kafka::KafkaContext)?;
     let deadline = std::time::Instant::now() + budget;
-    let (mut tpl, mut ends) = loop {
+    let (mut tpl, mut ends, lows) = loop {
         match extent(&consumer, &cfg.dlq_topic) {
             Err(e)
                 if hl7gw_runtime::kafka::leadership_moving(&e)
@@ -109,7 +160,20 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             found => break found?,
         }
     };
-    if let Some(since) = filter.since_ms {
+    // Where each partition's reading starts: the cursor's offset, `since`'s, or the first record.
+    let mut next: Cursor = lows.clone();
+    if let Some(cursor) = &filter.cursor {
+        for (p, high) in &ends {
+            let low = lows.get(p).copied().unwrap_or(0);
+            let from = cursor.get(p).copied().unwrap_or(low).clamp(low, *high);
+            next.insert(*p, from);
+            tpl.set_partition_offset(&cfg.dlq_topic, *p, Offset::Offset(from))?;
+        }
+        for (p, o) in cursor {
+            next.entry(*p).and_modify(|n| *n = (*n).max(*o));
+        }
+        ends.retain(|(p, high)| next.get(p).is_some_and(|from| from < high));
+    } else if let Some(since) = filter.since_ms {
         let mut times = TopicPartitionList::new();
         for (p, _) in &ends {
             times.add_partition_offset(&cfg.dlq_topic, *p, Offset::Offset(since))?;
@@ -118,15 +182,41 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         for e in found.elements() {
             if let Offset::Offset(o) = e.offset() {
                 tpl.set_partition_offset(&cfg.dlq_topic, e.partition(), Offset::Offset(o))?;
+                next.insert(e.partition(), o);
             } else if matches!(e.offset(), Offset::End) {
                 ends.retain(|(p, _)| *p != e.partition());
             }
         }
     }
+    for (p, high) in &ends {
+        // A partition with nothing to read starts (and stays) at its end.
+        next.entry(*p).or_insert(*high);
+    }
+    let ended: Vec<i32> = next
+        .keys()
+        .filter(|p| !ends.iter().any(|(e, _)| e == *p))
+        .copied()
+        .collect();
+    for p in ended {
+        if let Ok((_, high)) = consumer.fetch_watermarks(&cfg.dlq_topic, p, Duration::from_secs(5))
+        {
+            next.insert(p, high.max(next.get(&p).copied().unwrap_or(0)));
+        }
+    }
+    if ends.is_empty() {
+        return Ok(Page {
+            letters: Vec::new(),
+            truncated: false,
+            next_cursor: format_cursor(&next),
+        });
+    }
     consumer.assign(&tpl)?;
     let limit = page_limit(filter.limit);
     let mut bytes = 0usize;
     let mut out = Vec::new();
+    // Replay markers seen: (partition, offset) of the letter -> (by whom, when).
+    let mut markers: HashMap<(i32, i64), (String, i64)> = HashMap::new();
+    let mut full = false;
     let mut done: Vec<(i32, i64)> = Vec::new();
     while done.len() < ends.len() {
         if std::time::Instant::now() > deadline {
@@ -141,21 +231,45 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
                     && !done.iter().any(|(d, _)| d == p)
                 {
                     done.push((*p, *high));
+                    if !full {
+                        // Read to its end (a transaction's commit marker may be its last offset).
+                        next.insert(*p, *high);
+                    }
                 }
             }
             continue;
         };
         let m = r?;
-        if let Some((_, high)) = ends.iter().find(|(p, _)| *p == m.partition())
-            && m.offset() + 1 >= *high
-            && !done.iter().any(|(d, _)| *d == m.partition())
-        {
-            done.push((m.partition(), *high));
+        let Some(&(_, high)) = ends.iter().find(|(p, _)| *p == m.partition()) else {
+            continue;
+        };
+        if m.offset() >= high {
+            // Written after the listing started: the next page's.
+            if !done.iter().any(|(d, _)| *d == m.partition()) {
+                done.push((m.partition(), high));
+            }
+            continue;
+        }
+        if m.offset() + 1 >= high && !done.iter().any(|(d, _)| *d == m.partition()) {
+            done.push((m.partition(), high));
         }
         let at = match m.timestamp() {
             Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => t,
             Timestamp::NotAvailable => 0,
         };
+        if let Some(of) = replay_of(&m) {
+            let by = header(&m, REPLAYED_BY_HEADER).unwrap_or_default();
+            markers.insert((m.partition(), of), (by, at));
+            if !full {
+                next.insert(m.partition(), m.offset() + 1);
+            }
+            continue;
+        }
+        if full {
+            // The page is full: the rest is read only for the markers of the letters on it.
+            continue;
+        }
+        next.insert(m.partition(), m.offset() + 1);
         if filter.until_ms.is_some_and(|u| at >= u) || filter.since_ms.is_some_and(|s| at < s) {
             continue;
         }
@@ -174,6 +288,7 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         };
         if !known
             || (!filter.stage.is_empty() && rej.stage != filter.stage)
+            || (!filter.reason.is_empty() && rej.reason != filter.reason)
             || (!filter.destination.is_empty() && env.destination != filter.destination)
             || (!filter.ids.is_empty() && !filter.ids.contains(&env.id))
         {
@@ -186,10 +301,7 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         let dl = DeadLetter {
             id: env.id.clone(),
             destination: env.destination.clone(),
-            at: Some(prost_types::Timestamp {
-                seconds: at.div_euclid(1000),
-                nanos: (at.rem_euclid(1000) * 1_000_000) as i32,
-            }),
+            at: Some(millis_timestamp(at)),
             reason: rej.reason.clone(),
             ack_code,
             attempts: env.attempts,
@@ -199,21 +311,58 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             offset: m.offset(),
             envelope: None,
             stage: rej.stage.clone(),
+            replayed_by: String::new(),
+            replayed_at: None,
         };
         bytes += env.raw.len();
         out.push((dl, env));
         if out.len() >= limit || bytes >= MAX_PAGE_BYTES {
-            // Stopped before the end of the DLQ: more may match.
-            return Ok(Page {
-                letters: out,
-                truncated: done.len() < ends.len(),
-            });
+            full = true;
         }
     }
+    for (dl, _) in &mut out {
+        if let Some((by, at)) = markers.get(&(dl.partition, dl.offset)) {
+            dl.replayed_by.clone_from(by);
+            dl.replayed_at = Some(millis_timestamp(*at));
+        }
+    }
+    // More may match when a partition was not read to its end for letters.
+    let truncated = ends
+        .iter()
+        .any(|(p, high)| next.get(p).is_some_and(|n| n < high));
     Ok(Page {
         letters: out,
-        truncated: false,
+        truncated,
+        next_cursor: format_cursor(&next),
     })
+}
+
+/// The Kafka header naming who replayed a letter, on its replay marker.
+pub const REPLAYED_BY_HEADER: &str = "hl7gw.replayed-by";
+
+fn header(m: &rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    m.headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The DLQ offset of the letter a replay marker names, when `m` is one.
+fn replay_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
+    let v = header(m, REPLAY_OF_HEADER)?;
+    let (p, o) = v.split_once('/')?;
+    (p.parse::<i32>().ok()? == m.partition())
+        .then(|| o.parse().ok())
+        .flatten()
+}
+
+fn millis_timestamp(at: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: at.div_euclid(1000),
+        nanos: (at.rem_euclid(1000) * 1_000_000) as i32,
+    }
 }
 
 /// Whether a transformer dead letter can go back to the inbound topic: only `unmatched` ones, whose envelope is
@@ -229,18 +378,77 @@ pub const STAGE_EGRESS: &str = "egress";
 /// The stage of the transformer's dead letters.
 pub const STAGE_TRANSFORMER: &str = "transformer";
 
-/// Sends dead letters back (rejection cleared, a `replay` stage added) and waits for Kafka to confirm each:
-/// the egress's to their destination topic, the transformer's to the inbound topic (destination cleared, so
-/// the routes decide again). Returns the replayed (id, destination) pairs; the destination of a transformer
-/// dead letter is reported as `transformer`.
+/// Sends dead letters back (rejection cleared, a `replay` stage added), in one Kafka transaction with, for each,
+/// a replay marker after it in the DLQ and a `replayed` event in the ledger: all of them are written or none
+/// is, so a replay cut short and run again neither loses nor repeats a letter. The egress's letters go to their
+/// destination topic, the transformer's to the inbound topic (destination cleared, so the routes decide
+/// again). `by` is the caller as audited. Returns the replayed (id, destination) pairs; the destination of a
+/// transformer dead letter is reported as `transformer`.
 pub async fn replay(
     cfg: &Config,
-    producer: &Producer,
-    letters: Vec<Envelope>,
+    by: &str,
+    letters: Vec<(DeadLetter, Envelope)>,
 ) -> Result<Vec<(String, String)>, DeadLetterError> {
+    if letters.is_empty() {
+        return Ok(Vec::new());
+    }
+    let timeout = Duration::from_secs(30);
+    let pc = hl7gw_runtime::kafka::transactional_producer_config(
+        "hl7gw-egress-replay",
+        &cfg.kafka,
+        &format!("{}.replay", cfg.group_prefix),
+        timeout,
+    )
+    .map_err(rdkafka::error::KafkaError::from)?;
+    let producer: TransactionalProducer = pc.create_with_context(KafkaContext)?;
+    let producer = std::sync::Arc::new(producer);
+    // One transactional id for every egress pod: two replays at once fence each other rather than both
+    // replaying the same letters.
+    blocking(&producer, move |p| p.init_transactions(timeout)).await?;
+    let sent = replay_in_transaction(cfg, by, &producer, letters).await;
+    let result = match sent {
+        Ok(ids) => blocking(&producer, move |p| p.commit_transaction(timeout))
+            .await
+            .map(|()| ids),
+        Err(e) => {
+            let _ = blocking(&producer, move |p| p.abort_transaction(timeout)).await;
+            Err(e)
+        }
+    };
+    // The last handle's drop flushes: not on a tokio worker.
+    let _ = tokio::task::spawn_blocking(move || drop(producer)).await;
+    result
+}
+
+/// Runs a blocking producer call on a blocking thread.
+async fn blocking<F>(
+    producer: &std::sync::Arc<TransactionalProducer>,
+    call: F,
+) -> Result<(), DeadLetterError>
+where
+    F: FnOnce(&TransactionalProducer) -> Result<(), rdkafka::error::KafkaError> + Send + 'static,
+{
+    let p = producer.clone();
+    tokio::task::spawn_blocking(move || call(&p))
+        .await
+        .map_err(|_| DeadLetterError::Kafka(rdkafka::error::KafkaError::Canceled))?
+        .map_err(DeadLetterError::Kafka)
+}
+
+async fn replay_in_transaction(
+    cfg: &Config,
+    by: &str,
+    producer: &TransactionalProducer,
+    letters: Vec<(DeadLetter, Envelope)>,
+) -> Result<Vec<(String, String)>, DeadLetterError> {
+    use rdkafka::message::Header;
+    producer.begin_transaction()?;
     let mut ids = Vec::new();
+    let mut deliveries = Vec::new();
     let mut buf = Vec::new();
-    for mut env in letters {
+    let replay_of = |dl: &DeadLetter| format!("{}/{}", dl.partition, dl.offset);
+    for (dl, mut env) in letters {
+        let letter = env.clone();
         let from_transformer = env
             .rejection
             .take()
@@ -254,8 +462,54 @@ pub async fn replay(
         envelope::push_stage(&mut env, "replay");
         envelope::encode_into(&env, &mut buf);
         let rec = envelope::record(&topic, &env.key, &buf, &env, &envelope::traceparent(&env));
-        producer.send(rec, Duration::from_secs(10)).await?;
+        deliveries.push(producer.send_result(rec).map_err(|(e, _)| e)?);
+        // The marker: the letter's envelope without its message, rejection stage `replay`, in its partition.
+        let mut marker = letter;
+        marker.raw = bytes::Bytes::new();
+        marker.rejection = Some(hl7gw_runtime::proto::v1::Rejection {
+            stage: STAGE_REPLAY.into(),
+            reason: "replayed".into(),
+            detail: format!("dead letter {} replayed to {topic}", replay_of(&dl)),
+            ..Default::default()
+        });
+        envelope::encode_into(&marker, &mut buf);
+        let of = replay_of(&dl);
+        let headers = envelope::record_headers(&marker, "")
+            .insert(Header {
+                key: REPLAY_OF_HEADER,
+                value: Some(of.as_str()),
+            })
+            .insert(Header {
+                key: REPLAYED_BY_HEADER,
+                value: Some(by),
+            });
+        let mut rec = rdkafka::producer::FutureRecord::to(&cfg.dlq_topic)
+            .partition(dl.partition)
+            .payload(buf.as_slice())
+            .headers(headers);
+        if !marker.key.is_empty() {
+            rec = rec.key(marker.key.as_str());
+        }
+        deliveries.push(producer.send_result(rec).map_err(|(e, _)| e)?);
+        if cfg.ledger.enabled() {
+            let mut e = ledger::event(ledger::kind::REPLAYED, STAGE_EGRESS, &env);
+            e.destination.clone_from(&label);
+            e.replayed_by = by.to_owned();
+            e.replayed_from = format!("{}/{}", cfg.dlq_topic, of);
+            e.topic.clone_from(&topic);
+            e.reason.clone_from(&dl.reason);
+            ledger::encode_into(&e, &mut buf);
+            let rec = ledger::record(&cfg.ledger.topic, &e, &buf);
+            deliveries.push(producer.send_result(rec).map_err(|(e, _)| e)?);
+        }
         ids.push((env.id.clone(), label));
+    }
+    for d in futures_util::future::join_all(deliveries).await {
+        match d {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(e.into()),
+            Err(_) => return Err(rdkafka::error::KafkaError::Canceled.into()),
+        }
     }
     Ok(ids)
 }

@@ -7,7 +7,8 @@ use crate::config::{Config, Destination};
 use crate::metrics::{DestMetrics, EgressMetrics};
 use hl7gw_runtime::dedup::{Dedup, Seen};
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::proto::v1::{Envelope, Rejection};
+use hl7gw_runtime::ledger;
+use hl7gw_runtime::proto::v1::{Envelope, Event, Rejection};
 use hl7v2::AckCode;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -31,6 +32,11 @@ pub struct DestState {
     pub retrying: AtomicU64,
     pub delivered: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// What each partition's worker is holding: the oldest undelivered message's age and the retrying-since
+    /// time come from here.
+    pub heads: Mutex<HashMap<i32, Arc<Head>>>,
+    /// Dead letters written since start by reason (the reasons are a fixed set of labels).
+    pub dead_lettered_by_reason: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     pub lag: std::sync::atomic::AtomicI64,
     pub ready: AtomicBool,
     /// Since when, and why, a dead letter cannot be written (Kafka away, the DLQ topic not authorised, a record
@@ -40,6 +46,31 @@ pub struct DestState {
     /// the rebalance generation it came in: it holds until a record is read or the assignment changes
     /// (librdkafka may report it once only).
     pub unreadable: Mutex<Option<(u64, String)>>,
+}
+
+/// The stage name the egress writes in dead letters and events.
+const STAGE: &str = "egress";
+
+/// Most settled records per partition whose ledger event is still on its way to Kafka (past it, the worker
+/// waits for the oldest before taking the next record).
+const MAX_PENDING_EVENTS: usize = 256;
+
+/// A settled record: its offset is stored once its event (if any) is written.
+struct Pending {
+    offset: i64,
+    event: Option<Box<Event>>,
+    delivery: Option<hl7gw_runtime::delivery::DeliveryFuture>,
+}
+
+/// Takes a partition worker's [`Head`] out of the destination's state when the worker ends.
+struct HeadGone<'a>(&'a DestState, i32);
+
+impl Drop for HeadGone<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut h) = self.0.heads.lock() {
+            h.remove(&self.1);
+        }
+    }
 }
 
 /// How long dead letters may fail to be written before the egress says so in `/readyz`.
@@ -76,6 +107,53 @@ impl DestState {
                 (Some(w), None) => *g = Some((Instant::now(), w.to_owned())),
             }
         }
+    }
+}
+
+/// The message a partition's worker is delivering: when the ingress read it and since when it is being retried
+/// (milliseconds since the epoch; 0: none).
+#[derive(Debug, Default)]
+pub struct Head {
+    received_ms: std::sync::atomic::AtomicI64,
+    retrying_ms: std::sync::atomic::AtomicI64,
+}
+
+fn epoch_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl DestState {
+    /// How long the oldest message a worker holds has waited since the ingress read it (0: none held).
+    pub fn oldest_undelivered_age(&self) -> Duration {
+        let now = epoch_ms(SystemTime::now());
+        let oldest = self
+            .heads
+            .lock()
+            .map(|h| {
+                h.values()
+                    .map(|x| x.received_ms.load(Ordering::Relaxed))
+                    .filter(|&t| t > 0)
+                    .min()
+            })
+            .ok()
+            .flatten();
+        oldest.map_or(Duration::ZERO, |t| {
+            Duration::from_millis(u64::try_from(now - t).unwrap_or(0))
+        })
+    }
+
+    /// Since when the longest-retried message has been waiting for its next attempt.
+    pub fn retrying_since(&self) -> Option<SystemTime> {
+        let ms = self
+            .heads
+            .lock()
+            .ok()?
+            .values()
+            .map(|x| x.retrying_ms.load(Ordering::Relaxed))
+            .filter(|&t| t > 0)
+            .min()?;
+        Some(SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).ok()?))
     }
 }
 
@@ -180,10 +258,11 @@ impl Drop for QueuedBytes<'_> {
 }
 
 /// How a delivery ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 enum Done {
-    /// Accepted, dead-lettered or suppressed: the offset may be committed.
-    Settled,
+    /// Accepted or dead-lettered (with the ledger's event, written before the offset is stored) or
+    /// suppressed (no event: the first delivery has one): the offset may be committed.
+    Settled(Option<Box<Event>>),
     /// Shutdown or the partition moved: the offset stays, the message will be read again.
     Abandoned,
 }
@@ -339,26 +418,159 @@ impl DestCtx {
             self.m.connections_active.clone(),
             self.m.unmatched_acks.clone(),
         );
-        while let Some((generation, m)) = rx.recv().await {
+        // Settled records whose event is on its way to the ledger, in offset order: an offset is stored only
+        // once its event is written (so the ledger misses nothing), without waiting for each in turn.
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        let head = Arc::new(Head::default());
+        if let Ok(mut h) = self.state.heads.lock() {
+            h.insert(partition, head.clone());
+        }
+        let _gone = HeadGone(&self.state, partition);
+        loop {
+            let next = if pending.len() >= MAX_PENDING_EVENTS {
+                None
+            } else if let Some(front) = pending.front_mut().and_then(|p| p.delivery.as_mut()) {
+                tokio::select! {
+                    biased;
+                    r = front => {
+                        let written = matches!(r, Ok(Ok(_)));
+                        if !self.settle_front(partition, &mut pending, written, &stop).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    m = rx.recv() => Some(m),
+                }
+            } else if !pending.is_empty() {
+                // Nothing to wait for at the front (a suppressed duplicate): its offset goes now.
+                None
+            } else {
+                Some(rx.recv().await)
+            };
+            let Some(next) = next else {
+                if !self
+                    .settle_front(partition, &mut pending, false, &stop)
+                    .await
+                {
+                    return;
+                }
+                continue;
+            };
+            let Some((generation, m)) = next else {
+                break;
+            };
             // Released when this record is done with (delivered, dropped or abandoned).
             let _queued = QueuedBytes(&queued_bytes, m.payload().map_or(0, <[u8]>::len), &room);
             if generation != self.consumer.context().generation() {
                 // Read before a rebalance: the partition restarts from its committed offset.
                 continue;
             }
-            match self.deliver(&mut client, &m, generation, &stop).await {
-                Done::Settled => {
-                    if let Err(e) = self
-                        .consumer
-                        .store_offset(&self.topic, partition, m.offset())
-                    {
-                        tracing::debug!(destination = %self.name, partition, error = %e, "offset not stored (partition moved)");
+            let done = self
+                .deliver(&mut client, &m, generation, &head, &stop)
+                .await;
+            head.received_ms.store(0, Ordering::Relaxed);
+            head.retrying_ms.store(0, Ordering::Relaxed);
+            match done {
+                Done::Settled(event) => {
+                    let mut p = Pending {
+                        offset: m.offset(),
+                        event: None,
+                        delivery: None,
+                    };
+                    if let Some(mut e) = event {
+                        if e.topic == self.topic {
+                            e.partition = partition;
+                        }
+                        // Not queued (the producer's queue is full): written in turn, with retries.
+                        p.delivery = self.send_event(&e);
+                        p.event = Some(e);
                     }
+                    pending.push_back(p);
                 }
                 Done::Abandoned => {
                     if stop.is_cancelled() {
-                        return;
+                        break;
                     }
+                }
+            }
+        }
+        // The records already settled: their events are written (or given up at shutdown) before their
+        // offsets are stored.
+        while !pending.is_empty() {
+            let written = match pending.front_mut().and_then(|p| p.delivery.as_mut()) {
+                Some(d) => matches!(
+                    tokio::time::timeout(Duration::from_secs(5), d).await,
+                    Ok(Ok(Ok(_)))
+                ),
+                None => false,
+            };
+            if !self
+                .settle_front(partition, &mut pending, written, &stop)
+                .await
+            {
+                return;
+            }
+        }
+    }
+
+    /// Hands the ledger's event to the producer (not waiting for Kafka); `None` when it could not be queued.
+    fn send_event(&self, e: &Event) -> Option<hl7gw_runtime::delivery::DeliveryFuture> {
+        let mut buf = Vec::new();
+        ledger::encode_into(e, &mut buf);
+        let rec = ledger::record(&self.cfg.ledger.topic, e, &buf);
+        self.producer.get().send_result(rec).ok()
+    }
+
+    /// Settles the oldest pending record: once its event is written (`written`, or written again here until
+    /// Kafka takes it), its offset is stored. False when shutdown came first (the offset stays: the record is read
+    /// again, delivered again, and its event written then).
+    async fn settle_front(
+        &self,
+        partition: i32,
+        pending: &mut VecDeque<Pending>,
+        written: bool,
+        stop: &CancellationToken,
+    ) -> bool {
+        let Some(mut p) = pending.pop_front() else {
+            return true;
+        };
+        if let Some(event) = p.event.take()
+            && !written
+            && !self.write_event(&event, stop).await
+        {
+            return false;
+        }
+        if let Err(e) = self.consumer.store_offset(&self.topic, partition, p.offset) {
+            tracing::debug!(destination = %self.name, partition, error = %e, "offset not stored (partition moved)");
+        }
+        true
+    }
+
+    /// Writes one event to the ledger, retrying until Kafka confirms it, or shutdown (false).
+    async fn write_event(&self, e: &Event, stop: &CancellationToken) -> bool {
+        let mut buf = Vec::new();
+        ledger::encode_into(e, &mut buf);
+        let mut wait = Duration::from_millis(200);
+        loop {
+            let producer = self.producer.get();
+            match producer
+                .send(
+                    ledger::record(&self.cfg.ledger.topic, e, &buf),
+                    Duration::from_secs(5),
+                )
+                .await
+            {
+                Ok(_) => return true,
+                Err(err) => {
+                    if hl7gw_runtime::producer::is_fatal(&err) {
+                        self.producer.recover_if_fatal();
+                    }
+                    self.m.event_write_failed(&err);
+                    tokio::select! {
+                        _ = stop.cancelled() => return false,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(5));
                 }
             }
         }
@@ -369,6 +581,7 @@ impl DestCtx {
         client: &mut MllpClient,
         m: &OwnedMessage,
         generation: u64,
+        head: &Head,
         stop: &CancellationToken,
     ) -> Done {
         let payload = m.payload().unwrap_or_default();
@@ -386,6 +599,11 @@ impl DestCtx {
                     .await;
             }
         };
+        let received = env
+            .received_at
+            .and_then(|t| SystemTime::try_from(t).ok())
+            .map_or(1, epoch_ms);
+        head.received_ms.store(received.max(1), Ordering::Relaxed);
         let h = env.header.clone().unwrap_or_default();
         let span = tracing::info_span!(
             "deliver",
@@ -407,7 +625,7 @@ impl DestCtx {
             && self.dedup.lookup(key, 0, Instant::now()) != Seen::New
         {
             self.m.duplicate_suppressed(&span);
-            return Done::Settled;
+            return Done::Settled(None);
         }
         let out = outgoing(&env.raw, &self.dest.ack_policy);
         // The receiver answers the control id it reads in the message sent (a route may have changed it).
@@ -447,6 +665,19 @@ impl DestCtx {
                         match code {
                             AckCode::AA | AckCode::CA => {
                                 self.accepted(&env, started);
+                                let event = self.cfg.ledger.enabled().then(|| {
+                                    let mut e = Box::new(ledger::event(
+                                        ledger::kind::DELIVERED,
+                                        STAGE,
+                                        &env,
+                                    ));
+                                    e.ack_code = code_str.to_owned();
+                                    e.attempts = attempt;
+                                    e.latency_ms = ledger::latency_ms(&env);
+                                    e.topic.clone_from(&self.topic);
+                                    e.offset = m.offset();
+                                    e
+                                });
                                 if let Some(key) = key {
                                     self.dedup.remember(
                                         key,
@@ -458,7 +689,7 @@ impl DestCtx {
                                 if tries > 1 {
                                     self.state.retrying.fetch_sub(1, Ordering::Relaxed);
                                 }
-                                return Done::Settled;
+                                return Done::Settled(event);
                             }
                             negative_code => {
                                 let error = err_code(&frame);
@@ -523,6 +754,8 @@ impl DestCtx {
             }
             if tries == 1 {
                 self.state.retrying.fetch_add(1, Ordering::Relaxed);
+                head.retrying_ms
+                    .store(epoch_ms(SystemTime::now()), Ordering::Relaxed);
             }
             self.m.retrying(reason);
             let wait = retry.backoff(tries, fastrand::f64());
@@ -584,14 +817,14 @@ impl DestCtx {
             &mut buf,
         );
         let mut wait = Duration::from_millis(200);
-        loop {
+        let written = loop {
             envelope::encode_into(&env, &mut buf);
             let rec = envelope::record(&self.cfg.dlq_topic, &env.key, &buf, &env, &traceparent);
             let producer = self.producer.get();
             match producer.send(rec, Duration::from_secs(5)).await {
-                Ok(_) => {
+                Ok(d) => {
                     hl7gw_runtime::failpoint::after_send(producer.client());
-                    break;
+                    break d;
                 }
                 Err(e) => {
                     if hl7gw_runtime::producer::is_fatal(&e) {
@@ -610,11 +843,28 @@ impl DestCtx {
                     wait = (wait * 2).min(Duration::from_secs(5));
                 }
             }
-        }
+        };
         self.state.dlq_failing(None);
         self.m.dead_lettered(reason);
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        Done::Settled
+        if let Ok(mut by) = self.state.dead_lettered_by_reason.lock() {
+            *by.entry(reason).or_default() += 1;
+        }
+        let event = self.cfg.ledger.enabled().then(|| {
+            let mut e = Box::new(ledger::event(ledger::kind::DEAD_LETTERED, STAGE, &env));
+            e.reason = reason.to_owned();
+            e.attempts = env.attempts;
+            e.ack_code = env
+                .rejection
+                .as_ref()
+                .and_then(|r| hl7v2::read_ack(&r.ack))
+                .map(|(c, _)| c.as_str().to_owned())
+                .unwrap_or_default();
+            e.topic.clone_from(&self.cfg.dlq_topic);
+            (e.partition, e.offset) = written;
+            e
+        });
+        Done::Settled(event)
     }
 }
 

@@ -63,6 +63,12 @@ impl DestMetrics {
         tracing::warn!(destination = %self.name, error = %error, "DLQ write failed; retrying");
     }
 
+    /// A ledger event was not written (`error`): written again until Kafka takes it, before its offset is stored.
+    pub fn event_write_failed(&self, error: &dyn std::fmt::Display) {
+        self.ledger_write_retries.inc();
+        tracing::warn!(destination = %self.name, error = %error, "ledger event not written; retrying");
+    }
+
     /// A message is in the DLQ for `reason`.
     pub fn dead_lettered(&self, reason: &'static str) {
         self.dlq_writes

@@ -7,7 +7,7 @@ use crate::metrics::{DestLabels, EgressMetrics};
 use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
 use hl7gw_runtime::proto::v1::{
     DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, ReplayRequest,
-    ReplayResponse, StatusRequest, StatusResponse,
+    ReplayResponse, StatusRequest, StatusResponse, TraceRequest, TraceResponse,
 };
 use rdkafka::consumer::Consumer;
 use std::sync::Arc;
@@ -92,8 +92,21 @@ impl EgressService {
         tokio::task::spawn_blocking(move || deadletters::list(&cfg, &filter))
             .await
             .map_err(|_| Status::internal("DLQ reader failed"))?
-            .map_err(|e| Status::unavailable(e.to_string()))
+            .map_err(|e| match e {
+                deadletters::DeadLetterError::Cursor(m) => Status::invalid_argument(m),
+                e => Status::unavailable(e.to_string()),
+            })
     }
+}
+
+/// The cursor a caller sent, parsed (empty: none).
+fn cursor(s: &str) -> Result<Option<deadletters::Cursor>, Status> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    deadletters::parse_cursor(s)
+        .map(Some)
+        .map_err(Status::invalid_argument)
 }
 
 #[tonic::async_trait]
@@ -144,6 +157,13 @@ impl Egress for EgressService {
                     delivered: s.delivered.load(Ordering::Relaxed),
                     dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
                     partitions: d.consumer.context().partitions(),
+                    oldest_undelivered_age_seconds: s.oldest_undelivered_age().as_secs_f64(),
+                    retrying_since: s.retrying_since().map(prost_types::Timestamp::from),
+                    dead_lettered_by_reason: s
+                        .dead_lettered_by_reason
+                        .lock()
+                        .map(|m| m.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect())
+                        .unwrap_or_default(),
                 });
             }
             if !want.is_empty() && out.destinations.is_empty() {
@@ -166,7 +186,7 @@ impl Egress for EgressService {
         req: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
         let what = format!(
-            "{} limit={} include_envelope={}",
+            "{} reason={:?} cursor={:?} limit={} include_envelope={}",
             describe(
                 &req.get_ref().destination,
                 &req.get_ref().stage,
@@ -174,6 +194,8 @@ impl Egress for EgressService {
                 req.get_ref().since.as_ref(),
                 req.get_ref().until.as_ref()
             ),
+            hl7gw_runtime::grpc::clip(&req.get_ref().reason),
+            hl7gw_runtime::grpc::clip(&req.get_ref().cursor),
             req.get_ref().limit,
             req.get_ref().include_envelope
         );
@@ -190,9 +212,12 @@ impl Egress for EgressService {
                     since_ms: millis(r.since.as_ref()),
                     until_ms: millis(r.until.as_ref()),
                     limit: r.limit as usize,
+                    reason: r.reason,
+                    cursor: cursor(&r.cursor)?,
                 })
                 .await?;
             let truncated = found.truncated;
+            let next_cursor = found.next_cursor;
             let dead_letters = found
                 .letters
                 .into_iter()
@@ -206,6 +231,7 @@ impl Egress for EgressService {
             Ok(Response::new(ListDeadLettersResponse {
                 dead_letters,
                 truncated,
+                next_cursor,
             }))
         }
         .await;
@@ -219,15 +245,23 @@ impl Egress for EgressService {
         &self,
         req: Request<ReplayRequest>,
     ) -> Result<Response<ReplayResponse>, Status> {
-        let what = describe(
-            &req.get_ref().destination,
-            &req.get_ref().stage,
-            &req.get_ref().ids,
-            req.get_ref().since.as_ref(),
-            req.get_ref().until.as_ref(),
+        let what = format!(
+            "{} reason={:?} cursor={:?} dry_run={} force={}",
+            describe(
+                &req.get_ref().destination,
+                &req.get_ref().stage,
+                &req.get_ref().ids,
+                req.get_ref().since.as_ref(),
+                req.get_ref().until.as_ref(),
+            ),
+            hl7gw_runtime::grpc::clip(&req.get_ref().reason),
+            hl7gw_runtime::grpc::clip(&req.get_ref().cursor),
+            req.get_ref().dry_run,
+            req.get_ref().force,
         );
         let caller = self.auth.admin(&req, "Replay", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);
+        let by = caller.to_string();
         let result: Result<Response<ReplayResponse>, Status> = async move {
             let r = req.into_inner();
             if r.ids.is_empty() && r.destination.is_empty() && r.stage.is_empty() {
@@ -244,16 +278,37 @@ impl Egress for EgressService {
                     since_ms: millis(r.since.as_ref()),
                     until_ms: millis(r.until.as_ref()),
                     limit: deadletters::MAX_PAGE,
+                    reason: r.reason,
+                    cursor: cursor(&r.cursor)?,
                 })
                 .await?;
             let truncated = found.truncated;
-            let envs: Vec<_> = found.letters.into_iter().map(|(_, e)| e).collect();
-            let ids = deadletters::replay(&self.cfg, &self.producer.get(), envs)
+            let next_cursor = found.next_cursor;
+            // Letters replayed before (a marker follows them in the DLQ) go again only when forced.
+            let (again, fresh): (Vec<_>, Vec<_>) = found
+                .letters
+                .into_iter()
+                .partition(|(dl, _)| !dl.replayed_by.is_empty());
+            let skipped = if r.force { 0 } else { again.len() as u32 };
+            let chosen: Vec<_> = if r.force {
+                again.into_iter().chain(fresh).collect()
+            } else {
+                fresh
+            };
+            let letters: Vec<_> = chosen.iter().map(|(dl, _)| dl.clone()).collect();
+            if r.dry_run {
+                return Ok(Response::new(ReplayResponse {
+                    replayed: letters.len() as u32,
+                    ids: letters.iter().map(|l| l.id.clone()).collect(),
+                    truncated,
+                    next_cursor,
+                    skipped,
+                    letters,
+                }));
+            }
+            let ids = deadletters::replay(&self.cfg, &by, chosen)
                 .await
-                .map_err(|e| {
-                    self.producer.recover_if_fatal();
-                    Status::unavailable(e.to_string())
-                })?;
+                .map_err(|e| Status::unavailable(e.to_string()))?;
             for (_, dest) in &ids {
                 self.metrics
                     .replayed
@@ -262,16 +317,60 @@ impl Egress for EgressService {
                     })
                     .inc();
             }
-            tracing::info!(replayed = ids.len(), "dead letters replayed");
+            tracing::info!(replayed = ids.len(), skipped, "dead letters replayed");
             Ok(Response::new(ReplayResponse {
                 replayed: ids.len() as u32,
                 ids: ids.into_iter().map(|(id, _)| id).collect(),
                 truncated,
+                next_cursor,
+                skipped,
+                letters,
             }))
         }
         .await;
         hl7gw_runtime::grpc::audit_result(&caller, peer, "Replay", &what, &result, |r| {
-            format!("{} replayed: {}", r.replayed, r.ids.join(","))
+            format!(
+                "{} replayed, {} skipped as replayed before: {}",
+                r.replayed,
+                r.skipped,
+                r.ids.join(",")
+            )
+        });
+        result
+    }
+
+    async fn trace(&self, req: Request<TraceRequest>) -> Result<Response<TraceResponse>, Status> {
+        let r = req.get_ref();
+        let what = format!(
+            "envelope_id={:?} control_id={:?} sending_application={:?} sending_facility={:?} since_ms={:?} until_ms={:?} limit={}",
+            hl7gw_runtime::grpc::clip(&r.envelope_id),
+            hl7gw_runtime::grpc::clip(&r.control_id),
+            hl7gw_runtime::grpc::clip(&r.sending_application),
+            hl7gw_runtime::grpc::clip(&r.sending_facility),
+            millis(r.since.as_ref()),
+            millis(r.until.as_ref()),
+            r.limit,
+        );
+        let caller = self.auth.admin(&req, "Trace", &what).await?;
+        let peer = hl7gw_runtime::grpc::peer(&req);
+        let result: Result<Response<TraceResponse>, Status> = async move {
+            let r = req.into_inner();
+            let q = crate::trace::Query::from_request(&r).map_err(Status::invalid_argument)?;
+            let cfg = self.cfg.clone();
+            tokio::task::spawn_blocking(move || crate::trace::find(&cfg, &q))
+                .await
+                .map_err(|_| Status::internal("trace reader failed"))?
+                .map(Response::new)
+                .map_err(|e| Status::unavailable(e.to_string()))
+        }
+        .await;
+        hl7gw_runtime::grpc::audit_result(&caller, peer, "Trace", &what, &result, |r| {
+            format!(
+                "{} messages, {} records read{}",
+                r.messages.len(),
+                r.records_scanned,
+                if r.truncated { ", truncated" } else { "" }
+            )
         });
         result
     }

@@ -9,6 +9,7 @@ pub mod deliver;
 pub mod events;
 pub mod grpc;
 pub mod metrics;
+pub mod trace;
 
 use config::Config;
 use hl7gw_runtime::admin::Health;
@@ -175,6 +176,8 @@ impl hl7gw_runtime::service::Service for App {
         side_stop.cancel();
         let grpc_result = grpc_server.stop().await;
         for d in &dests {
+            d.m.oldest_undelivered_age
+                .set(d.state.oldest_undelivered_age().as_secs_f64());
             let c = d.consumer.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = c.commit_consumer_state(rdkafka::consumer::CommitMode::Sync);
@@ -230,6 +233,8 @@ async fn housekeeping(
             created.store(true, Ordering::Relaxed);
         }
         for d in &dests {
+            d.m.oldest_undelivered_age
+                .set(d.state.oldest_undelivered_age().as_secs_f64());
             let c = d.consumer.clone();
             let lag = tokio::task::spawn_blocking(move || {
                 consumer_lag(c.as_ref(), Duration::from_secs(2)).ok()
@@ -270,7 +275,11 @@ async fn create_topics(cfg: &Config) -> bool {
     let mut topics: Vec<String> = cfg.destinations.keys().map(|d| cfg.topic(d)).collect();
     topics.push(cfg.dlq_topic.clone());
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    match ensure_topics(&cfg.kafka, &refs).await {
+    let created = match ensure_topics(&cfg.kafka, &refs).await {
+        Ok(()) => cfg.ledger.ensure_topic(&cfg.kafka).await,
+        Err(e) => Err(e),
+    };
+    match created {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(error = %e, "cannot create topics yet; the subscriptions will wait for them");

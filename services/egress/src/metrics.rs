@@ -34,7 +34,13 @@ hl7gw_runtime::metric_set! {
             unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::latency_histogram);
         pub end_to_end: Family<DestLabels, Histogram> =
             "Time from the ingress receiving a message to the receiver's ACK",
-            unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::latency_histogram);
+            unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::end_to_end_histogram);
+        pub oldest_undelivered_age: Family<DestLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
+            "How long the oldest message this pod has read but not yet delivered or dead-lettered has waited since \
+             the ingress read it (0: none waiting); compare with the destination topic's retention",
+            unit Seconds;
+        pub ledger_write_retries: Family<DestLabels, Counter> =
+            "Ledger events (hl7.events) Kafka did not take at once, written again before the offset is stored";
         pub producer_recoveries: Counter =
             "Kafka producers (DLQ writes, replays) recreated in-process after a fatal error";
     }
@@ -56,6 +62,8 @@ pub struct DestMetrics {
     pub(crate) acks: [Counter; 6],
     pub(crate) retries: Family<ReasonLabels, Counter>,
     pub(crate) dlq_writes: Family<ReasonLabels, Counter>,
+    pub(crate) oldest_undelivered_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub(crate) ledger_write_retries: Counter,
 }
 
 impl EgressMetrics {
@@ -84,6 +92,8 @@ impl EgressMetrics {
             acks: hl7v2::AckCode::ALL.map(ack),
             retries: self.retries.clone(),
             dlq_writes: self.dlq_writes.clone(),
+            oldest_undelivered_age: self.oldest_undelivered_age.get_or_create(&d).clone(),
+            ledger_write_retries: self.ledger_write_retries.get_or_create(&d).clone(),
         }
     }
 }

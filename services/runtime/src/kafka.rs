@@ -443,6 +443,15 @@ pub enum TopicError {
 /// Creates the topics that do not exist yet, with the configured replication, `min.insync.replicas` and
 /// record size limit.
 pub async fn ensure_topics(s: &KafkaSettings, topics: &[&str]) -> Result<(), TopicError> {
+    ensure_topics_with(s, topics, &[]).await
+}
+
+/// [`ensure_topics`], with topic configs (`retention.ms`...) set on the topics it creates.
+pub async fn ensure_topics_with(
+    s: &KafkaSettings,
+    topics: &[&str],
+    configs: &[(&str, &str)],
+) -> Result<(), TopicError> {
     if s.create_topics_partitions == 0 || topics.is_empty() {
         return Ok(());
     }
@@ -458,6 +467,7 @@ pub async fn ensure_topics(s: &KafkaSettings, topics: &[&str]) -> Result<(), Top
                 TopicReplication::Fixed(s.replication_factor),
             )
             .set("max.message.bytes", &max_bytes);
+            let n = configs.iter().fold(n, |n, (k, v)| n.set(k, v));
             if s.min_insync_replicas > 0 {
                 n.set("min.insync.replicas", &min_isr)
             } else {

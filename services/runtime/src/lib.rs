@@ -13,6 +13,7 @@ pub mod envelope;
 pub mod failpoint;
 pub mod grpc;
 pub mod kafka;
+pub mod ledger;
 pub mod memory;
 pub mod metrics;
 pub mod producer;

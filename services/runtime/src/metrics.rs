@@ -88,6 +88,14 @@ pub fn latency_histogram() -> prometheus_client::metrics::histogram::Histogram {
     prometheus_client::metrics::histogram::Histogram::new(latency_buckets())
 }
 
+/// A histogram of [`latency_buckets`] continued to an hour (30 s, 1, 5, 15, 30 and 60 min): end-to-end times,
+/// where a receiver outage of minutes must show as such, not as "more than 10 s".
+pub fn end_to_end_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    prometheus_client::metrics::histogram::Histogram::new(
+        latency_buckets().chain([30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0]),
+    )
+}
+
 /// Declares the label sets of metric families, one struct a line: `pub struct CodeLabels { pub code: &'static
 /// str }` derives what a `Family` key needs (the field names are the label names).
 #[macro_export]

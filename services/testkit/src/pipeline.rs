@@ -94,6 +94,7 @@ impl Pipeline {
                 ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
                 ("HL7GW_GROUP_ID", t("transformer")),
                 ("HL7GW_TRANSACTIONAL_ID", t("transformer-0")),
+                ("HL7GW_LEDGER__TOPIC", t("events")),
             ],
         );
         let egress = Part::new(
@@ -101,6 +102,7 @@ impl Pipeline {
             vec![
                 ("HL7GW_OUT_TOPIC_PREFIX", t("out.")),
                 ("HL7GW_GROUP_PREFIX", t("egress")),
+                ("HL7GW_LEDGER__TOPIC", t("events")),
             ],
         );
         std::fs::write(dir.path().join("routes.yaml"), ROUTES).unwrap();
@@ -111,7 +113,7 @@ impl Pipeline {
         std::fs::write(
             dir.path().join("egress.yaml"),
             format!(
-                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], Replay: [token:ops]}}\n\
+                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], Replay: [token:ops], Trace: [token:ops]}}\n\
                  destinations:\n  lab:\n    address: 127.0.0.1:{receiver_port}\n    response_timeout: 5s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
                 tokens.display()
             ),
@@ -439,6 +441,43 @@ impl Pipeline {
     }
 }
 
+/// Every record of the ledger topic `topic` (from the beginning, committed only), read until none came for
+/// 3 s or `limit` passed: (partition, offset, event).
+pub fn read_events(
+    topic: &str,
+    limit: Duration,
+) -> Vec<(i32, i64, hl7gw_runtime::proto::v1::Event)> {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker())
+        .set(
+            "group.id",
+            format!("test-{}", uuid::Uuid::now_v7().simple()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let deadline = Instant::now() + limit;
+    let mut quiet_since = Instant::now();
+    let mut out = Vec::new();
+    while Instant::now() < deadline
+        && (out.is_empty() || quiet_since.elapsed() < Duration::from_secs(3))
+    {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            quiet_since = Instant::now();
+            let e =
+                hl7gw_runtime::ledger::decode(m.payload().unwrap_or_default()).expect("an Event");
+            out.push((m.partition(), m.offset(), e));
+        }
+    }
+    out
+}
+
 /// The bearer token of `token:ops`, allowed every egress admin method in the tests' egress.yaml.
 pub const OPS_TOKEN: &str = "ops-token-0123456789abcdef";
 
@@ -470,17 +509,26 @@ pub async fn egress_status(egress: &mut Egress) -> hl7gw_runtime::proto::v1::Sta
         .into_inner()
 }
 
-/// Every dead letter of destination `lab`, as `ListDeadLetters` returns them.
+/// Every dead letter of destination `lab`, as `ListDeadLetters` returns them, page after page.
 pub async fn lab_dead_letters(egress: &mut Egress) -> Vec<hl7gw_runtime::proto::v1::DeadLetter> {
-    egress
-        .list_dead_letters(hl7gw_runtime::proto::v1::ListDeadLettersRequest {
-            destination: "lab".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .dead_letters
+    let mut out = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = egress
+            .list_dead_letters(hl7gw_runtime::proto::v1::ListDeadLettersRequest {
+                destination: "lab".into(),
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        out.extend(page.dead_letters);
+        if !page.truncated || page.next_cursor == cursor {
+            return out;
+        }
+        cursor = page.next_cursor;
+    }
 }
 
 /// What the receiver stored: control id to (sequence, file content), and how many times each id arrived.

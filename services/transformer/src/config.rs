@@ -111,6 +111,8 @@ pub struct Config {
     pub transaction_timeout: Duration,
     /// The brokers, how to reach them, and the tuning of the consumer and the transactional producer.
     pub kafka: KafkaSettings,
+    /// The delivery ledger: the events topic (`hl7.events`; empty: off) and its retention when created.
+    pub ledger: hl7gw_runtime::ledger::LedgerSettings,
     /// The gRPC listener's TLS and who may call the Transform dry run (nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
@@ -136,6 +138,7 @@ impl Default for Config {
             batch_interval: Duration::from_millis(20),
             transaction_timeout: Duration::from_secs(10),
             service: ServiceSettings::default(),
+            ledger: hl7gw_runtime::ledger::LedgerSettings::default(),
             kafka: KafkaSettings::default(),
             grpc: hl7gw_runtime::grpc::GrpcSettings::default(),
         }

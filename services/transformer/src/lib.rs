@@ -327,7 +327,11 @@ pub(crate) async fn ensure_destinations(
     if new.is_empty() {
         return true;
     }
-    match ensure_topics(&cfg.kafka, &new).await {
+    let created = match ensure_topics(&cfg.kafka, &new).await {
+        Ok(()) => cfg.ledger.ensure_topic(&cfg.kafka).await,
+        Err(e) => Err(e),
+    };
+    match created {
         Ok(()) => {
             known.extend(new.iter().map(|t| (*t).to_owned()));
             true

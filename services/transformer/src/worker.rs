@@ -8,6 +8,7 @@ use crate::metrics::{TransformerMetrics, outcome};
 use crate::source::LiveRoutes;
 use hl7gw_runtime::envelope;
 use hl7gw_runtime::kafka::TransactionalProducer as FutureProducer;
+use hl7gw_runtime::ledger;
 use hl7gw_runtime::metrics::MsgType;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection};
 use hl7v2::{Charset, Message as Hl7Message};
@@ -43,6 +44,8 @@ pub struct OutRecord {
 pub struct Routed {
     pub records: Vec<OutRecord>,
     pub outcome: &'static str,
+    /// The ledger's `dropped` event when nothing was made of the message (no route took it, nothing asked).
+    pub dropped: Option<hl7gw_runtime::proto::v1::Event>,
 }
 
 /// Routes and transforms one inbound envelope into output and DLQ records (nothing is produced here).
@@ -72,6 +75,7 @@ pub async fn route_one<P: PluginCaller>(
             return Routed {
                 records: vec![dlq(cfg, env, "bad_envelope", metrics)],
                 outcome: outcome::FAILED,
+                dropped: None,
             };
         }
     };
@@ -110,6 +114,7 @@ pub async fn route_one<P: PluginCaller>(
             return Routed {
                 records: vec![dlq(cfg, bad, "parse", metrics)],
                 outcome: outcome::FAILED,
+                dropped: None,
             };
         }
     };
@@ -191,7 +196,56 @@ pub async fn route_one<P: PluginCaller>(
     for r in &mut records {
         too_large_to_dlq(cfg, r, metrics);
     }
-    Routed { records, outcome }
+    let dropped = (records.is_empty() && cfg.ledger.enabled()).then(|| {
+        let mut e = ledger::event(ledger::kind::DROPPED, STAGE, &env);
+        e.reason = if hl7gw_runtime::envelope::is_test_traffic(&h_of(&env)) {
+            "test_traffic".into()
+        } else {
+            "unmatched".into()
+        };
+        e
+    });
+    Routed {
+        records,
+        outcome,
+        dropped,
+    }
+}
+
+/// The stage name the transformer writes in envelopes, dead letters and events.
+const STAGE: &str = "transformer";
+
+/// The ledger's event for a record the transaction writes: `dead_lettered` for a DLQ record (with its
+/// reason), else `routed` (its route, destination and topic).
+fn ledger_event(cfg: &Config, r: &OutRecord) -> hl7gw_runtime::proto::v1::Event {
+    if r.topic == cfg.dlq_topic {
+        let mut e = ledger::event(ledger::kind::DEAD_LETTERED, STAGE, &r.envelope);
+        e.reason = r
+            .envelope
+            .rejection
+            .as_ref()
+            .map(|j| j.reason.clone())
+            .unwrap_or_default();
+        e.topic.clone_from(&r.topic);
+        e
+    } else {
+        let mut e = ledger::event(ledger::kind::ROUTED, STAGE, &r.envelope);
+        e.topic.clone_from(&r.topic);
+        e
+    }
+}
+
+/// Encodes `event` into `buf` and hands it to the producer, for the ledger's topic.
+fn send_event(
+    producer: &FutureProducer,
+    topic: &str,
+    event: &hl7gw_runtime::proto::v1::Event,
+    buf: &mut Vec<u8>,
+) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    ledger::encode_into(event, buf);
+    producer
+        .send_result(ledger::record(topic, event, buf))
+        .map_err(|(e, _)| e)
 }
 
 /// An output larger than Kafka takes (`kafka.max_message_bytes`, e.g. the JSON of a message near the limit)
@@ -733,7 +787,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + self.cfg.batch_time_budget();
         let routes = self.live.get();
-        let mut routed: Vec<Vec<OutRecord>> = Vec::with_capacity(batch.len());
+        let mut routed: Vec<Routed> = Vec::with_capacity(batch.len());
         for m in batch {
             let one = route_one(
                 &self.cfg,
@@ -750,7 +804,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     Err(_) => break,
                 }
             };
-            routed.push(r.records);
+            routed.push(r);
             if tokio::time::Instant::now() >= deadline {
                 break;
             }
@@ -762,11 +816,22 @@ impl<P: PluginCaller + 'static> Worker<P> {
             next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
         }
         self.producer.begin_transaction()?;
-        let outputs = routed.iter().map(Vec::len).sum();
+        let outputs = routed.iter().map(|r| r.records.len()).sum();
         let mut deliveries = Vec::with_capacity(outputs);
         let mut ids: Vec<OutputId> = Vec::with_capacity(outputs);
-        for (m, records) in batch.iter().zip(routed) {
-            for (j, mut r) in records.into_iter().enumerate() {
+        // The ledger's events go in the same transaction as what they describe: committed with it or not at all.
+        let events_topic = self
+            .cfg
+            .ledger
+            .enabled()
+            .then_some(self.cfg.ledger.topic.as_str());
+        let mut events = Vec::new();
+        let mut ebuf = Vec::new();
+        for (m, one) in batch.iter().zip(routed) {
+            if let (Some(topic), Some(e)) = (events_topic, one.dropped.as_ref()) {
+                events.push(send_event(&self.producer, topic, e, &mut ebuf)?);
+            }
+            for (j, mut r) in one.records.into_iter().enumerate() {
                 let id: OutputId = (
                     m.topic().to_owned(),
                     m.partition(),
@@ -781,7 +846,13 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     r = refused_to_dlq(&self.cfg, &mut r, reason, detail, true, &self.metrics);
                 }
                 let delivery = match send(&self.producer, &r, buf) {
-                    Ok(d) => d,
+                    Ok(d) => {
+                        if let Some(topic) = events_topic {
+                            let e = ledger_event(&self.cfg, &r);
+                            events.push(send_event(&self.producer, topic, &e, &mut ebuf)?);
+                        }
+                        d
+                    }
                     Err(e) => match refused_for_good(&e) {
                         // librdkafka refused it at once (its own size check): the dead letter goes in its place.
                         Some(reason) => {
@@ -796,7 +867,12 @@ impl<P: PluginCaller + 'static> Worker<P> {
                                 true,
                                 &self.metrics,
                             );
-                            send(&self.producer, &dead, buf)?
+                            let d = send(&self.producer, &dead, buf)?;
+                            if let Some(topic) = events_topic {
+                                let e = ledger_event(&self.cfg, &dead);
+                                events.push(send_event(&self.producer, topic, &e, &mut ebuf)?);
+                            }
+                            d
                         }
                         None => return Err(e),
                     },
@@ -851,6 +927,19 @@ impl<P: PluginCaller + 'static> Worker<P> {
             return Err(KafkaError::MessageProduction(
                 rdkafka::types::RDKafkaErrorCode::Inconsistent,
             ));
+        }
+        // An event not written fails the batch like an output: the ledger must miss nothing that commits.
+        for r in futures_util::future::join_all(events).await {
+            match r {
+                Ok(Ok(d)) if d.offset >= 0 => {}
+                Ok(Ok(_)) => {
+                    return Err(KafkaError::MessageProduction(
+                        RDKafkaErrorCode::Inconsistent,
+                    ));
+                }
+                Ok(Err((e, _))) => return Err(e),
+                Err(_) => return Err(KafkaError::Canceled),
+            }
         }
         // A record is released just after its delivery callback ran: until then the flush still counts it.
         let settled = tokio::time::Instant::now() + Duration::from_millis(20);

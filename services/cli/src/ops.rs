@@ -1,0 +1,324 @@
+//! `hl7gw status` (each destination of an egress pod: connected, backlog, age of the oldest undelivered
+//! message, retrying since, last ACK, dead letters by reason) and `hl7gw trace` (where a message went: the
+//! ingress's record and the ledger's events), as a table or as JSON lines.
+
+use crate::admin::{Conn, rfc3339, status_error, timestamp};
+use hl7gw_runtime::proto::v1::egress_client::EgressClient;
+use hl7gw_runtime::proto::v1::{StatusRequest, TraceRequest};
+use serde_json::json;
+use std::process::ExitCode;
+
+/// `hl7gw status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Only this destination
+    #[arg(long)]
+    destination: Option<String>,
+    /// One JSON line per destination instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+/// `hl7gw trace`.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The message's envelope id (from a dead letter, a log line or the hl7.events topic)
+    #[arg(long, value_name = "ID", conflicts_with = "control_id")]
+    id: Option<String>,
+    /// The message's control id (MSH-10)
+    #[arg(long, value_name = "MSH-10", required_unless_present = "id")]
+    control_id: Option<String>,
+    /// With --control-id: only from this sending application (MSH-3 as sent)
+    #[arg(long, value_name = "MSH-3")]
+    sending_application: Option<String>,
+    /// With --control-id: only from this sending facility (MSH-4 as sent)
+    #[arg(long, value_name = "MSH-4")]
+    sending_facility: Option<String>,
+    /// Received from this time: RFC 3339 or a time ago (1h, 2d); default an hour before --until
+    #[arg(long)]
+    since: Option<String>,
+    /// Received until this time: RFC 3339 or a time ago; default now
+    #[arg(long)]
+    until: Option<String>,
+    /// At most this many messages (the server keeps it at 100 or fewer)
+    #[arg(long, default_value_t = 20)]
+    limit: u32,
+    /// JSON lines (one per message, its events in it) instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints each destination's state.
+pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
+    crate::admin::runtime()?.block_on(async {
+        let (ch, _) = a.conn.channel().await?;
+        let r = EgressClient::new(ch)
+            .status(StatusRequest {
+                destination: a.destination.unwrap_or_default(),
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        if !a.json {
+            println!(
+                "{:<16} {:<9} {:>8} {:>12} {:<24} {:<4} {:<24} {:>9} {:>6}  DEAD LETTERS BY REASON",
+                "DESTINATION",
+                "CONNECTED",
+                "BACKLOG",
+                "OLDEST AGE",
+                "RETRYING SINCE",
+                "ACK",
+                "LAST ACK",
+                "DELIVERED",
+                "DEAD"
+            );
+        }
+        for d in &r.destinations {
+            let reasons: Vec<String> = d
+                .dead_lettered_by_reason
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            if a.json {
+                println!(
+                    "{}",
+                    json!({
+                        "destination": d.name,
+                        "address": d.address,
+                        "connected": d.connected,
+                        "backlog": d.lag,
+                        "oldest_undelivered_age_seconds": d.oldest_undelivered_age_seconds,
+                        "retrying": d.retrying,
+                        "retrying_since": rfc3339(d.retrying_since.as_ref()),
+                        "last_error": d.last_error,
+                        "last_ack_code": d.last_ack_code,
+                        "last_ack_at": rfc3339(d.last_ack_at.as_ref()),
+                        "delivered": d.delivered,
+                        "dead_lettered": d.dead_lettered,
+                        "dead_lettered_by_reason": d.dead_lettered_by_reason,
+                        "partitions": d.partitions,
+                    })
+                );
+            } else {
+                println!(
+                    "{:<16} {:<9} {:>8} {:>12} {:<24} {:<4} {:<24} {:>9} {:>6}  {}",
+                    d.name,
+                    if d.connected { "yes" } else { "no" },
+                    d.lag,
+                    age(d.oldest_undelivered_age_seconds),
+                    rfc3339(d.retrying_since.as_ref()),
+                    d.last_ack_code,
+                    rfc3339(d.last_ack_at.as_ref()),
+                    d.delivered,
+                    d.dead_lettered,
+                    reasons.join(" ")
+                );
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A duration in seconds as `3.2s`, `12m04s`, `5h02m`.
+fn age(secs: f64) -> String {
+    if secs <= 0.0 {
+        return "-".into();
+    }
+    let s = secs as u64;
+    match s {
+        0..60 => format!("{secs:.1}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// Prints where each message found went; exit 1 when none was found.
+pub fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
+    crate::admin::runtime()?.block_on(async {
+        let (ch, _) = a.conn.channel().await?;
+        let r = EgressClient::new(ch)
+            .trace(TraceRequest {
+                envelope_id: a.id.unwrap_or_default(),
+                control_id: a.control_id.unwrap_or_default(),
+                sending_application: a.sending_application.unwrap_or_default(),
+                sending_facility: a.sending_facility.unwrap_or_default(),
+                since: timestamp(&a.since)?,
+                until: timestamp(&a.until)?,
+                limit: a.limit,
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        for m in &r.messages {
+            let h = m.header.clone().unwrap_or_default();
+            let src = m.source.clone().unwrap_or_default();
+            let events: Vec<serde_json::Value> = m
+                .events
+                .iter()
+                .map(|e| {
+                    let mut v = json!({
+                        "at": rfc3339(e.at.as_ref()),
+                        "kind": e.kind,
+                        "stage": e.stage,
+                        "route": e.route,
+                        "destination": e.destination,
+                        "topic": e.topic,
+                        "partition": e.partition,
+                        "offset": e.offset,
+                        "pod": e.pod,
+                    });
+                    for (k, val) in [
+                        ("ack_code", &e.ack_code),
+                        ("reason", &e.reason),
+                        ("replayed_by", &e.replayed_by),
+                        ("replayed_from", &e.replayed_from),
+                    ] {
+                        if !val.is_empty() {
+                            v[k] = json!(val);
+                        }
+                    }
+                    if e.attempts > 0 {
+                        v["attempts"] = json!(e.attempts);
+                    }
+                    if e.latency_ms > 0 {
+                        v["latency_ms"] = json!(e.latency_ms);
+                    }
+                    v
+                })
+                .collect();
+            if a.json {
+                println!(
+                    "{}",
+                    json!({
+                        "envelope_id": m.envelope_id,
+                        "received_at": rfc3339(m.received_at.as_ref()),
+                        "message_type": h.message_type,
+                        "trigger_event": h.trigger_event,
+                        "control_id": h.control_id,
+                        "sending_application": h.sending_application,
+                        "sending_facility": h.sending_facility,
+                        "listener": src.listener,
+                        "peer": src.peer,
+                        "pod": src.pod,
+                        "connection_id": src.connection_id,
+                        "inbound": if m.topic.is_empty() { String::new() } else { format!("{}/{}/{}", m.topic, m.partition, m.offset) },
+                        "events": events,
+                    })
+                );
+                continue;
+            }
+            println!(
+                "message {}  {}^{}  control id {}  from {} / {}",
+                m.envelope_id,
+                h.message_type,
+                h.trigger_event,
+                h.control_id,
+                h.sending_application,
+                h.sending_facility
+            );
+            if m.topic.is_empty() {
+                println!("  received   (not in the inbound topic: retention, or another window)");
+            } else {
+                println!(
+                    "  received   {}  by {} ({} {}, connection {})  -> {}/{}/{}",
+                    rfc3339(m.received_at.as_ref()),
+                    src.pod,
+                    src.listener,
+                    src.peer,
+                    src.connection_id,
+                    m.topic,
+                    m.partition,
+                    m.offset
+                );
+            }
+            if m.events.is_empty() {
+                println!("  (no events in the ledger yet: not routed, or the ledger is off)");
+            }
+            for e in &m.events {
+                let mut what = match e.kind.as_str() {
+                    "routed" => format!("route {} -> {} ({})", e.route, e.destination, e.topic),
+                    "delivered" => format!(
+                        "{} answered {} after {} attempt(s), {} ms after receipt",
+                        e.destination, e.ack_code, e.attempts, e.latency_ms
+                    ),
+                    "dead_lettered" => format!(
+                        "by the {} for {}{} -> {}/{}/{}",
+                        e.stage,
+                        e.reason,
+                        if e.ack_code.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (answer {})", e.ack_code)
+                        },
+                        e.topic,
+                        e.partition,
+                        e.offset
+                    ),
+                    "replayed" => format!(
+                        "by {} from {} -> {}",
+                        e.replayed_by, e.replayed_from, e.topic
+                    ),
+                    "dropped" => format!("no route took it ({})", e.reason),
+                    _ => String::new(),
+                };
+                if !e.destination.is_empty() && e.kind == "dead_lettered" {
+                    what = format!("{} [{}]", what, e.destination);
+                }
+                println!(
+                    "  {:<10} {}  {}  ({})",
+                    e.kind,
+                    rfc3339(e.at.as_ref()),
+                    what,
+                    e.pod
+                );
+            }
+        }
+        eprintln!(
+            "hl7gw trace: {} message(s), {} records read{}",
+            r.messages.len(),
+            r.records_scanned,
+            if r.truncated {
+                "; the search stopped at its bound: narrow --since/--until"
+            } else {
+                ""
+            }
+        );
+        Ok(if r.messages.is_empty() {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_as_an_operator_would_say_them() {
+        assert_eq!(age(0.0), "-");
+        assert_eq!(age(3.25), "3.2s");
+        assert_eq!(age(724.0), "12m04s");
+        assert_eq!(age(18_120.0), "5h02m");
+    }
+
+    #[test]
+    fn times_are_rfc3339_or_a_time_ago() {
+        let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let t = |s| crate::admin::parse_time(s, now).unwrap();
+        assert_eq!(now.duration_since(t("1h")).unwrap().as_secs(), 3600);
+        assert_eq!(now.duration_since(t("2d 4h")).unwrap().as_secs(), 52 * 3600);
+        assert_eq!(now.duration_since(t("30m ago")).unwrap().as_secs(), 1800);
+        assert_eq!(t("now"), now);
+        assert_eq!(
+            t("2026-11-23T10:00:00Z"),
+            humantime::parse_rfc3339("2026-11-23T10:00:00Z").unwrap()
+        );
+        assert!(crate::admin::parse_time("yesterday-ish", now).is_err());
+    }
+}
