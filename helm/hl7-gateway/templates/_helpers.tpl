@@ -276,6 +276,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.ingress.config)) -}}
 {{- end -}}
 
+{{/* The ledger section of the transformer's and the egress's configs (kafka.topics.events, eventsRetention). */}}
+{{- define "hl7gw.ledgerConfig" -}}
+topic: {{ .Values.kafka.topics.events | default "" | quote }}
+retention: {{ .Values.kafka.topics.eventsRetention | default "30d" | quote }}
+{{- end -}}
+
 {{- define "hl7gw.config.transformer" -}}
 {{- $v := .Values -}}
 {{- $routes := dict "kubernetes" (eq $v.transformer.routes.source "kubernetes") -}}
@@ -289,6 +295,7 @@ app.kubernetes.io/component: {{ .component }}
   "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "transformer") | fromYaml)
 -}}
 {{- if $v.transformer.defaultDestination }}{{ $_ := set $c "default_destination" $v.transformer.defaultDestination }}{{ end -}}
+{{- $_ := set $c "ledger" (include "hl7gw.ledgerConfig" . | fromYaml) -}}
 {{- with include "hl7gw.grpcConfig" (dict "root" . "component" "transformer") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.transformer.config)) -}}
 {{- end -}}
@@ -317,6 +324,7 @@ app.kubernetes.io/component: {{ .component }}
   "service" (include "hl7gw.serviceConfig" (dict "root" . "component" "egress") | fromYaml)
   "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "egress") | fromYaml)
 -}}
+{{- $_ := set $c "ledger" (include "hl7gw.ledgerConfig" . | fromYaml) -}}
 {{- with include "hl7gw.grpcConfig" (dict "root" . "component" "egress") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.egress.config)) -}}
 {{- end -}}

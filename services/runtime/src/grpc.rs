@@ -46,9 +46,9 @@ pub struct GrpcSettings {
     /// namespace (see [`kubernetes_resource`]), so RBAC Roles decide. Decisions are cached for 10 s. The
     /// service's own ServiceAccount needs `system:auth-delegator`.
     pub kubernetes_auth: bool,
-    /// Who may call each method (`Status`, `ListDeadLetters`, `Replay`, `Transform`, `Ingest`, `Senders`): a list of
-    /// `token:<name>`, `cert:<CN>`, `authenticated` (any caller with a valid token or client certificate) or
-    /// `anonymous` (anyone). A method not listed keeps its default: admin methods nobody, `Ingest` anyone,
+    /// Who may call each method (`Status`, `ListDeadLetters`, `Replay`, `Trace`, `Transform`, `Ingest`,
+    /// `Senders`): a list of `token:<name>`, `cert:<CN>`, `authenticated` (any caller with a valid token or
+    /// client certificate) or `anonymous` (anyone). A method not listed keeps its default: admin methods nobody, `Ingest` anyone,
     /// or only authenticated callers when the MLLP listener requires client certificates.
     pub allow: BTreeMap<String, Vec<String>>,
     /// A connection that has not finished its TLS handshake and opened its first call (stream) this long
@@ -209,6 +209,7 @@ pub fn kubernetes_resource(method: &str) -> Option<(&'static str, &'static str)>
         "Transform" => ("dryruns", "create"),
         "Ingest" => ("messages", "create"),
         "Senders" => ("senders", "get"),
+        "Trace" => ("traces", "get"),
         _ => return None,
     })
 }
