@@ -284,6 +284,8 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             STAGE_EGRESS => cfg.destinations.contains_key(&env.destination),
             // Listed whatever the reason; replayed only when `replayable` (see [`replayable`]).
             STAGE_TRANSFORMER => !filter.replay_only || replayable(rej),
+            // Listed, never replayed: the sender was NAKed and resends once its message is fixed.
+            STAGE_INGRESS => !filter.replay_only,
             _ => false,
         };
         if !known
@@ -375,6 +377,8 @@ pub fn replayable(rej: &hl7gw_runtime::proto::v1::Rejection) -> bool {
 
 /// The stage of the egress's own dead letters.
 pub const STAGE_EGRESS: &str = "egress";
+/// The stage of the ingress's dead letters (input it refused with a NAK): listed, not replayed.
+pub const STAGE_INGRESS: &str = "ingress";
 /// The stage of the transformer's dead letters.
 pub const STAGE_TRANSFORMER: &str = "transformer";
 

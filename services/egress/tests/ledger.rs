@@ -219,6 +219,39 @@ fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
         std::thread::sleep(Duration::from_millis(500));
     };
     assert_eq!(dead.len(), 4, "{dead:?}");
+    // Input the ingress refuses (an unsupported version) is NAKed and listed as an ingress dead letter.
+    let bad = String::from_utf8(support::adt("BADVER-1", "P9"))
+        .unwrap()
+        .replace("|P|2.5.1\r", "|P|9.9\r");
+    let nak = runtime().block_on(async {
+        let mut c = p.mllp_client().await;
+        c.call(bad.as_bytes()).await.unwrap()
+    });
+    assert_ne!(support::ack_code(&nak), "AA");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out, err) = hl7gw(
+            &p,
+            &pki,
+            &["deadletters", "--stage", "ingress", "--since", "10m"],
+        );
+        assert!(ok, "{err}");
+        if let Some(d) = json_lines(&out).first() {
+            assert_eq!(d["control_id"], "BADVER-1");
+            assert_eq!(d["stage"], "ingress");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ingress dead letter was not listed"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (ok, _, err) = hl7gw(&p, &pki, &["replay", "--stage", "ingress"]);
+    assert!(
+        ok && err.contains("0 replayed"),
+        "ingress dead letters are not replayed: {err}"
+    );
     let dead_cid = dead[0]["control_id"].as_str().unwrap().to_owned();
     let delivered_cid = ids
         .iter()
