@@ -42,6 +42,9 @@ pub struct DestState {
     /// Since when, and why, a dead letter cannot be written (Kafka away, the DLQ topic not authorised, a record
     /// refused even shrunk): readiness goes down once this lasts [`DLQ_FAILING_UNREADY`].
     pub dlq_failing: Mutex<Option<(Instant, String)>>,
+    /// The same for the ledger's events: while they cannot be written, offsets are not stored and the
+    /// destination's deliveries wait (the ledger must miss nothing).
+    pub ledger_failing: Mutex<Option<(Instant, String)>>,
     /// A consumer error that stops all reading of the destination topic (authorisation, a missing topic) and
     /// the rebalance generation it came in: it holds until a record is read or the assignment changes
     /// (librdkafka may report it once only).
@@ -86,6 +89,14 @@ impl DestState {
         {
             return Some(format!("dead letters cannot be written to Kafka: {why}"));
         }
+        if let Ok(g) = self.ledger_failing.lock()
+            && let Some((since, why)) = g.as_ref()
+            && since.elapsed() >= DLQ_FAILING_UNREADY
+        {
+            return Some(format!(
+                "ledger events cannot be written to Kafka (deliveries wait): {why}"
+            ));
+        }
         let u = self.unreadable.lock().ok()?;
         match u.as_ref() {
             Some((g, why)) if *g == generation => Some(format!("cannot read the topic: {why}")),
@@ -100,12 +111,21 @@ impl DestState {
     }
 
     fn dlq_failing(&self, why: Option<&str>) {
-        if let Ok(mut g) = self.dlq_failing.lock() {
-            match (why, g.as_ref()) {
-                (None, _) => *g = None,
-                (Some(w), Some((since, _))) => *g = Some((*since, w.to_owned())),
-                (Some(w), None) => *g = Some((Instant::now(), w.to_owned())),
-            }
+        failing(&self.dlq_failing, why);
+    }
+
+    fn ledger_failing(&self, why: Option<&str>) {
+        failing(&self.ledger_failing, why);
+    }
+}
+
+/// Records since when (and the latest why) writes of one kind fail; `None` clears it.
+fn failing(m: &Mutex<Option<(Instant, String)>>, why: Option<&str>) {
+    if let Ok(mut g) = m.lock() {
+        match (why, g.as_ref()) {
+            (None, _) => *g = None,
+            (Some(w), Some((since, _))) => *g = Some((*since, w.to_owned())),
+            (Some(w), None) => *g = Some((Instant::now(), w.to_owned())),
         }
     }
 }
@@ -560,12 +580,16 @@ impl DestCtx {
                 )
                 .await
             {
-                Ok(_) => return true,
+                Ok(_) => {
+                    self.state.ledger_failing(None);
+                    return true;
+                }
                 Err(err) => {
                     if hl7gw_runtime::producer::is_fatal(&err) {
                         self.producer.recover_if_fatal();
                     }
                     self.m.event_write_failed(&err);
+                    self.state.ledger_failing(Some(&err.to_string()));
                     tokio::select! {
                         _ = stop.cancelled() => return false,
                         _ = tokio::time::sleep(wait) => {}
@@ -595,7 +619,14 @@ impl DestCtx {
                     ..Envelope::default()
                 };
                 return self
-                    .dead_letter(env, "bad_envelope", e.to_string(), None, stop)
+                    .dead_letter(
+                        env,
+                        "bad_envelope",
+                        e.to_string(),
+                        None,
+                        &tracing::Span::none(),
+                        stop,
+                    )
                     .await;
             }
         };
@@ -605,14 +636,24 @@ impl DestCtx {
             .map_or(1, epoch_ms);
         head.received_ms.store(received.max(1), Ordering::Relaxed);
         let h = env.header.clone().unwrap_or_default();
+        // A consumer span (OpenTelemetry messaging conventions) for the record of `hl7.out.<destination>`; no
+        // `messaging.kafka.message.key`: the key is made of the patient id by default.
         let span = tracing::info_span!(
             "deliver",
-            destination = %self.name,
-            message_type = %h.message_type,
-            trigger = %h.trigger_event,
-            control_id = %h.control_id,
-            ack_code = tracing::field::Empty,
-            attempts = tracing::field::Empty,
+            otel.kind = "consumer",
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.destination.name = %self.topic,
+            messaging.destination.partition.id = %m.partition(),
+            messaging.kafka.offset = m.offset(),
+            messaging.consumer.group.name = %self.cfg.group(&self.name),
+            hl7.destination = %self.name,
+            hl7.route = %env.route,
+            hl7.message_type = %h.message_type,
+            hl7.trigger_event = %h.trigger_event,
+            hl7.control_id = %h.control_id,
+            hl7.ack_code = tracing::field::Empty,
+            hl7.attempts = tracing::field::Empty,
         );
         if let Some(tc) = &env.trace {
             hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
@@ -636,7 +677,7 @@ impl DestCtx {
             let detail =
                 "the message as sent has no MSH-10: no answer could be matched to it".into();
             return self
-                .dead_letter(env, "no_control_id", detail, None, stop)
+                .dead_letter(env, "no_control_id", detail, None, &span, stop)
                 .await;
         }
         let retry = &self.dest.retry;
@@ -660,8 +701,8 @@ impl DestCtx {
                         if let Ok(mut t) = self.state.last_ack_at.lock() {
                             *t = Some(SystemTime::now());
                         }
-                        span.record("ack_code", code_str);
-                        span.record("attempts", attempt);
+                        span.record("hl7.ack_code", code_str);
+                        span.record("hl7.attempts", attempt);
                         match code {
                             AckCode::AA | AckCode::CA => {
                                 self.accepted(&env, started);
@@ -711,6 +752,7 @@ impl DestCtx {
                                             "rejected",
                                             detail,
                                             Some(frame.freeze()),
+                                            &span,
                                             stop,
                                         )
                                         .await;
@@ -748,6 +790,7 @@ impl DestCtx {
                         "gave_up",
                         format!("{tries} attempts, last: {reason}"),
                         last_ack,
+                        &span,
                         stop,
                     )
                     .await;
@@ -791,14 +834,43 @@ impl DestCtx {
     /// Writes the message to the DLQ, retrying until Kafka confirms, or shutdown. A dead letter larger than the
     /// record limit (the receiver's answer can be 1 MiB) is shrunk until it fits, as is one Kafka refuses for
     /// its size: never retried as it is. While dead letters cannot be written, readiness says why.
+    ///
+    /// The write is a producer span, `dead_letter`, child of the message's `deliver` span (`parent`; none for
+    /// a record that is not an envelope): the dead letter carries its trace context, so that a replay of it
+    /// continues the trace from there.
     async fn dead_letter(
         &self,
         mut env: Envelope,
         reason: &'static str,
         detail: String,
         ack: Option<bytes::Bytes>,
+        parent: &tracing::Span,
         stop: &CancellationToken,
     ) -> Done {
+        let span = if parent.is_none() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(
+                parent: parent,
+                "dead_letter",
+                otel.kind = "producer",
+                messaging.system = "kafka",
+                messaging.operation.type = "send",
+                messaging.destination.name = %self.cfg.dlq_topic,
+                messaging.destination.partition.id = tracing::field::Empty,
+                messaging.kafka.offset = tracing::field::Empty,
+                hl7.destination = %self.name,
+                hl7.control_id = env.header.as_ref().map_or("", |h| h.control_id.as_str()),
+                hl7.reason = reason,
+            )
+        };
+        let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
+        if !traceparent.is_empty() {
+            env.trace = Some(hl7gw_runtime::proto::v1::TraceContext {
+                traceparent,
+                tracestate,
+            });
+        }
         env.destination = self.name.clone();
         env.rejection = Some(Rejection {
             stage: "egress".into(),
@@ -845,6 +917,10 @@ impl DestCtx {
             }
         };
         self.state.dlq_failing(None);
+        if written.1 >= 0 {
+            span.record("messaging.destination.partition.id", written.0.to_string());
+            span.record("messaging.kafka.offset", written.1);
+        }
         self.m.dead_lettered(reason);
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut by) = self.state.dead_lettered_by_reason.lock() {

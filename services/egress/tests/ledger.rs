@@ -373,3 +373,78 @@ fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
         "{table}"
     );
 }
+
+#[test]
+fn ledger_events_kafka_refuses_make_the_egress_unready_until_they_are_written() {
+    use rdkafka::admin::{
+        AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let mut p = Pipeline::new();
+        // The egress's events go to a topic that refuses records over 100 bytes (an event is a few hundred).
+        let small = p.topic("events-small");
+        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", support::broker())
+            .create()
+            .unwrap();
+        let t =
+            NewTopic::new(&small, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "100");
+        for r in admin
+            .create_topics([&t], &AdminOptions::new())
+            .await
+            .unwrap()
+        {
+            r.unwrap();
+        }
+        for (k, v) in &mut p.egress.env {
+            if *k == "HL7GW_LEDGER__TOPIC" {
+                v.clone_from(&small);
+            }
+        }
+        p.start_all(None);
+        p.wait_ready(Duration::from_secs(60));
+        let http = p.egress.admin.unwrap();
+        let mut c = p.mllp_client().await;
+        assert_eq!(
+            support::ack_code(&c.call(&support::adt("LEDGER-1", "P1")).await.unwrap()),
+            "AA"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, body) = support::http_get(http, "/readyz");
+            if code == 503 && body.contains("ledger events cannot be written") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "readiness does not say so: {code} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let raise =
+            AlterConfig::new(ResourceSpecifier::Topic(&small)).set("max.message.bytes", "1000000");
+        for r in admin
+            .alter_configs([&raise], &AdminOptions::new())
+            .await
+            .unwrap()
+        {
+            r.unwrap();
+        }
+        let events =
+            tokio::task::spawn_blocking(move || read_events(&small, Duration::from_secs(30)))
+                .await
+                .unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|(_, _, e)| e.kind == kind::DELIVERED && e.control_id == "LEDGER-1"),
+            "{events:?}"
+        );
+        tokio::task::spawn_blocking(move || {
+            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
+        })
+        .await
+        .unwrap();
+    });
+}
