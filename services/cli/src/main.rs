@@ -1,5 +1,6 @@
 //! `hl7gw`: flat, ack, send and receive — the integration engineer's HL7 v2 tool — and deadletters, replay and
-//! dry-run, the operator's side of the gRPC admin API.
+//! dry-run, the operator's side of the gRPC admin API; tail, reading envelopes straight from Kafka; completions
+//! and man, for the shell and `man`.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -21,6 +22,7 @@ mod receive;
 mod sanitise;
 mod send;
 mod senders;
+mod tail;
 mod tls;
 
 #[derive(Debug, Parser)]
@@ -61,6 +63,19 @@ enum Command {
     DryRun(admin::DryRunArgs),
     /// Show an ingress pod's senders and connections: messages, NAKs, last message (gRPC Ingest/Senders).
     Senders(senders::SendersArgs),
+    /// Read a topic's envelopes (default hl7.inbound) from a time or from the end: one JSON line each, ids and
+    /// header only (the message with --with-message), filtered by type, sender, destination.
+    Tail(tail::TailArgs),
+    /// Print a shell completion script: `source <(hl7gw completions bash)`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) of hl7gw or of one command: `hl7gw man tail | man -l -`.
+    Man {
+        /// A command (default: hl7gw itself, which lists them)
+        command: Option<String>,
+    },
 }
 
 /// Writes `args` to stderr as `hl7gw <command>: ...`, the command being the last part of `module`.
@@ -82,6 +97,9 @@ fn main() -> ExitCode {
         Command::Trace(args) => ops::trace(args),
         Command::DryRun(args) => admin::dry_run(args),
         Command::Senders(args) => senders::run(args),
+        Command::Tail(args) => tail::run(args),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { command } => man(command.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -90,6 +108,41 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `hl7gw completions <shell>`: the completion script on stdout.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "hl7gw", &mut out);
+    std::io::stdout().lock().write_all(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `hl7gw man [command]`: the man page of hl7gw (`hl7gw(1)`) or of one command (`hl7gw-tail(1)`).
+fn man(command: Option<&str>) -> anyhow::Result<ExitCode> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    cmd.build();
+    let page = match command {
+        None => clap_mangen::Man::new(cmd),
+        Some(name) => {
+            let sub = cmd
+                .find_subcommand(name)
+                .ok_or_else(|| anyhow::anyhow!("no command {name:?}: see hl7gw --help"))?;
+            let title = format!("hl7gw-{}", sub.get_name());
+            let sub = sub
+                .clone()
+                .display_name(title.clone())
+                .bin_name(format!("hl7gw {}", sub.get_name()));
+            clap_mangen::Man::new(sub).title(title)
+        }
+    };
+    let mut out = Vec::new();
+    page.render(&mut out)?;
+    std::io::stdout().lock().write_all(&out)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Reads a file, naming it in the error.

@@ -1,8 +1,11 @@
 //! `hl7gw send`: sends files to an MLLP receiver over one connection, one message at a time, and prints each ACK.
 //!
-//! A file is sent as it is, byte for byte, as one message; a batch file (FHS/BHS first) is split with
-//! [`hl7v2::Batch`] and each of its messages sent on its own (the batch envelope is not sent). The exit code
-//! says how it went: 0 when every ACK accepted (AA/CA), 1 when any did not (AE/AR/CE/CR), 2 when the
+//! A FILE is a file, `-` (stdin) or a folder (each file in it, by name; hidden files and subfolders are left
+//! out). A file holding one message is sent as it is, byte for byte; a file holding several (each starting
+//! at an MSH segment) is cut before each MSH, and a batch file (FHS/BHS first) is split with
+//! [`hl7v2::Batch`], each message sent on its own (the batch envelope is not sent). A progress bar goes to
+//! stderr when stderr is a terminal; `--json` prints one JSON line per message instead of the ACKs. The exit
+//! code says how it went: 0 when every ACK accepted (AA/CA), 1 when any did not (AE/AR/CE/CR), 2 when the
 //! connection, a timeout, an unreadable ACK or the arguments failed.
 
 use crate::sanitise::sanitise;
@@ -11,10 +14,12 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use hl7v2::ack::Outcome;
 use hl7v2::{Batch, Header, MllpCodec};
-use std::io::Write;
-use std::path::PathBuf;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -23,10 +28,18 @@ use tokio_util::codec::Framed;
 /// Arguments of `hl7gw send`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Each FILE is sent unchanged as one message; a batch file (starting with FHS or BHS) is split
-and each of its messages is sent on its own. Messages go out in order over one connection,
-each after the ACK of the one before. Each ACK is printed on stdout, one segment per line;
-stderr gets one line per message with its control id and ACK code.
+A FILE is a file, - (stdin), or a folder: every file in it, in name order (hidden files and
+subfolders left out). A file with one message is sent unchanged; a file with several is cut
+before each MSH segment; a batch file (starting with FHS or BHS) is split and each of its
+messages is sent on its own. Messages go out in order over one connection, each after the
+ACK of the one before. Each ACK is printed on stdout, one segment per line (with --json, one
+JSON line per message: file, index, control_id, ack_code, latency_ms); stderr gets one line
+per message with its control id and ACK code, and a progress bar when it is a terminal.
+
+Examples:
+  hl7gw send --to localhost:2575 adt.hl7
+  hl7gw send --to localhost:2575 --json outbox/
+  cat batch.hl7 | hl7gw send --to localhost:2575 -
 
 Exit status: 0 when every ACK is AA or CA; 1 when any is AE, AR, CE or CR;
 2 on a connection, TLS or timeout error, an unreadable ACK, or bad arguments.")]
@@ -34,9 +47,12 @@ pub struct SendArgs {
     /// Receiver address.
     #[arg(long, value_name = "HOST:PORT")]
     pub to: String,
-    /// Message or batch files to send.
+    /// Message or batch files to send; - for stdin; a folder for every file in it.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// One JSON line per message on stdout (file, index, control_id, ack_code, latency_ms) instead of the ACKs.
+    #[arg(long)]
+    pub json: bool,
     /// Seconds to wait for the connection, the TLS handshake, each write and each ACK.
     #[arg(long, value_name = "SECS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -53,7 +69,50 @@ pub struct SendArgs {
 #[derive(Debug, Clone)]
 struct Outgoing {
     label: String,
+    /// The file's name (`-` for stdin).
+    file: String,
+    /// Its place in the file, from 1.
+    index: usize,
     payload: Bytes,
+}
+
+/// The files a FILE argument names with their names: stdin for `-`, each file of a folder (by name, hidden
+/// files and subfolders left out), or the file.
+fn inputs(path: &Path) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .context("reading stdin")?;
+        return Ok(vec![("-".to_owned(), bytes)]);
+    }
+    let name = |p: &Path| {
+        p.file_name().map_or_else(
+            || p.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    };
+    if path.is_dir() {
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
+            let e = e.with_context(|| format!("reading {}", path.display()))?;
+            let p = e.path();
+            if name(&p).starts_with('.') || !p.is_file() {
+                continue;
+            }
+            files.push(p);
+        }
+        files.sort();
+        if files.is_empty() {
+            bail!("{}: no file in the folder", path.display());
+        }
+        return files
+            .iter()
+            .map(|p| Ok((name(p), crate::read(&p.to_path_buf())?)))
+            .collect();
+    }
+    Ok(vec![(name(path), crate::read(&path.to_path_buf())?)])
 }
 
 /// `hl7gw send`.
@@ -61,22 +120,38 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
     let (host, port) = split_host_port(&args.to)?;
     let mut messages = Vec::new();
     for path in &args.files {
-        let bytes = crate::read(path)?;
-        let name = path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        let parts = split_file(&bytes).with_context(|| format!("splitting batch file {name}"))?;
-        let several = parts.len() > 1;
-        for (i, payload) in parts.into_iter().enumerate() {
-            let label = if several {
-                format!("{name}#{}", i + 1)
-            } else {
-                name.clone()
-            };
-            messages.push(Outgoing { label, payload });
+        for (name, bytes) in inputs(path)? {
+            let parts = split_file(&bytes).with_context(|| format!("splitting {name}"))?;
+            let several = parts.len() > 1;
+            for (i, payload) in parts.into_iter().enumerate() {
+                let label = if several {
+                    format!("{name}#{}", i + 1)
+                } else {
+                    name.clone()
+                };
+                messages.push(Outgoing {
+                    label,
+                    file: name.clone(),
+                    index: i + 1,
+                    payload,
+                });
+            }
         }
     }
+    let out = Output {
+        json: args.json,
+        repeat: args.repeat,
+        bar: std::io::stderr().is_terminal().then(|| {
+            let total = (messages.len() as u64).saturating_mul(args.repeat);
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} messages ({elapsed}, {eta} left)",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        }),
+    };
     let tls = args.tls.client(&args.to)?;
     let t = Duration::from_secs(args.timeout);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -108,9 +183,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
                         )
                     })?
                     .with_context(|| format!("TLS handshake with {}", args.to))?;
-                exchange(stream, &messages, args.repeat, t).await
+                exchange(stream, &messages, &out, t).await
             }
-            None => exchange(tcp, &messages, args.repeat, t).await,
+            None => exchange(tcp, &messages, &out, t).await,
         }
     })
 }
@@ -133,7 +208,27 @@ fn split_host_port(to: &str) -> anyhow::Result<(&str, u16)> {
     Ok((host, port))
 }
 
-/// The messages of a file: each message of a batch, or the whole file as one message.
+/// How the results are shown.
+#[derive(Debug)]
+struct Output {
+    json: bool,
+    repeat: u64,
+    /// On stderr when it is a terminal.
+    bar: Option<ProgressBar>,
+}
+
+impl Output {
+    /// Writes (to stderr or stdout) with the progress bar out of the way.
+    fn note<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.bar {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
+    }
+}
+
+/// The messages of a file: each message of a batch; each message of a file of several (cut before each MSH);
+/// or the whole file, unchanged, as one message.
 fn split_file(bytes: &[u8]) -> anyhow::Result<Vec<Bytes>> {
     if hl7v2::batch::is_batch(bytes) {
         let batch = Batch::parse(bytes)?;
@@ -146,7 +241,15 @@ fn split_file(bytes: &[u8]) -> anyhow::Result<Vec<Bytes>> {
         }
         Ok(parts)
     } else {
-        Ok(vec![Bytes::copy_from_slice(bytes)])
+        match hl7v2::batch::split(bytes) {
+            Ok(split) if split.messages.len() > 1 => Ok(split
+                .messages
+                .iter()
+                .map(|m| Bytes::copy_from_slice(m))
+                .collect()),
+            // One message, or not HL7 at all: sent as it is (the receiver answers what it makes of it).
+            _ => Ok(vec![Bytes::copy_from_slice(bytes)]),
+        }
     }
 }
 
@@ -154,7 +257,7 @@ fn split_file(bytes: &[u8]) -> anyhow::Result<Vec<Bytes>> {
 async fn exchange<S>(
     io: S,
     messages: &[Outgoing],
-    repeat: u64,
+    out: &Output,
     t: Duration,
 ) -> anyhow::Result<ExitCode>
 where
@@ -163,9 +266,10 @@ where
     let mut framed = Framed::new(io, MllpCodec::default());
     let mut all_accepted = true;
     let mut sent = 0u64;
-    for _ in 0..repeat {
+    for round in 1..=out.repeat {
         for m in messages {
             let control_id = sanitise(Header::salvage(&m.payload).control_id);
+            let started = Instant::now();
             timeout(t, framed.send(m.payload.clone()))
                 .await
                 .map_err(|_| anyhow!("{}: could not write within {}s", m.label, t.as_secs()))?
@@ -175,8 +279,11 @@ where
                 .map_err(|_| anyhow!("{}: no ACK within {}s", m.label, t.as_secs()))?
                 .ok_or_else(|| anyhow!("{}: connection closed before the ACK", m.label))?
                 .with_context(|| format!("{}: reading the ACK", m.label))?;
+            let latency = started.elapsed();
             sent += 1;
-            print_ack(&ack)?;
+            if !out.json {
+                out.note(|| print_ack(&ack))?;
+            }
             let Some((code, answered)) = hl7v2::ack::read_ack(&ack) else {
                 bail!(
                     "{}: the answer has no readable MSA-1 acknowledgment code",
@@ -184,13 +291,35 @@ where
                 );
             };
             let answered = sanitise(answered);
-            if answered != control_id {
-                log!(
-                    "{}: warning: ACK is for control id {answered}, sent {control_id}",
-                    m.label
-                );
+            if out.json {
+                let mut line = json!({
+                    "file": m.file,
+                    "index": m.index,
+                    "control_id": control_id,
+                    "ack_code": code.as_str(),
+                    "latency_ms": (latency.as_secs_f64() * 1e6).round() / 1e3,
+                });
+                if out.repeat > 1 {
+                    line["round"] = json!(round);
+                }
+                out.note(|| {
+                    let mut stdout = std::io::stdout().lock();
+                    writeln!(stdout, "{line}")?;
+                    stdout.flush()
+                })?;
             }
-            log!("{}: {} (control id {control_id})", m.label, code.as_str());
+            out.note(|| {
+                if answered != control_id {
+                    log!(
+                        "{}: warning: ACK is for control id {answered}, sent {control_id}",
+                        m.label
+                    );
+                }
+                log!("{}: {} (control id {control_id})", m.label, code.as_str());
+            });
+            if let Some(bar) = &out.bar {
+                bar.inc(1);
+            }
             if code.outcome() != Outcome::Accept {
                 all_accepted = false;
             }
@@ -198,6 +327,9 @@ where
     }
     // Say goodbye politely (TLS close_notify); the ACKs are in, so a failure here changes nothing.
     let _ = timeout(t, SinkExt::<Bytes>::close(&mut framed)).await;
+    if let Some(bar) = &out.bar {
+        bar.finish_and_clear();
+    }
     log!(
         "{sent} message(s) sent, {}",
         if all_accepted {
@@ -244,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn batch_files_are_split_and_single_files_are_not() {
+    fn batch_and_multi_message_files_are_split_and_single_files_are_not() {
         let batch = b"FHS|^~\\&|APP\rBHS|^~\\&|APP\r\
 MSH|^~\\&|A|B|C|D|2020||ADT^A01|1|P|2.5\rPID|1\r\
 MSH|^~\\&|A|B|C|D|2020||ADT^A08|2|P|2.5\rPID|2\r\
@@ -253,9 +385,17 @@ BTS|2\rFTS|1\r";
         assert_eq!(parts.len(), 2);
         assert!(parts[0].starts_with(b"MSH|") && parts[0].ends_with(b"PID|1\r"));
         assert!(parts[1].ends_with(b"PID|2\r"));
+        let one = b"MSH|^~\\&|A|B|C|D|2020||ADT^A01|1|P|2.5\rPID|1\r\n";
+        assert_eq!(split_file(one).unwrap(), [Bytes::from_static(one)]);
         let two =
             b"MSH|^~\\&|A|B|C|D|2020||ADT^A01|1|P|2.5\rMSH|^~\\&|A|B|C|D|2020||ADT^A08|2|P|2.5\r";
-        assert_eq!(split_file(two).unwrap(), [Bytes::from_static(two)]);
+        assert_eq!(
+            split_file(two).unwrap(),
+            [
+                Bytes::from_static(&two[..two.len() / 2]),
+                Bytes::from_static(&two[two.len() / 2..])
+            ]
+        );
         assert_eq!(split_file(b"junk").unwrap(), [Bytes::from_static(b"junk")]);
         assert!(split_file(b"FHS|^~\\&\rFTS|0\r").is_err());
     }
