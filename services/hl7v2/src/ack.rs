@@ -136,6 +136,23 @@ pub fn accept_ack_wanted(h: &Header<'_>, outcome: Outcome) -> bool {
         .wants(outcome)
 }
 
+/// Whether the sender asks for an application acknowledgment for `outcome`: only in enhanced mode, and only
+/// when MSH-16 is one of AL, ER, SU that wants this outcome (empty, unknown or NE: none). Original mode has no
+/// separate application ACK (its AA/AE/AR is the one answer).
+pub fn application_ack_wanted(h: &Header<'_>, outcome: Outcome) -> bool {
+    h.is_enhanced_mode()
+        && AckCondition::parse(h.application_ack_type).is_some_and(|c| c.wants(outcome))
+}
+
+/// The original-mode code (AA/AE/AR) an application acknowledgment carries for `outcome`.
+pub fn application_ack_code(outcome: Outcome) -> AckCode {
+    match outcome {
+        Outcome::Accept => AckCode::AA,
+        Outcome::Error => AckCode::AE,
+        Outcome::Reject => AckCode::AR,
+    }
+}
+
 /// ERR-4 severity (HL7 table 0516).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Severity {
@@ -545,6 +562,36 @@ mod tests {
             assert_eq!(read_ack(a.as_bytes()), Some((code, &b"M"[..])));
             assert_eq!(AckCode::ALL[code.index()], code);
         }
+    }
+
+    #[test]
+    fn application_ack_follows_msh16_in_enhanced_mode_only() {
+        let want = |msh: &[u8], o| {
+            let h = Header::salvage(msh);
+            application_ack_wanted(&h, o)
+        };
+        let base = b"MSH|^~\\&|A|B|C|D|20260101||ADT^A01|M1|P|2.5.1|||";
+        let with = |f15: &str, f16: &str| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(format!("{f15}|{f16}\r").as_bytes());
+            v
+        };
+        assert!(!want(&with("", ""), Outcome::Accept), "original mode");
+        assert!(want(&with("AL", "AL"), Outcome::Accept));
+        assert!(want(&with("NE", "AL"), Outcome::Reject));
+        assert!(!want(&with("AL", "NE"), Outcome::Accept));
+        assert!(
+            !want(&with("AL", ""), Outcome::Accept),
+            "MSH-16 empty: none"
+        );
+        assert!(!want(&with("AL", "XX"), Outcome::Accept), "unknown: none");
+        assert!(want(&with("AL", "ER"), Outcome::Error));
+        assert!(!want(&with("AL", "ER"), Outcome::Accept));
+        assert!(want(&with("AL", "SU"), Outcome::Accept));
+        assert!(!want(&with("AL", "SU"), Outcome::Reject));
+        assert_eq!(application_ack_code(Outcome::Accept), AckCode::AA);
+        assert_eq!(application_ack_code(Outcome::Error), AckCode::AE);
+        assert_eq!(application_ack_code(Outcome::Reject), AckCode::AR);
     }
 
     #[test]
