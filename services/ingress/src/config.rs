@@ -31,6 +31,29 @@ pub enum OnTimeout {
     Close,
 }
 
+/// Whether the MLLP listener sends an enhanced-mode (MSH-15/16 valued) message its accept ACK (CA/CE/CR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceptAck {
+    /// As MSH-15 asks (AL, NE, ER, SU; empty or unknown counts as AL): the standard. The default.
+    Msh15,
+    /// Always, whatever MSH-15 says: for senders (HAPI's client among them) that wait for an answer to every
+    /// message even when they send `NE`.
+    Always,
+}
+
+/// Whether the MLLP listener answers an enhanced-mode message's MSH-16 with an application ACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplicationAck {
+    /// Never: the gateway only commits (accept ACK); the application behind it does not answer. The default.
+    None,
+    /// The gateway acts as the application once Kafka confirmed the write: after the accept ACK (if any), a
+    /// second message on the same connection, MSA-1 AA (AE/AR with the ERR when refused) as MSH-16 asks
+    /// (AL, ER, SU; empty, unknown or NE: none), its own MSH-10, MSA-2 the message's MSH-10, MSH-15/16 empty.
+    OnStore,
+}
+
 /// TLS for the MLLP listener (PEM files).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +163,13 @@ pub struct Config {
     /// Most bytes the duplicate window may hold (each remembered message costs its ACK plus ~96 bytes); the
     /// oldest are forgotten first.
     pub duplicate_max_bytes: usize,
+    /// Enhanced mode on the MLLP listener: `msh15` (default) sends the accept ACK (CA/CE/CR) as MSH-15 asks;
+    /// `always` sends it whatever MSH-15 says. Original mode (MSH-15/16 empty) always gets its AA/AE/AR.
+    pub accept_ack: AcceptAck,
+    /// Enhanced mode on the MLLP listener: `none` (default) or `on_store` (an application ACK, AA/AE/AR, as
+    /// MSH-16 asks, once Kafka confirmed the write or the message was refused). Needs `ack_mode: durable` and
+    /// no `mllp2_commit_acks`.
+    pub application_ack: ApplicationAck,
     /// MLLP release 2: answer each frame with a commit acknowledgement block (0x06 / 0x15) instead of an
     /// HL7 ACK message.
     pub mllp2_commit_acks: bool,
@@ -196,6 +226,8 @@ impl Default for Config {
             duplicate_capacity: 200_000,
             duplicate_max_bytes: 64 * 1024 * 1024,
             mllp2_commit_acks: false,
+            accept_ack: AcceptAck::Msh15,
+            application_ack: ApplicationAck::None,
             proxy_protocol: false,
             tls: None,
             charset_fallback: "UNICODE UTF-8".into(),
@@ -294,6 +326,18 @@ impl Config {
         }
         if !(1..=100_000).contains(&self.max_batch_messages) {
             return rule("max_batch_messages must be between 1 and 100000");
+        }
+        if self.application_ack == ApplicationAck::OnStore {
+            if self.ack_mode != AckMode::Durable {
+                return rule(
+                    "application_ack: on_store needs ack_mode: durable (it answers once Kafka stored the message)",
+                );
+            }
+            if self.mllp2_commit_acks {
+                return rule(
+                    "application_ack: on_store cannot be used with mllp2_commit_acks (commit blocks are the only answer)",
+                );
+            }
         }
         if self.grpc_max_concurrent_streams == 0 || self.grpc_max_connections == 0 {
             return rule("grpc_max_concurrent_streams and grpc_max_connections must be at least 1");
@@ -431,6 +475,16 @@ mod tests {
             },
             Config {
                 rate_limit_per_connection: -1.0,
+                ..Config::default()
+            },
+            Config {
+                application_ack: ApplicationAck::OnStore,
+                ack_mode: AckMode::Fast,
+                ..Config::default()
+            },
+            Config {
+                application_ack: ApplicationAck::OnStore,
+                mllp2_commit_acks: true,
                 ..Config::default()
             },
             Config {

@@ -2,7 +2,7 @@
 //! answers them in the same order as Kafka confirms them. At most `max_in_flight_per_connection` wait at once.
 
 use crate::budget::{self, Held};
-use crate::config::Config;
+use crate::config::{ApplicationAck, Config};
 use crate::pipeline::{Action, Origin, Pending, Pipeline};
 use crate::slots::Progress;
 use bytes::BytesMut;
@@ -215,6 +215,10 @@ async fn write_loop<W>(
     W: AsyncWrite + Unpin,
 {
     let mllp2 = cfg.mllp2_commit_acks;
+    let (accept, on_store) = (
+        cfg.accept_ack,
+        cfg.application_ack == ApplicationAck::OnStore && !mllp2,
+    );
     let mut ack = Vec::with_capacity(512);
     let mut out = BytesMut::with_capacity(4 * 1024);
     let mut codec = MllpCodec::default();
@@ -230,7 +234,7 @@ async fn write_loop<W>(
             closing.cancel();
             break;
         }
-        let code = pipe.render(&reply, &mut ack);
+        let code = pipe.render_accept(&reply, &mut ack, accept);
         if mllp2 {
             let accepted = match &reply.action {
                 Action::Accept | Action::Replay(_) => true,
@@ -241,6 +245,11 @@ async fn write_loop<W>(
             out.extend_from_slice(&[SB, b, EB, CR]);
         } else if code.is_some() {
             // Encoding into a BytesMut cannot fail.
+            let _ = codec.encode(&ack[..], &mut out);
+        }
+        // The application ACK (application_ack: on_store) follows the accept ACK in the same bounded buffer:
+        // written by the same flush, under the same write_timeout.
+        if on_store && pipe.render_application(&reply, &mut ack).is_some() {
             let _ = codec.encode(&ack[..], &mut out);
         }
         if (rx.is_empty() || out.len() > 64 * 1024) && !out.is_empty() {

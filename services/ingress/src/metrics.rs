@@ -40,6 +40,8 @@ hl7gw_runtime::metric_set! {
         pub bytes_skipped as "skipped": Counter = "Bytes outside MLLP frames, skipped", unit Bytes;
         pub messages: Family<MessageLabels, Counter> = "Messages by type and outcome";
         pub acks: Family<CodeLabels, Counter> = "ACKs sent by MSA-1 code";
+        pub application_acks: Family<CodeLabels, Counter> =
+            "Application ACKs sent as the application (application_ack: on_store), by MSA-1 code";
         pub rejects: Family<ReasonLabels, Counter> = "Messages rejected, by reason";
         pub framing_errors: Family<ReasonLabels, Counter> = "MLLP framing violations, by kind";
         pub dlq_writes: Family<ReasonLabels, Counter> =
@@ -89,6 +91,13 @@ impl IngressMetrics {
     /// Counts an ACK sent.
     pub fn ack(&self, code: &'static str) {
         self.acks.get_or_create(&CodeLabels { code }).inc();
+    }
+
+    /// Counts an application ACK sent (`application_ack: on_store`).
+    pub fn application_ack(&self, code: &'static str) {
+        self.application_acks
+            .get_or_create(&CodeLabels { code })
+            .inc();
     }
 
     /// A message rejected for `reason`: counter and one log line (control id, code and who sent it: MSH-3,

@@ -556,6 +556,104 @@ async fn enhanced_mode_resend_without_an_ack_is_published_once() {
     );
 }
 
+/// Issue 26, item 3: `accept_ack: always` answers CA whatever MSH-15 says (what HAPI's client waits for);
+/// original mode is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_ack_always_answers_ne() {
+    let (ingress, _t) = start([("HL7GW_ACCEPT_ACK", "always".to_owned())]);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let ack = c.call(&adt_enhanced("ALW-NE", "2.5.1", "NE", "NE")).await;
+    assert_eq!(msa(&ack.unwrap()), ("CA".to_owned(), "ALW-NE".to_owned()));
+    // SU asks for nothing on a refusal: `always` sends the CR all the same.
+    let ack = c.call(&adt_enhanced("ALW-SU-BAD", "3.0", "SU", "")).await;
+    let ack = ack.unwrap();
+    assert_eq!(msa(&ack), ("CR".to_owned(), "ALW-SU-BAD".to_owned()));
+    assert_eq!(err3(&ack).as_deref(), Some("203"));
+    let ack = c.call(&adt("ALW-ORIG", "P1")).await.unwrap();
+    assert_eq!(msa(&ack), ("AA".to_owned(), "ALW-ORIG".to_owned()));
+    assert!(matches!(
+        next_frame(&mut c.0, Duration::from_millis(800)).await,
+        Next::Silent
+    ));
+}
+
+/// Issue 26, item 3: `application_ack: on_store`: once Kafka stored the message the gateway answers as the
+/// application, per MSH-16, after the accept ACK (per MSH-15): AA with its own MSH-10, MSA-2 the message's,
+/// MSH-15/16 empty; AR with the ERR for a refused message; a resend gets both again; original mode and an
+/// empty or NE MSH-16 get no second message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_ack_on_store_follows_msh16() {
+    let (ingress, t) = start([("HL7GW_APPLICATION_ACK", "on_store".to_owned())]);
+    let mut c = Mllp::connect(ingress.mllp).await;
+    let quiet = Duration::from_millis(1000);
+    let frame_or = |n: Next| match n {
+        Next::Frame(f) => f,
+        other => panic!("expected a message, got {other:?}"),
+    };
+
+    // AL/AL: CA, then AA. A resend (same bytes) gets the same two answers and is not published again.
+    for _ in 0..2 {
+        let ca = c
+            .call(&adt_enhanced("APP-AL", "2.5.1", "AL", "AL"))
+            .await
+            .unwrap();
+        assert_eq!(msa(&ca), ("CA".to_owned(), "APP-AL".to_owned()));
+        let aa = frame_or(next_frame(&mut c.0, ACK_WAIT).await);
+        assert_eq!(msa(&aa), ("AA".to_owned(), "APP-AL".to_owned()));
+        assert_eq!(field(&aa, "MSH-9").as_deref(), Some("ACK^A01^ACK"));
+        let (id_ca, id_aa) = (field(&ca, "MSH-10"), field(&aa, "MSH-10"));
+        assert!(id_aa.is_some() && id_aa != id_ca, "{id_ca:?} {id_aa:?}");
+        assert!(field(&aa, "MSH-15").unwrap_or_default().is_empty());
+        assert!(field(&aa, "MSH-16").unwrap_or_default().is_empty());
+        assert_eq!(field(&aa, "MSH-5").as_deref(), Some("TESTAPP"));
+    }
+
+    // NE/AL: no accept ACK, the application ACK alone.
+    c.send(&adt_enhanced("APP-NE", "2.5.1", "NE", "AL")).await;
+    let aa = frame_or(next_frame(&mut c.0, ACK_WAIT).await);
+    assert_eq!(msa(&aa), ("AA".to_owned(), "APP-NE".to_owned()));
+    assert!(matches!(next_frame(&mut c.0, quiet).await, Next::Silent));
+
+    // AL/NE and AL/empty: the accept ACK only; AL/ER on a stored message: the accept ACK only.
+    for (id, f16) in [
+        ("APP-AL-NE", "NE"),
+        ("APP-AL-EMPTY", ""),
+        ("APP-AL-ER", "ER"),
+    ] {
+        let ca = c.call(&adt_enhanced(id, "2.5.1", "AL", f16)).await.unwrap();
+        assert_eq!(msa(&ca), ("CA".to_owned(), id.to_owned()));
+        assert!(
+            matches!(next_frame(&mut c.0, quiet).await, Next::Silent),
+            "MSH-16={f16:?}"
+        );
+    }
+
+    // A refused message with MSH-16 ER: CR, then AR carrying the same ERR.
+    let cr = c
+        .call(&adt_enhanced("APP-BAD", "3.0", "AL", "ER"))
+        .await
+        .unwrap();
+    assert_eq!(msa(&cr), ("CR".to_owned(), "APP-BAD".to_owned()));
+    let ar = frame_or(next_frame(&mut c.0, ACK_WAIT).await);
+    assert_eq!(msa(&ar), ("AR".to_owned(), "APP-BAD".to_owned()));
+    assert_eq!(err3(&ar).as_deref(), Some("203"));
+
+    // Original mode: the one AA, as without the setting.
+    let aa = c.call(&adt("APP-ORIG", "P1")).await.unwrap();
+    assert_eq!(msa(&aa), ("AA".to_owned(), "APP-ORIG".to_owned()));
+    assert!(matches!(next_frame(&mut c.0, quiet).await, Next::Silent));
+
+    let records = t.inbound_records(6, Duration::from_secs(30));
+    let ids: Vec<String> = records
+        .iter()
+        .map(|r| r.envelope.header.as_ref().unwrap().control_id.clone())
+        .collect();
+    assert_eq!(ids.iter().filter(|i| *i == "APP-AL").count(), 1, "{ids:?}");
+    assert_eq!(records.len(), 6, "{ids:?}");
+    assert!(ingress.metric("hl7gw_ingress_application_acks_total{code=\"AA\"}") >= 3.0);
+    assert!(ingress.metric("hl7gw_ingress_application_acks_total{code=\"AR\"}") >= 1.0);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // 6. Rate limit
 

@@ -40,14 +40,26 @@ impl Pipeline {
     /// Writes the ACK for `r` into `buf` (cleared first) and returns its code, or `None` when nothing is to be
     /// sent (enhanced mode whose MSH-15 asks for no such ACK, or a close).
     pub fn render(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {
+        self.render_accept(r, buf, AcceptAck::Msh15)
+    }
+
+    /// [`Pipeline::render`] with the MLLP listener's `accept_ack`: `always` sends the accept ACK of an
+    /// enhanced-mode message whatever its MSH-15 says (a batch's messages keep MSH-15's rule).
+    pub fn render_accept(
+        &self,
+        r: &Reply,
+        buf: &mut Vec<u8>,
+        accept: AcceptAck,
+    ) -> Option<AckCode> {
         buf.clear();
+        let always = accept == AcceptAck::Always;
         let h = Header::salvage(&r.frame);
         let (outcome, err) = match &r.action {
             Action::Close => return None,
             Action::Batch(b) => return Some(self.render_batch(b, buf)),
             Action::Replay(ack) => {
                 // The resend asks for an accept ACK the same way the first message did (MSH-15).
-                if !accept_ack_wanted(&h, Outcome::Accept) {
+                if !always && !accept_ack_wanted(&h, Outcome::Accept) {
                     return None;
                 }
                 buf.extend_from_slice(ack);
@@ -70,7 +82,7 @@ impl Pipeline {
                 }),
             ),
         };
-        let wanted = accept_ack_wanted(&h, outcome);
+        let wanted = always || accept_ack_wanted(&h, outcome);
         let remember = outcome == Outcome::Accept && r.ticket.is_some();
         if !wanted && !remember {
             return None;
@@ -115,6 +127,55 @@ impl Pipeline {
             return None;
         }
         self.metrics.ack(code.as_str());
+        Some(code)
+    }
+
+    /// The application ACK for `r` (`application_ack: on_store`), written into `buf` (cleared first): the
+    /// gateway answers as the application once Kafka confirmed the write (AA) or the message was refused (AE/AR
+    /// with the same ERR as the accept ACK), when the message is in enhanced mode and its MSH-16 asks for that
+    /// outcome. Its own MSH-10, MSA-2 the message's MSH-10, MSH-15/16 empty (it asks for no acknowledgment).
+    /// A resend from the duplicate window gets it again (a new MSH-10, the same code). `None` for original
+    /// mode, a batch, a close, or when MSH-16 asks for none.
+    pub fn render_application(&self, r: &Reply, buf: &mut Vec<u8>) -> Option<AckCode> {
+        buf.clear();
+        let (outcome, rej) = match &r.action {
+            Action::Accept => (Outcome::Accept, None),
+            Action::Replay(ack) => (
+                hl7v2::read_ack(ack).map_or(Outcome::Accept, |(c, _)| c.outcome()),
+                None,
+            ),
+            Action::Reject(rej) => (rej.outcome, Some(rej)),
+            Action::Close | Action::Batch(_) => return None,
+        };
+        let h = Header::salvage(&r.frame);
+        if !application_ack_wanted(&h, outcome) {
+            return None;
+        }
+        let err = rej.map(|rej| AckError {
+            code: rej.code,
+            severity: Severity::Error,
+            text: &rej.text,
+            location: rej.location.map(|(segment, field)| ErrorLocation {
+                segment,
+                sequence: 1,
+                field,
+            }),
+        });
+        let code = application_ack_code(outcome);
+        let mut id = [0u8; 28];
+        let n = self.next_ack_id(&mut id);
+        let ts = hl7_timestamp(SystemTime::now());
+        write_ack(
+            buf,
+            &h,
+            code,
+            err.as_ref(),
+            &AckIds {
+                control_id: &id[..n],
+                timestamp: &ts,
+            },
+        );
+        self.metrics.application_ack(code.as_str());
         Some(code)
     }
 

@@ -13,7 +13,7 @@ mod ack;
 mod publish;
 
 use crate::budget::Budget;
-use crate::config::{AckMode, Config, OnTimeout};
+use crate::config::{AcceptAck, AckMode, Config, OnTimeout};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
 use bytes::Bytes;
 use hl7gw_runtime::dedup::{Claim, Claimed, Dedup, FirstCopy, Key};
@@ -24,7 +24,7 @@ use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext}
 use hl7v2::ack::{
     AckCode, AckError, AckIds, ErrorLocation, MAX_CODE, MAX_CONTROL_ID, MAX_HD,
     MAX_PROCESSING_FIELD, MAX_VERSION_FIELD, Outcome, Severity, accept_ack_wanted, ack_code,
-    hl7_timestamp, write_ack,
+    application_ack_code, application_ack_wanted, hl7_timestamp, write_ack,
 };
 use hl7v2::{Charset, ErrorCode, Header, Message};
 use prometheus_client::metrics::gauge::Gauge;
