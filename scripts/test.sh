@@ -27,6 +27,10 @@ scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
 scripts/k6.sh build >/dev/null
 scripts/node.sh fetch
+# HAPI v2's MLLP client for services/ingress/tests/hapi_client.rs, built where that test looks for it (cargo's
+# target/tmp); its jars come from Maven Central once and stay in ~/.m2.
+mvn -q -B -Dstyle.color=never --no-transfer-progress -f services/ingress/tests/hapi/pom.xml \
+  -Dprobe.out="$PWD/target/tmp/hapi-probe" package
 cargo test --workspace --all-targets
 # k6 with our k6/x/mllp extension drives the debug ingress over MLLP and gRPC for a few seconds; thresholds
 # (every message CA, no errors, p99) must pass. Before anything runs beside it, for the p99.
