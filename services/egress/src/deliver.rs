@@ -468,8 +468,14 @@ impl DestCtx {
                 Some(rx.recv().await)
             };
             let Some(next) = next else {
+                // Too many pending, or a front with nothing in flight: settle the oldest, waiting for its event
+                // when it is on its way (written again only when Kafka did not take it).
+                let written = match pending.front_mut().and_then(|p| p.delivery.as_mut()) {
+                    Some(d) => matches!(d.await, Ok(Ok(_))),
+                    None => false,
+                };
                 if !self
-                    .settle_front(partition, &mut pending, false, &stop)
+                    .settle_front(partition, &mut pending, written, &stop)
                     .await
                 {
                     return;
@@ -514,19 +520,21 @@ impl DestCtx {
                 }
             }
         }
-        // The records already settled: their events are written (or given up at shutdown) before their
-        // offsets are stored.
-        while !pending.is_empty() {
-            let written = match pending.front_mut().and_then(|p| p.delivery.as_mut()) {
+        // Shutdown: the offsets of settled records are stored once their events are written (up to 5 s each);
+        // from the first that is not, none is (those records are delivered again by the next owner, and their
+        // events written then: a second delivery is recorded as one).
+        while let Some(front) = pending.front_mut() {
+            let written = match front.delivery.as_mut() {
                 Some(d) => matches!(
                     tokio::time::timeout(Duration::from_secs(5), d).await,
                     Ok(Ok(Ok(_)))
                 ),
-                None => false,
+                None => front.event.is_none(),
             };
-            if !self
-                .settle_front(partition, &mut pending, written, &stop)
-                .await
+            if !written
+                || !self
+                    .settle_front(partition, &mut pending, true, &stop)
+                    .await
             {
                 return;
             }
