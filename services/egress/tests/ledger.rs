@@ -233,7 +233,7 @@ fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
         let (ok, out, err) = hl7gw(
             &p,
             &pki,
-            &["deadletters", "--stage", "ingress", "--since", "10m"],
+            &["deadletters", "--stage", "ingress", "--since", "1h"],
         );
         assert!(ok, "{err}");
         if let Some(d) = json_lines(&out).first() {
@@ -263,7 +263,7 @@ fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
     let (ok, table, err) = hl7gw(
         &p,
         &pki,
-        &["trace", "--control-id", &delivered_cid, "--since", "10m"],
+        &["trace", "--control-id", &delivered_cid, "--since", "2h"],
     );
     assert!(ok, "{err}");
     assert!(
@@ -303,20 +303,28 @@ fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
     // The receiver accepts everything now. A dry run lists the 4 and replays none.
     p.receiver = None;
     p.start_receiver(None);
-    let (ok, out, err) = hl7gw(&p, &pki, &["replay", "--destination", "lab", "--dry-run"]);
+    let (ok, out, err) = hl7gw(
+        &p,
+        &pki,
+        &["replay", "--stage", "egress", "--since", "12h", "--dry-run"],
+    );
     assert!(ok && err.contains("4 would be replayed"), "{err}");
     assert_eq!(json_lines(&out).len(), 4);
     // One letter first (as a replay cut short after it would have), then the whole selection again.
     let (ok, out, err) = hl7gw(&p, &pki, &["replay", "--id", &dead_id]);
     assert!(ok && err.contains("1 replayed"), "{err}");
     assert_eq!(out.trim(), dead_id);
-    let (ok, _, err) = hl7gw(&p, &pki, &["replay", "--destination", "lab"]);
+    // As the runbook says it; then, as after a cut, the same command again.
+    let again = [
+        "replay", "--stage", "egress", "--since", "12h", "--reason", "rejected",
+    ];
+    let (ok, _, err) = hl7gw(&p, &pki, &again);
     assert!(
         ok && err.contains("3 replayed") && err.contains("1 skipped"),
         "{err}"
     );
     // Run again: nothing is sent twice.
-    let (ok, _, err) = hl7gw(&p, &pki, &["replay", "--destination", "lab"]);
+    let (ok, _, err) = hl7gw(&p, &pki, &again);
     assert!(
         ok && err.contains("0 replayed") && err.contains("4 skipped"),
         "{err}"
