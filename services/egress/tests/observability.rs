@@ -1,8 +1,11 @@
 //! Observability of the running pipeline, all real processes against the test broker:
 //! - one trace covers ingress → transformer → egress: a small OTLP/gRPC trace receiver in this test takes the
 //!   three services' span exports (`OTEL_EXPORTER_OTLP_ENDPOINT`), and the ADT message sent over MLLP has one
-//!   trace id with the ingress's span an ancestor of the transformer's `transform` span, which is the parent
-//!   of the egress's `deliver` span; no span carries patient data;
+//!   trace id with the ingress's span an ancestor of the transformer's `transform` span, whose `publish` span is
+//!   the parent of the egress's `deliver` span; no span carries patient data;
+//! - the spans that write to or read from Kafka follow OpenTelemetry's messaging conventions (span kind
+//!   producer or consumer, `messaging.*` attributes, never the Kafka key), with `hl7.*` attributes; the
+//!   resource has `service.version`; the egress's JSON log lines inside a span carry its trace id;
 //! - every metric the Grafana dashboard, the alerts and the autoscalers query is in a real `/metrics` scrape
 //!   of the three services after that traffic (`scripts/chart/check-metrics.py --scrape`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -21,6 +24,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,10 +32,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{Mllp, ack_code, free_port, http_get, repo_root};
 
-/// A span as received, with the `service.name` of its resource.
+/// A span as received, with the `service.name` and `service.version` of its resource.
 #[derive(Clone, Debug)]
 struct Received {
     service: String,
+    version: String,
     span: Span,
 }
 
@@ -47,16 +52,19 @@ impl TraceService for Collector {
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut spans = self.0.lock().unwrap();
         for rs in request.into_inner().resource_spans {
-            let service = rs
-                .resource
-                .as_ref()
-                .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
-                .map(|a| text(a.value.as_ref()))
-                .unwrap_or_default();
+            let resource = |key: &str| {
+                rs.resource
+                    .as_ref()
+                    .and_then(|r| r.attributes.iter().find(|a| a.key == key))
+                    .map(|a| text(a.value.as_ref()))
+                    .unwrap_or_default()
+            };
+            let (service, version) = (resource("service.name"), resource("service.version"));
             for ss in rs.scope_spans {
                 for span in ss.spans {
                     spans.push(Received {
                         service: service.clone(),
+                        version: version.clone(),
                         span,
                     });
                 }
@@ -169,15 +177,16 @@ spec:
     )
 }
 
-/// The trace of the message `control_id`: (trace id, ingress ancestor, transform span, deliver span), or why
-/// the spans received so far do not make it.
+/// The trace of the message `control_id`: (trace id, the ingress ancestor's name), or why the spans received so
+/// far do not make it: `deliver` (egress) is the child of `publish` (transformer), the child of `transform`,
+/// below a span of the ingress.
 fn find_chain(spans: &[Received], control_id: &str) -> Result<(String, String), String> {
     let delivers: Vec<&Received> = spans
         .iter()
         .filter(|r| {
             r.service == "hl7gw-egress"
                 && r.span.name == "deliver"
-                && attr(&r.span.attributes, "control_id").as_deref() == Some(control_id)
+                && attr(&r.span.attributes, "hl7.control_id").as_deref() == Some(control_id)
         })
         .collect();
     let [deliver] = delivers[..] else {
@@ -192,16 +201,29 @@ fn find_chain(spans: &[Received], control_id: &str) -> Result<(String, String), 
     if deliver.span.parent_span_id.is_empty() {
         return Err("the egress `deliver` span has no parent".into());
     }
-    let Some(transform) = by_id(&deliver.span.parent_span_id) else {
+    let Some(publish) = by_id(&deliver.span.parent_span_id) else {
         return Err(format!(
             "the parent {} of `deliver` (trace {}) was not received",
             hex(&deliver.span.parent_span_id),
             hex(trace)
         ));
     };
+    if publish.service != "hl7gw-transformer" || publish.span.name != "publish" {
+        return Err(format!(
+            "the parent of `deliver` is {}'s {:?}, not the transformer's `publish`",
+            publish.service, publish.span.name
+        ));
+    }
+    let Some(transform) = by_id(&publish.span.parent_span_id) else {
+        return Err(format!(
+            "the parent {} of `publish` (trace {}) was not received",
+            hex(&publish.span.parent_span_id),
+            hex(trace)
+        ));
+    };
     if transform.service != "hl7gw-transformer" || transform.span.name != "transform" {
         return Err(format!(
-            "the parent of `deliver` is {}'s {:?}, not the transformer's `transform`",
+            "the parent of `publish` is {}'s {:?}, not `transform`",
             transform.service, transform.span.name
         ));
     }
@@ -226,6 +248,42 @@ fn find_chain(spans: &[Received], control_id: &str) -> Result<(String, String), 
             return Ok((hex(trace), parent.span.name.clone()));
         }
         at = parent;
+    }
+}
+
+/// The span of `service` named `name` in trace `trace_id` (hex), with its `hl7.control_id`.
+fn span_named<'a>(
+    spans: &'a [Received],
+    trace_id: &str,
+    service: &str,
+    name: &str,
+) -> &'a Received {
+    spans
+        .iter()
+        .find(|r| r.service == service && r.span.name == name && hex(&r.span.trace_id) == trace_id)
+        .unwrap_or_else(|| panic!("no {service} `{name}` span in trace {trace_id}"))
+}
+
+/// OpenTelemetry messaging conventions on a span that writes to or reads from Kafka: its kind, `messaging.*`
+/// as given (`None`: present, any value), `hl7.*` as given.
+fn assert_messaging(r: &Received, kind: SpanKind, expect: &[(&str, Option<&str>)]) {
+    let what = format!("{} `{}`", r.service, r.span.name);
+    assert_eq!(r.span.kind, kind as i32, "{what}: span kind");
+    assert_eq!(
+        attr(&r.span.attributes, "messaging.system").as_deref(),
+        Some("kafka"),
+        "{what}"
+    );
+    for (key, value) in expect {
+        let got = attr(&r.span.attributes, key);
+        match value {
+            Some(v) => assert_eq!(got.as_deref(), Some(*v), "{what}: {key}"),
+            None => assert!(
+                got.as_deref().is_some_and(|g| !g.is_empty()),
+                "{what}: no {key} in {:?}",
+                r.span.attributes
+            ),
+        }
     }
 }
 
@@ -374,6 +432,10 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
         "HL7GW_SENDERS",
         "[{name=testapp,sending_application=TESTAPP}]".into(),
     ));
+    // JSON log lines for the egress: those inside a span carry its trace id and span id.
+    p.egress
+        .env
+        .push(("HL7GW_SERVICE__LOG_JSON", "true".into()));
     std::fs::write(dir.join("routes.yaml"), routes(free_port())).unwrap();
     std::fs::write(
         dir.join("egress.yaml"),
@@ -556,6 +618,19 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
         logs.contains("OBS-BADVERSION"),
         "the logs were not captured:\n{logs}"
     );
+    // Nor in the delivery ledger (hl7.events): ids, types, times and codes only.
+    let events = hl7gw_testkit::pipeline::read_events(&p.topic("events"), Duration::from_secs(30));
+    let ledger = format!("{events:?}");
+    for d in patient_data {
+        assert!(
+            !ledger.to_uppercase().contains(&d.to_uppercase()),
+            "patient data {d:?} in the ledger: {ledger}"
+        );
+    }
+    assert!(
+        ledger.contains(&control_id),
+        "the ledger scan saw no event of {control_id}: {ledger}"
+    );
     // The scan does see what spans carry: the control id (allowed) is in the attributes.
     assert!(
         spans
@@ -564,9 +639,150 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
             .any(|(_, v)| v == control_id),
         "no span attribute holds the control id {control_id}"
     );
+    // Span kinds and the messaging conventions, on the traced message's producer and consumer spans.
+    let (inbound, lab) = (p.topic("inbound"), p.topic("out.lab"));
+    let (transformer_group, egress_group) = (p.topic("transformer"), p.topic("egress.lab"));
+    let cid = Some(control_id.as_str());
+    let ingest = span_named(&spans, &trace_id, "hl7gw-ingress", "hl7.ingest");
+    assert_messaging(
+        ingest,
+        SpanKind::Producer,
+        &[
+            ("messaging.operation.type", Some("send")),
+            ("messaging.destination.name", Some(&inbound)),
+            ("messaging.destination.partition.id", None),
+            ("messaging.kafka.offset", None),
+            ("hl7.control_id", cid),
+            ("hl7.message_type", Some("ADT")),
+            ("hl7.trigger_event", Some("A01")),
+        ],
+    );
+    let transform = span_named(&spans, &trace_id, "hl7gw-transformer", "transform");
+    assert_messaging(
+        transform,
+        SpanKind::Consumer,
+        &[
+            ("messaging.operation.type", Some("process")),
+            ("messaging.destination.name", Some(&inbound)),
+            (
+                "messaging.destination.partition.id",
+                attr(
+                    &ingest.span.attributes,
+                    "messaging.destination.partition.id",
+                )
+                .as_deref(),
+            ),
+            (
+                "messaging.kafka.offset",
+                attr(&ingest.span.attributes, "messaging.kafka.offset").as_deref(),
+            ),
+            ("messaging.consumer.group.name", Some(&transformer_group)),
+            ("hl7.control_id", cid),
+            ("hl7.message_type", Some("ADT")),
+            ("hl7.trigger_event", Some("A01")),
+            ("hl7.routes", None),
+        ],
+    );
+    let publish = span_named(&spans, &trace_id, "hl7gw-transformer", "publish");
+    assert_messaging(
+        publish,
+        SpanKind::Producer,
+        &[
+            ("messaging.operation.type", Some("send")),
+            ("messaging.destination.name", Some(&lab)),
+            ("hl7.control_id", cid),
+            ("hl7.destination", Some("lab")),
+            ("hl7.route", None),
+        ],
+    );
+    let deliver = span_named(&spans, &trace_id, "hl7gw-egress", "deliver");
+    assert_messaging(
+        deliver,
+        SpanKind::Consumer,
+        &[
+            ("messaging.operation.type", Some("process")),
+            ("messaging.destination.name", Some(&lab)),
+            ("messaging.destination.partition.id", None),
+            ("messaging.kafka.offset", None),
+            ("messaging.consumer.group.name", Some(&egress_group)),
+            ("hl7.control_id", cid),
+            ("hl7.destination", Some("lab")),
+            (
+                "hl7.route",
+                attr(&publish.span.attributes, "hl7.route").as_deref(),
+            ),
+            ("hl7.ack_code", None),
+            ("hl7.attempts", None),
+        ],
+    );
+    // Never the Kafka key (sending facility + patient id by default); every span's resource has the version.
+    for r in &spans {
+        assert!(
+            attr(&r.span.attributes, "messaging.kafka.message.key").is_none(),
+            "{} `{}` carries the Kafka key",
+            r.service,
+            r.span.name
+        );
+        assert_eq!(
+            r.version,
+            env!("CARGO_PKG_VERSION"),
+            "{} service.version",
+            r.service
+        );
+    }
+    // The undeliverable ORU: its dead letter is a producer span below its `deliver`, and the egress's JSON log
+    // line "giving up" carries that `deliver` span's trace id and span id.
+    let oru = format!("OBS-ORU-{}", &id[id.len() - 6..]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (oru_deliver, dead_letter) = loop {
+        let spans = collector.spans();
+        let of = |name: &str| {
+            spans.iter().find(|r| {
+                r.service == "hl7gw-egress"
+                    && r.span.name == name
+                    && attr(&r.span.attributes, "hl7.control_id").as_deref() == Some(oru.as_str())
+            })
+        };
+        if let (Some(d), Some(l)) = (of("deliver"), of("dead_letter")) {
+            break (d.clone(), l.clone());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no egress `deliver` and `dead_letter` spans for {oru}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(dead_letter.span.parent_span_id, oru_deliver.span.span_id);
+    assert_messaging(
+        &dead_letter,
+        SpanKind::Producer,
+        &[
+            ("messaging.operation.type", Some("send")),
+            ("messaging.destination.name", Some(&p.topic("dlq"))),
+            ("messaging.destination.partition.id", None),
+            ("messaging.kafka.offset", None),
+            ("hl7.destination", Some("flaky")),
+            ("hl7.reason", Some("gave_up")),
+        ],
+    );
+    let egress_log = std::fs::read_to_string(dir.join("hl7gw-egress.log")).unwrap();
+    let gave_up: Vec<serde_json::Value> = egress_log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"] == "giving up: DLQ"
+                && v["span"]["hl7.control_id"] == oru.as_str()
+        })
+        .collect();
+    let [line] = &gave_up[..] else {
+        panic!("one JSON \"giving up\" line for {oru} in the egress log:\n{egress_log}")
+    };
+    assert_eq!(line["trace_id"], hex(&oru_deliver.span.trace_id), "{line}");
+    assert_eq!(line["span_id"], hex(&oru_deliver.span.span_id), "{line}");
+
     eprintln!(
         "observability: delivered after {:.1} s, trace complete after {:.1} s: {trace_id}: ingress {ingress_span:?} → \
-         transform → deliver; {} spans received, none with patient data; {summary} (after {:.1} s)",
+         transform → publish → deliver; {} spans received, none with patient data; {summary} (after {:.1} s)",
         delivered.as_secs_f64(),
         trace_found.as_secs_f64(),
         spans.len(),

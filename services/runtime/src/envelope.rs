@@ -50,6 +50,8 @@ pub mod headers {
     pub const TYPE: &str = "hl7.type";
     pub const CONTROL_ID: &str = "hl7.control_id";
     pub const TRACEPARENT: &str = "traceparent";
+    /// W3C `tracestate`, next to `traceparent` when the trace context has one.
+    pub const TRACESTATE: &str = "tracestate";
     pub const CONTENT_TYPE: &str = "content-type";
     /// On hl7.out topics and worker DLQ records: the destination name.
     pub const DESTINATION: &str = "hl7gw.destination";
@@ -121,8 +123,13 @@ pub fn record_size(env: &Envelope, encoded_len: usize, key_len: usize, tracepare
 }
 
 /// The Kafka headers of a worker's record: those of [`kafka_headers`], with `traceparent` the given one (which
-/// continues the message's trace) and `hl7gw.destination` when the envelope names one.
+/// continues the message's trace), the envelope's `tracestate` when that `traceparent` is the envelope's own,
+/// and `hl7gw.destination` when the envelope names one.
 pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::OwnedHeaders {
+    let tracestate = match &env.trace {
+        Some(t) if !traceparent.is_empty() && t.traceparent == traceparent => t.tracestate.as_str(),
+        _ => "",
+    };
     let (ty, control_id) = match &env.header {
         Some(h) if h.trigger_event.is_empty() => (h.message_type.clone(), h.control_id.as_str()),
         Some(h) => (
@@ -135,21 +142,23 @@ pub fn record_headers(env: &Envelope, traceparent: &str) -> rdkafka::message::Ow
         ty.as_bytes(),
         control_id.as_bytes(),
         traceparent,
+        tracestate,
         &env.destination,
     )
 }
 
 /// The Kafka headers consumers filter on, on every record the gateway writes: `hl7.type` (`ADT^A01`),
-/// `hl7.control_id`, `traceparent` (when not empty), `content-type`, and `hl7gw.destination` (when not
-/// empty).
+/// `hl7.control_id`, `traceparent` and `tracestate` (each when not empty), `content-type`, and
+/// `hl7gw.destination` (when not empty).
 pub fn kafka_headers(
     ty: &[u8],
     control_id: &[u8],
     traceparent: &str,
+    tracestate: &str,
     destination: &str,
 ) -> rdkafka::message::OwnedHeaders {
     use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-    let mut out = OwnedHeaders::new_with_capacity(5)
+    let mut out = OwnedHeaders::new_with_capacity(6)
         .insert(KafkaHeader {
             key: headers::TYPE,
             value: Some(ty),
@@ -163,6 +172,12 @@ pub fn kafka_headers(
             key: headers::TRACEPARENT,
             value: Some(traceparent),
         });
+        if !tracestate.is_empty() {
+            out = out.insert(KafkaHeader {
+                key: headers::TRACESTATE,
+                value: Some(tracestate),
+            });
+        }
     }
     out = out.insert(KafkaHeader {
         key: headers::CONTENT_TYPE,
@@ -233,6 +248,40 @@ mod tests {
         let mut buf = Vec::new();
         encode_into(&env, &mut buf);
         assert_eq!(decode(&buf).unwrap(), env);
+    }
+
+    /// A worker's record carries the envelope's `tracestate` next to its `traceparent`; none when the trace
+    /// context has no state, or when the record's `traceparent` is not the envelope's.
+    #[test]
+    fn records_carry_tracestate_with_traceparent() {
+        use rdkafka::message::Headers as _;
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut env = Envelope {
+            trace: Some(crate::proto::v1::TraceContext {
+                traceparent: tp.into(),
+                tracestate: "vendor=abc".into(),
+            }),
+            ..Envelope::default()
+        };
+        let find = |h: &rdkafka::message::OwnedHeaders, key: &str| {
+            h.iter()
+                .find(|x| x.key == key)
+                .and_then(|x| x.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        let h = record_headers(&env, tp);
+        assert_eq!(find(&h, headers::TRACEPARENT).as_deref(), Some(tp));
+        assert_eq!(find(&h, headers::TRACESTATE).as_deref(), Some("vendor=abc"));
+        let before = record_size(&env, 10, 0, tp);
+        assert!(before > record_size(&Envelope::default(), 10, 0, tp));
+        let other = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+        assert_eq!(
+            find(&record_headers(&env, other), headers::TRACESTATE),
+            None
+        );
+        assert_eq!(find(&record_headers(&env, ""), headers::TRACESTATE), None);
+        env.trace.as_mut().unwrap().tracestate.clear();
+        assert_eq!(find(&record_headers(&env, tp), headers::TRACESTATE), None);
     }
 
     #[test]

@@ -3,16 +3,48 @@
 //! in and out of Kafka headers.
 //!
 //! Spans and log lines carry message type, control id, facility names, sizes and codes, never patient data.
+//!
+//! Span attributes follow one naming across the services: `hl7.*` for what the gateway knows of a message
+//! (`hl7.message_type`, `hl7.trigger_event`, `hl7.control_id`, `hl7.route`, `hl7.destination`, `hl7.ack_code`,
+//! `hl7.attempts`, ...), and OpenTelemetry's messaging semantic conventions on every span that writes to or reads
+//! from Kafka: span kind `producer` or `consumer` (tracing-opentelemetry's `otel.kind` field),
+//! `messaging.system`, `messaging.operation.type`, `messaging.destination.name`, and where known
+//! `messaging.destination.partition.id`, `messaging.kafka.offset` and `messaging.consumer.group.name` (the names
+//! are in [`semconv`]). `messaging.kafka.message.key` is never set: the Kafka key is derived from the patient id
+//! by default (sending facility + PID-3), so it is patient data.
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::resource::ResourceDetector as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::fmt::FmtContext;
+use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
+
+/// OpenTelemetry semantic convention names and values used on the gateway's spans (messaging conventions as of
+/// semconv 1.27+: `messaging.operation.type` is `send` for producers, `process` for consumers; `publish` and
+/// `deliver` are the deprecated names). The span fields are written out in each `info_span!` (tracing wants
+/// literal field names); these are for tests and for code that reads spans back.
+pub mod semconv {
+    pub const MESSAGING_SYSTEM: &str = "messaging.system";
+    pub const MESSAGING_OPERATION_TYPE: &str = "messaging.operation.type";
+    pub const MESSAGING_DESTINATION_NAME: &str = "messaging.destination.name";
+    pub const MESSAGING_DESTINATION_PARTITION_ID: &str = "messaging.destination.partition.id";
+    pub const MESSAGING_KAFKA_OFFSET: &str = "messaging.kafka.offset";
+    pub const MESSAGING_CONSUMER_GROUP_NAME: &str = "messaging.consumer.group.name";
+    /// The value of `messaging.system`.
+    pub const KAFKA: &str = "kafka";
+    /// `messaging.operation.type` of a producer span.
+    pub const SEND: &str = "send";
+    /// `messaging.operation.type` of a consumer span that handles one record.
+    pub const PROCESS: &str = "process";
+    pub const SERVICE_VERSION: &str = "service.version";
+}
 
 /// Keeps the tracer provider alive; flushes spans when dropped.
 #[derive(Debug)]
@@ -37,13 +69,20 @@ pub enum TelemetryError {
 
 /// Installs the global subscriber: `RUST_LOG` filter (default `info`), text or JSON lines on stderr, and the
 /// OpenTelemetry layer (exporting only when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
-/// is set).
+/// is set). The resource's `service.name` is `OTEL_SERVICE_NAME` when set, else `service.name` from
+/// `OTEL_RESOURCE_ATTRIBUTES`, else `service`; `service.version` is the gateway's version. JSON lines logged
+/// inside a traced span carry its `trace_id` and `span_id` ([`TraceIds`]).
 pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, TelemetryError> {
-    let mut builder = SdkTracerProvider::builder().with_resource(
-        opentelemetry_sdk::Resource::builder()
-            .with_service_name(service)
-            .build(),
+    let from_attributes = opentelemetry_sdk::resource::EnvResourceDetector::new()
+        .detect()
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .map(|v| v.to_string());
+    let name = service_name(
+        service,
+        std::env::var("OTEL_SERVICE_NAME").ok().as_deref(),
+        from_attributes.as_deref(),
     );
+    let mut builder = SdkTracerProvider::builder().with_resource(resource(name));
     // The exporter reads the traces endpoint first, then the general one; TLS unless the scheme says http.
     let endpoint = std::env::var_os("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .or_else(|| std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT"));
@@ -67,11 +106,14 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(otel_layer(tracer));
+    let ids = WithTraceIds::default();
     let res = if json {
+        let with_ids = ids.clone();
         registry
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
+                    .map_event_format(|f| with_ids.wrap(f))
                     .with_writer(std::io::stderr)
                     .with_filter(filter()),
             )
@@ -86,7 +128,114 @@ pub fn init(service: &'static str, json: bool) -> Result<TelemetryGuard, Telemet
             .try_init()
     };
     res.map_err(|e| TelemetryError::Subscriber(e.to_string()))?;
+    ids.set_current();
     Ok(TelemetryGuard { provider })
+}
+
+/// The service name the resource carries: `OTEL_SERVICE_NAME` (the standard override), else a `service.name`
+/// given in `OTEL_RESOURCE_ATTRIBUTES`, else the binary's own name.
+fn service_name(default: &str, env_name: Option<&str>, from_attributes: Option<&str>) -> String {
+    env_name
+        .filter(|n| !n.trim().is_empty())
+        .or(from_attributes.filter(|n| !n.trim().is_empty()))
+        .unwrap_or(default)
+        .trim()
+        .to_owned()
+}
+
+/// The resource of every span: the standard detectors (`OTEL_RESOURCE_ATTRIBUTES`, the SDK's own attributes),
+/// `service.name` as chosen by [`service_name`] and `service.version` (the workspace's version, which every
+/// service shares).
+fn resource(name: String) -> opentelemetry_sdk::Resource {
+    opentelemetry_sdk::Resource::builder()
+        .with_service_name(name)
+        .with_attribute(opentelemetry::KeyValue::new(
+            semconv::SERVICE_VERSION,
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build()
+}
+
+/// A JSON log line formatter that puts the OpenTelemetry `trace_id` and `span_id` of the event's span (its
+/// explicit parent, else the current span) first in the line, so that a log line leads to its trace:
+/// `{"trace_id":"4bf9...","span_id":"00f0...","timestamp":...}`. Lines outside any span, or in a span the
+/// OpenTelemetry layer does not see (below INFO), carry neither. The ids exist whether or not spans are
+/// exported (the tracer makes them either way; they are the ones in the `traceparent` Kafka header), but they
+/// find a trace in Jaeger only when it was exported and sampled.
+///
+/// The OpenTelemetry context of a span is found through the subscriber (tracing-opentelemetry's
+/// `get_otel_context`), which a formatter cannot ask for while it formats (the dispatcher refuses re-entry):
+/// [`WithTraceIds::set_current`] hands it a weak reference to the installed subscriber once there is one.
+#[derive(Clone, Default)]
+pub struct WithTraceIds(std::sync::Arc<std::sync::OnceLock<tracing::dispatcher::WeakDispatch>>);
+
+impl std::fmt::Debug for WithTraceIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithTraceIds")
+            .field("set", &self.0.get().is_some())
+            .finish()
+    }
+}
+
+impl WithTraceIds {
+    /// The formatter `inner` with the ids added.
+    pub fn wrap<F>(&self, inner: F) -> TraceIds<F> {
+        TraceIds {
+            inner,
+            dispatch: self.clone(),
+        }
+    }
+
+    /// Remembers the current default subscriber (call it once the subscriber is installed).
+    pub fn set_current(&self) {
+        let _ = self
+            .0
+            .set(tracing::dispatcher::get_default(|d| d.downgrade()));
+    }
+}
+
+/// The formatter of [`WithTraceIds::wrap`].
+#[derive(Debug, Clone)]
+pub struct TraceIds<F> {
+    inner: F,
+    dispatch: WithTraceIds,
+}
+
+impl<S, N, F> FormatEvent<S, N> for TraceIds<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let ids = ctx.parent_span().map(|s| s.id()).and_then(|id| {
+            let dispatch = self.dispatch.0.get()?.upgrade()?;
+            let cx = tracing_opentelemetry::get_otel_context(&id, &dispatch)?;
+            let sc = cx.span().span_context().clone();
+            sc.is_valid().then(|| (sc.trace_id(), sc.span_id()))
+        });
+        let Some((trace_id, span_id)) = ids else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.inner
+            .format_event(ctx, Writer::new(&mut line), event)?;
+        match line.strip_prefix('{') {
+            Some(rest) => {
+                write!(
+                    writer,
+                    "{{\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\","
+                )?;
+                writer.write_str(rest)
+            }
+            None => writer.write_str(&line),
+        }
+    }
 }
 
 /// The OpenTelemetry layer: spans and events at INFO and above, whatever `RUST_LOG` says, so the W3C trace
@@ -187,6 +336,119 @@ pub fn set_parent(span: &tracing::Span, traceparent: &str, tracestate: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `MakeWriter` into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Buf {
+        fn lines(&self) -> Vec<serde_json::Value> {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+                .collect()
+        }
+    }
+
+    /// A JSON log line inside a span carries the span's trace id and span id (those of its `traceparent`),
+    /// with an explicit parent too; a line outside any span carries neither, and stays valid JSON.
+    #[test]
+    fn json_log_lines_carry_the_trace_and_span_ids_of_their_span() {
+        let provider = SdkTracerProvider::builder().build();
+        let out = Buf::default();
+        let writer = out.clone();
+        let ids = WithTraceIds::default();
+        let with_ids = ids.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(otel_layer(provider.tracer("test")))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .map_event_format(|f| with_ids.wrap(f))
+                    .with_writer(move || writer.clone())
+                    .with_filter(EnvFilter::new("info")),
+            );
+        let (inside, explicit) = tracing::subscriber::with_default(subscriber, || {
+            ids.set_current();
+            tracing::info!("outside");
+            let span = tracing::info_span!("deliver", hl7.control_id = "CID1");
+            let (inside, _) = trace_context(&span);
+            span.in_scope(|| tracing::info!("inside"));
+            let other = tracing::info_span!("transform");
+            let (explicit, _) = trace_context(&other);
+            tracing::info!(parent: &other, "explicit parent");
+            (inside, explicit)
+        });
+        let lines = out.lines();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert_eq!(lines[0]["fields"]["message"], "outside");
+        assert!(lines[0].get("trace_id").is_none(), "{}", lines[0]);
+        for (line, traceparent) in [(&lines[1], &inside), (&lines[2], &explicit)] {
+            // traceparent: 00-<trace id>-<span id>-<flags>
+            let parts: Vec<&str> = traceparent.split('-').collect();
+            assert_eq!(line["trace_id"], parts[1], "{line}");
+            assert_eq!(line["span_id"], parts[2], "{line}");
+            assert!(line["timestamp"].is_string(), "{line}");
+        }
+        assert_eq!(lines[1]["fields"]["message"], "inside");
+        assert_eq!(lines[1]["span"]["hl7.control_id"], "CID1");
+    }
+
+    /// `OTEL_SERVICE_NAME` wins, then `service.name` from `OTEL_RESOURCE_ATTRIBUTES`, then the binary's name;
+    /// the resource carries `service.version`.
+    #[test]
+    fn service_name_and_version() {
+        assert_eq!(service_name("hl7gw-egress", None, None), "hl7gw-egress");
+        assert_eq!(service_name("hl7gw-egress", Some(""), None), "hl7gw-egress");
+        assert_eq!(
+            service_name("hl7gw-egress", None, Some("egress-eu")),
+            "egress-eu"
+        );
+        assert_eq!(
+            service_name("hl7gw-egress", Some("egress-lab"), Some("egress-eu")),
+            "egress-lab"
+        );
+        let r = resource("hl7gw-egress".into());
+        let get = |k: &'static str| {
+            r.get(&opentelemetry::Key::from_static_str(k))
+                .map(|v| v.to_string())
+        };
+        assert_eq!(get("service.name").as_deref(), Some("hl7gw-egress"));
+        assert_eq!(
+            get(semconv::SERVICE_VERSION).as_deref(),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+    }
+
+    /// A span continuing a remote context keeps its `tracestate` (vendors' entries travel with `traceparent`).
+    #[test]
+    fn tracestate_travels_with_traceparent() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry().with(otel_layer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("transform");
+            set_parent(
+                &span,
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "vendor=abc,other=1",
+            );
+            let (traceparent, tracestate) = trace_context(&span);
+            assert!(traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+            assert!(!traceparent.contains("b7ad6b7169203331"), "{traceparent}");
+            assert_eq!(tracestate, "vendor=abc,other=1");
+        });
+    }
 
     /// rdkafka asks `log_enabled!(target: "librdkafka", DEBUG)` each time a client config is made (readiness
     /// checks make them): an answer "no" from every layer must not take the trace context away from the next

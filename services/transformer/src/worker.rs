@@ -37,6 +37,18 @@ pub struct OutRecord {
     pub key: String,
     pub envelope: Envelope,
     pub traceparent: String,
+    /// The `transform` span the record comes from: its `publish` span, made when the record is produced, is
+    /// that span's child (none for a record made of something that is not an envelope).
+    pub parent: tracing::Span,
+}
+
+/// Where an inbound record was read: the consumer span's `messaging.*` attributes.
+#[derive(Debug, Clone, Copy)]
+pub struct Consumed<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub group: &'a str,
 }
 
 /// The result of routing one inbound record.
@@ -53,6 +65,19 @@ pub async fn route_one<P: PluginCaller>(
     cfg: &Config,
     routes: &Routes,
     payload: &[u8],
+    plugins: &P,
+    metrics: &TransformerMetrics,
+) -> Routed {
+    route_consumed(cfg, routes, payload, None, plugins, metrics).await
+}
+
+/// [`route_one`] for a record read from Kafka at `consumed`, which the `transform` span (a consumer span)
+/// names.
+pub async fn route_consumed<P: PluginCaller>(
+    cfg: &Config,
+    routes: &Routes,
+    payload: &[u8],
+    consumed: Option<Consumed<'_>>,
     plugins: &P,
     metrics: &TransformerMetrics,
 ) -> Routed {
@@ -73,7 +98,13 @@ pub async fn route_one<P: PluginCaller>(
                 ..Envelope::default()
             };
             return Routed {
-                records: vec![dlq(cfg, env, "bad_envelope", metrics)],
+                records: vec![dlq(
+                    cfg,
+                    env,
+                    "bad_envelope",
+                    metrics,
+                    &tracing::Span::none(),
+                )],
                 outcome: outcome::FAILED,
                 dropped: None,
             };
@@ -81,13 +112,31 @@ pub async fn route_one<P: PluginCaller>(
     };
     let h = env.header.clone().unwrap_or_default();
     let t = MsgType::new(h.message_type.as_bytes());
+    // A consumer span (OpenTelemetry messaging conventions), one per inbound record; no
+    // `messaging.kafka.message.key`: the key is made of the patient id by default.
     let span = tracing::info_span!(
         "transform",
-        message_type = %h.message_type,
-        trigger = %h.trigger_event,
-        control_id = %h.control_id,
-        routes = tracing::field::Empty,
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = tracing::field::Empty,
+        messaging.destination.partition.id = tracing::field::Empty,
+        messaging.kafka.offset = tracing::field::Empty,
+        messaging.consumer.group.name = tracing::field::Empty,
+        hl7.message_type = %h.message_type,
+        hl7.trigger_event = %h.trigger_event,
+        hl7.control_id = %h.control_id,
+        hl7.routes = tracing::field::Empty,
     );
+    if let Some(c) = consumed {
+        span.record("messaging.destination.name", c.topic);
+        span.record(
+            "messaging.destination.partition.id",
+            c.partition.to_string(),
+        );
+        span.record("messaging.kafka.offset", c.offset);
+        span.record("messaging.consumer.group.name", c.group);
+    }
     if let Some(tc) = &env.trace {
         hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
     }
@@ -112,7 +161,7 @@ pub async fn route_one<P: PluginCaller>(
                 ..Rejection::default()
             });
             return Routed {
-                records: vec![dlq(cfg, bad, "parse", metrics)],
+                records: vec![dlq(cfg, bad, "parse", metrics, &span)],
                 outcome: outcome::FAILED,
                 dropped: None,
             };
@@ -142,7 +191,7 @@ pub async fn route_one<P: PluginCaller>(
                     o.key = key.clone();
                     o.route = route.name.clone();
                     metrics.output(&route.name, dest);
-                    records.push(output_record(cfg, o, dest, &trace));
+                    records.push(output_record(cfg, o, dest, &trace, &span));
                 }
             }
             Err(e) => {
@@ -156,18 +205,18 @@ pub async fn route_one<P: PluginCaller>(
                     detail: format!("route {} step {}: {}", e.route, e.step, e.detail),
                     ..Rejection::default()
                 });
-                records.push(dlq(cfg, bad, e.kind, metrics));
+                records.push(dlq(cfg, bad, e.kind, metrics, &span));
             }
         }
     }
-    span.record("routes", matched);
+    span.record("hl7.routes", matched);
     let outcome = if matched == 0 && hl7gw_runtime::envelope::is_test_traffic(&h_of(&env)) {
         // Test traffic no route asked for: counted, neither delivered by default nor a dead letter.
         outcome::UNMATCHED
     } else if matched == 0 {
         match &cfg.default_destination {
             Some(dest) => {
-                records.push(output_record(cfg, env.clone(), dest, &trace));
+                records.push(output_record(cfg, env.clone(), dest, &trace, &span));
                 outcome::DEFAULT
             }
             None => {
@@ -179,7 +228,7 @@ pub async fn route_one<P: PluginCaller>(
                         detail: "no route matched the message".into(),
                         ..Rejection::default()
                     });
-                    records.push(dlq(cfg, bad, "unmatched", metrics));
+                    records.push(dlq(cfg, bad, "unmatched", metrics, &span));
                 }
                 outcome::UNMATCHED
             }
@@ -287,6 +336,7 @@ fn refused_to_dlq(
                 key: std::mem::take(&mut r.key),
                 envelope: env,
                 traceparent: std::mem::take(&mut r.traceparent),
+                parent: r.parent.clone(),
             }
         }
         _ => {
@@ -296,7 +346,7 @@ fn refused_to_dlq(
                 detail,
                 ..Rejection::default()
             });
-            dlq(cfg, env, reason, metrics)
+            dlq(cfg, env, reason, metrics, &r.parent)
         }
     };
     if strip
@@ -348,15 +398,47 @@ type OutputId = (String, i32, i64, usize, String);
 /// Outputs Kafka refused for good in an earlier attempt at the batch, with the dead-letter reason.
 type Refused = std::collections::HashMap<OutputId, &'static str>;
 
-/// Encodes `r` into `buf` and hands it to the producer.
+/// Encodes `r` into `buf` and hands it to the producer, inside its `publish` span (a producer span, child of
+/// the record's `transform` span) whose trace context the record carries (envelope and headers), so that the
+/// egress's `deliver` span is that span's child. The same length as the `transform` span's context the record
+/// was sized with.
 fn send(
     producer: &FutureProducer,
-    r: &OutRecord,
+    r: &mut OutRecord,
     buf: &mut Vec<u8>,
 ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    let span = publish_span(r);
+    let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
+    if !traceparent.is_empty() {
+        r.envelope.trace = Some(hl7gw_runtime::proto::v1::TraceContext {
+            traceparent: traceparent.clone(),
+            tracestate,
+        });
+        r.traceparent = traceparent;
+    }
     envelope::encode_into(&r.envelope, buf);
     let rec = envelope::record(&r.topic, &r.key, buf, &r.envelope, &r.traceparent);
+    let _in = span.enter();
     producer.send_result(rec).map_err(|(e, _)| e)
+}
+
+/// The producer span of one output or dead letter (none when the record has no `transform` span). Partition
+/// and offset are not on it: the transaction's records are confirmed at its commit, after the span.
+fn publish_span(r: &OutRecord) -> tracing::Span {
+    if r.parent.is_none() {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(
+        parent: &r.parent,
+        "publish",
+        otel.kind = "producer",
+        messaging.system = "kafka",
+        messaging.operation.type = "send",
+        messaging.destination.name = %r.topic,
+        hl7.control_id = r.envelope.header.as_ref().map_or("", |h| h.control_id.as_str()),
+        hl7.route = %r.envelope.route,
+        hl7.destination = %r.envelope.destination,
+    )
 }
 
 /// The record of one output for destination `dest`: the transformer's stage and trace context, the
@@ -366,6 +448,7 @@ fn output_record(
     mut o: Envelope,
     dest: &str,
     trace: &hl7gw_runtime::proto::v1::TraceContext,
+    parent: &tracing::Span,
 ) -> OutRecord {
     o.destination = dest.to_owned();
     o.trace = Some(trace.clone());
@@ -375,6 +458,7 @@ fn output_record(
         key: o.key.clone(),
         traceparent: trace.traceparent.clone(),
         envelope: o,
+        parent: parent.clone(),
     }
 }
 
@@ -411,6 +495,7 @@ fn dlq(
     mut env: Envelope,
     reason: &'static str,
     metrics: &TransformerMetrics,
+    parent: &tracing::Span,
 ) -> OutRecord {
     envelope::push_stage(&mut env, "transformer");
     metrics.dead_lettered(reason);
@@ -420,6 +505,7 @@ fn dlq(
         key: env.key.clone(),
         envelope: env,
         traceparent,
+        parent: parent.clone(),
     }
 }
 
@@ -789,10 +875,17 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let routes = self.live.get();
         let mut routed: Vec<Routed> = Vec::with_capacity(batch.len());
         for m in batch {
-            let one = route_one(
+            let consumed = Consumed {
+                topic: m.topic(),
+                partition: m.partition(),
+                offset: m.offset(),
+                group: &self.cfg.group_id,
+            };
+            let one = route_consumed(
                 &self.cfg,
                 &routes,
                 m.payload().unwrap_or_default(),
+                Some(consumed),
                 self.plugins.as_ref(),
                 &self.metrics,
             );
@@ -845,7 +938,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     let detail = format!("Kafka refused the output for {} ({reason})", r.topic);
                     r = refused_to_dlq(&self.cfg, &mut r, reason, detail, true, &self.metrics);
                 }
-                let delivery = match send(&self.producer, &r, buf) {
+                let delivery = match send(&self.producer, &mut r, buf) {
                     Ok(d) => {
                         if let Some(topic) = events_topic {
                             let e = ledger_event(&self.cfg, &r);
@@ -859,7 +952,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                             let size = record_size(&r.envelope, &r.key, &r.traceparent);
                             self.metrics.output_refused(&r.envelope.route, size, &e);
                             let detail = format!("Kafka refused the output for {}: {e}", r.topic);
-                            let dead = refused_to_dlq(
+                            let mut dead = refused_to_dlq(
                                 &self.cfg,
                                 &mut r,
                                 reason,
@@ -867,7 +960,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                                 true,
                                 &self.metrics,
                             );
-                            let d = send(&self.producer, &dead, buf)?;
+                            let d = send(&self.producer, &mut dead, buf)?;
                             if let Some(topic) = events_topic {
                                 let e = ledger_event(&self.cfg, &dead);
                                 events.push(send_event(&self.producer, topic, &e, &mut ebuf)?);
@@ -1379,7 +1472,7 @@ mod tests {
             traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
             tracestate: String::new(),
         };
-        let mut r = output_record(&cfg, env, "lab", &trace);
+        let mut r = output_record(&cfg, env, "lab", &trace, &tracing::Span::none());
         // The envelope 10 bytes under the limit.
         r.envelope.raw = Default::default();
         let mut len = max - 10 - r.envelope.encoded_len();
@@ -1415,13 +1508,19 @@ mod tests {
             tracestate: String::new(),
         };
         let env = envelope::decode(&inbound(ADT)).unwrap();
-        let mut r = output_record(&Config::default(), env, "lab", &trace);
+        let mut r = output_record(
+            &Config::default(),
+            env,
+            "lab",
+            &trace,
+            &tracing::Span::none(),
+        );
         let mut buf = Vec::new();
         let mut fitting = 0;
         let refused = (0..max).find_map(|n| {
             r.envelope.raw = vec![b'X'; n].into();
             let fits = record_size(&r.envelope, &r.key, &r.traceparent) <= max;
-            match send(&producer, &r, &mut buf) {
+            match send(&producer, &mut r, &mut buf) {
                 Ok(_) => {
                     fitting += usize::from(fits);
                     None
@@ -1478,8 +1577,24 @@ mod tests {
         let test = b"MSH|^~\\&|HL7GW-TEST|F|B|G|20260101||ADT^A01|T1|T|2.5\rPID|1||P1\r";
         let (r, _) = run(&cfg, &routes, &inbound(test)).await;
         assert_eq!((r.outcome, r.records.len()), (outcome::UNMATCHED, 0));
+        // The ledger says what became of it: dropped, as test traffic.
+        let dropped = r.dropped.expect("a dropped event");
+        assert_eq!(
+            (
+                dropped.kind.as_str(),
+                dropped.reason.as_str(),
+                dropped.control_id.as_str()
+            ),
+            (ledger::kind::DROPPED, "test_traffic", "T1")
+        );
         let (r, _) = run(&cfg, &routes, &inbound(ADT)).await;
         assert_eq!(r.records[0].topic, "hl7.out.lab");
+        assert!(r.dropped.is_none());
+        let e = ledger_event(&cfg, &r.records[0]);
+        assert_eq!(
+            (e.kind.as_str(), e.route.as_str(), e.destination.as_str()),
+            (ledger::kind::ROUTED, "a", "lab")
+        );
     }
 
     #[tokio::test]

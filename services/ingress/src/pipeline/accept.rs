@@ -87,9 +87,19 @@ impl Pipeline {
     /// [`Pipeline::submit`] for one message.
     fn submit_one(&self, frame: Bytes, origin: &Origin, sequence: u64) -> Pending {
         let received = SystemTime::now();
+        // The message's span is the producer of its `hl7.inbound` record (OpenTelemetry messaging conventions;
+        // the topic is recorded when the record is handed to the producer, so a message refused before has
+        // none; `messaging.kafka.message.key` is left out: the key is made of the patient id by default).
         let span = tracing::info_span!(
             "hl7.ingest",
-            hl7.type = tracing::field::Empty,
+            otel.kind = "producer",
+            messaging.system = "kafka",
+            messaging.operation.type = "send",
+            messaging.destination.name = tracing::field::Empty,
+            messaging.destination.partition.id = tracing::field::Empty,
+            messaging.kafka.offset = tracing::field::Empty,
+            hl7.message_type = tracing::field::Empty,
+            hl7.trigger_event = tracing::field::Empty,
             hl7.control_id = tracing::field::Empty,
             hl7.size = frame.len(),
         );
@@ -102,7 +112,10 @@ impl Pipeline {
         };
         let h = *msg.header();
         let t = MsgType::new(h.message_type);
-        span.record("hl7.type", tracing::field::display(MsgTypeText(&h)));
+        // Bounded like the `hl7.type` header: read before the header's lengths are checked.
+        let code = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(MAX_CODE)]).into_owned();
+        span.record("hl7.message_type", code(h.message_type).as_str());
+        span.record("hl7.trigger_event", code(h.trigger_event).as_str());
         span.record(
             "hl7.control_id",
             String::from_utf8_lossy(&h.control_id[..h.control_id.len().min(64)]).as_ref(),
@@ -158,7 +171,7 @@ impl Pipeline {
         let id = envelope::new_id();
         let env = self
             .envelope(&id, received, Some(origin), &frame, &h, charset, sequence)
-            .with_trace(traceparent.clone(), tracestate)
+            .with_trace(traceparent.clone(), tracestate.clone())
             .with_key(String::from_utf8_lossy(&key).into_owned());
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
@@ -166,13 +179,17 @@ impl Pipeline {
             let r = self.too_large(payload.len());
             return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
         }
-        let hdrs = kafka_headers(&h, Some(&traceparent));
+        let hdrs = kafka_headers(&h, Some((&traceparent, &tracestate)));
         let mut record = FutureRecord::to(&self.cfg.inbound_topic)
             .payload(&payload)
             .headers(hdrs);
         if !key.is_empty() {
             record = record.key(&key);
         }
+        span.record(
+            "messaging.destination.name",
+            self.cfg.inbound_topic.as_str(),
+        );
         let started = Instant::now();
         let producer = self.producer.get();
         let delivery = match producer.send_result(record) {

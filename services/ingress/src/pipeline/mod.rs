@@ -413,10 +413,11 @@ impl EnvelopeExt for Envelope {
     }
 }
 
-/// The Kafka headers consumers filter on: `hl7.type`, `hl7.control_id`, `traceparent` (when traced),
-/// `content-type`.
-fn kafka_headers(h: &Header<'_>, traceparent: Option<&str>) -> OwnedHeaders {
-    envelope::kafka_headers(&type_header(h), h.control_id, traceparent.unwrap_or(""), "")
+/// The Kafka headers consumers filter on: `hl7.type`, `hl7.control_id`, `traceparent` and `tracestate` (when
+/// traced), `content-type`.
+fn kafka_headers(h: &Header<'_>, trace: Option<(&str, &str)>) -> OwnedHeaders {
+    let (traceparent, tracestate) = trace.unwrap_or_default();
+    envelope::kafka_headers(&type_header(h), h.control_id, traceparent, tracestate, "")
 }
 
 /// `ADT^A01` for the `hl7.type` header.
@@ -433,14 +434,6 @@ fn type_header(h: &Header<'_>) -> Vec<u8> {
         v.extend_from_slice(trigger);
     }
     v
-}
-
-struct MsgTypeText<'h, 'a>(&'h Header<'a>);
-
-impl std::fmt::Display for MsgTypeText<'_, '_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&String::from_utf8_lossy(&type_header(self.0)))
-    }
 }
 
 fn charset_label(h: &Header<'_>, fallback: &str) -> String {

@@ -62,7 +62,12 @@ impl Pipeline {
         let res = tokio::time::timeout_at(deadline, p.delivery).await;
         drop(p.in_flight);
         match res {
-            Ok(Ok(Ok(_))) => {
+            Ok(Ok(Ok((partition, offset)))) => {
+                // A success report may come without an offset (runtime delivery.rs, `confirmed`).
+                if offset >= 0 {
+                    span.record("messaging.destination.partition.id", partition.to_string());
+                    span.record("messaging.kafka.offset", offset);
+                }
                 self.metrics
                     .publish_duration
                     .observe(started.elapsed().as_secs_f64());
