@@ -2,7 +2,7 @@
 //! over `SendStream` with the token, pipelined and sequential, and each ACK is matched to its message.
 
 use hl7gw_load::grpc::proto::ingest_server::{Ingest, IngestServer};
-use hl7gw_load::grpc::proto::{SendRequest, SendResponse};
+use hl7gw_load::grpc::proto::{SendRequest, SendResponse, SendersRequest, SendersResponse};
 use serde_json::Value;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -68,6 +68,14 @@ impl Ingest for Gateway {
             Ok(ack(&control_id(&m.message)))
         });
         Ok(Response::new(Box::pin(answers)))
+    }
+
+    /// The load harness never asks for the sender view.
+    async fn senders(
+        &self,
+        _: Request<SendersRequest>,
+    ) -> Result<Response<SendersResponse>, Status> {
+        Err(Status::unimplemented("not in this stand-in"))
     }
 }
 
