@@ -199,6 +199,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: String| Err(ConfigError::Rule(m));
         validate_common(&self.kafka, &self.grpc, Self::GRPC_METHODS)?;
+        self.ledger.validate()?;
         if self.destinations.is_empty() {
             return rule("destinations: configure at least one receiver".into());
         }

@@ -192,6 +192,8 @@ pub struct DestCtx {
     pub cfg: Arc<Config>,
     pub consumer: Arc<DestConsumer>,
     pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    /// The ledger's events' producer (lingering; see `ledger.linger`).
+    pub ledger: Arc<hl7gw_runtime::producer::ProducerSlot>,
     pub metrics: EgressMetrics,
     /// This destination's per-message handles.
     pub m: DestMetrics,
@@ -546,7 +548,7 @@ impl DestCtx {
         let mut buf = Vec::new();
         ledger::encode_into(e, &mut buf);
         let rec = ledger::record(&self.cfg.ledger.topic, e, &buf);
-        self.producer.get().send_result(rec).ok()
+        self.ledger.get().send_result(rec).ok()
     }
 
     /// Settles the oldest pending record: once its event is written (`written`, or written again here until
@@ -580,7 +582,7 @@ impl DestCtx {
         ledger::encode_into(e, &mut buf);
         let mut wait = Duration::from_millis(200);
         loop {
-            let producer = self.producer.get();
+            let producer = self.ledger.get();
             match producer
                 .send(
                     ledger::record(&self.cfg.ledger.topic, e, &buf),
@@ -594,7 +596,7 @@ impl DestCtx {
                 }
                 Err(err) => {
                     if hl7gw_runtime::producer::is_fatal(&err) {
-                        self.producer.recover_if_fatal();
+                        self.ledger.recover_if_fatal();
                     }
                     self.m.event_write_failed(&err);
                     self.state.ledger_failing(Some(&err.to_string()));

@@ -64,6 +64,14 @@ impl hl7gw_runtime::service::Service for App {
             metrics.producer_recoveries.clone(),
         )?);
 
+        // The ledger's events on a producer of their own, lingering (`ledger.linger`): an event delays only the
+        // commit of its offset, so batching them costs no delivery any time.
+        let ledger = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+            "hl7gw-egress-ledger",
+            cfg.ledger.producer_settings(&cfg.kafka),
+            Duration::from_secs(30),
+            metrics.producer_recoveries.clone(),
+        )?);
         let mut dests = Vec::new();
         for (name, d) in &cfg.destinations {
             let tls = client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
@@ -86,6 +94,7 @@ impl hl7gw_runtime::service::Service for App {
                 cfg: cfg.clone(),
                 consumer: Arc::new(consumer),
                 producer: producer.clone(),
+                ledger: ledger.clone(),
                 metrics: metrics.clone(),
                 m: metrics.destination(name),
                 // Entries hold no ACK: the count bounds the bytes.
@@ -176,8 +185,6 @@ impl hl7gw_runtime::service::Service for App {
         side_stop.cancel();
         let grpc_result = grpc_server.stop().await;
         for d in &dests {
-            d.m.oldest_undelivered_age
-                .set(d.state.oldest_undelivered_age().as_secs_f64());
             let c = d.consumer.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = c.commit_consumer_state(rdkafka::consumer::CommitMode::Sync);
@@ -233,6 +240,8 @@ async fn housekeeping(
             created.store(true, Ordering::Relaxed);
         }
         for d in &dests {
+            // The age of the oldest message each destination holds (0 when none): the alert compares it with
+            // the topic's retention.
             d.m.oldest_undelivered_age
                 .set(d.state.oldest_undelivered_age().as_secs_f64());
             let c = d.consumer.clone();

@@ -35,6 +35,12 @@ pub struct LedgerSettings {
     /// may need years: then create the topic yourself, or export it).
     #[serde(with = "humantime_serde")]
     pub retention: std::time::Duration,
+    /// How long the egress's ledger producer gathers events into one request (`linger.ms`; at most 1s). An
+    /// event delays only the commit of its offset (every 500 ms anyway), never a delivery, so batching them is
+    /// free: at 0 the egress sent about one produce request per two deliveries, each costing the broker as
+    /// much as a full one (docs/BENCHMARKS.md, issue 26).
+    #[serde(with = "humantime_serde")]
+    pub linger: std::time::Duration,
 }
 
 impl Default for LedgerSettings {
@@ -42,6 +48,7 @@ impl Default for LedgerSettings {
         Self {
             topic: DEFAULT_TOPIC.to_owned(),
             retention: std::time::Duration::from_secs(30 * 24 * 3600),
+            linger: std::time::Duration::from_millis(20),
         }
     }
 }
@@ -50,6 +57,26 @@ impl LedgerSettings {
     /// Whether events are written.
     pub fn enabled(&self) -> bool {
         !self.topic.is_empty()
+    }
+
+    /// Checks the rules serde cannot: `linger` at most 1s.
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        if self.linger > std::time::Duration::from_secs(1) {
+            return Err(crate::config::ConfigError::Rule(
+                "ledger.linger: at most 1s (offsets wait for their events)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Kafka settings of a producer of events: `kafka`'s, with `linger`.
+    pub fn producer_settings(
+        &self,
+        kafka: &crate::kafka::KafkaSettings,
+    ) -> crate::kafka::KafkaSettings {
+        let mut k = kafka.clone();
+        k.linger_ms = u32::try_from(self.linger.as_millis()).unwrap_or(1000);
+        k
     }
 
     /// Creates the events topic with its retention if it does not exist yet (and topics are created at all).
@@ -217,6 +244,19 @@ mod tests {
         }
         assert_eq!(partition_for(b"kafka", 6), 4);
         assert_eq!(partition_for(b"0192f5a0-1234-7abc-8def-0123456789ab", 6), 3);
+    }
+
+    #[test]
+    fn the_ledger_producer_lingers_at_most_a_second() {
+        let l = LedgerSettings::default();
+        assert!(l.validate().is_ok());
+        let k = l.producer_settings(&crate::kafka::KafkaSettings::default());
+        assert_eq!(k.linger_ms, 20);
+        let long = LedgerSettings {
+            linger: std::time::Duration::from_secs(2),
+            ..LedgerSettings::default()
+        };
+        assert!(long.validate().is_err());
     }
 
     #[test]

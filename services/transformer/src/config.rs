@@ -155,6 +155,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let rule = |m: &str| Err(ConfigError::Rule(m.to_owned()));
         validate_common(&self.kafka, &self.grpc, Self::GRPC_METHODS)?;
+        self.ledger.validate()?;
         if self.inbound_topic.is_empty() || self.dlq_topic.is_empty() || self.group_id.is_empty() {
             return rule("inbound_topic, dlq_topic and group_id must be set");
         }
