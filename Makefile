@@ -21,6 +21,14 @@ demo: build ## the CLI alone: flat view, ACK, and an MLLP send to a local `hl7gw
 test: lint ## fmt check, clippy -D warnings, then every test (unit, property, corpus, e2e with a real Kafka)
 	@scripts/test.sh
 
+.PHONY: test-quick
+test-quick: ## fmt check, clippy -D warnings, and the tests that need no broker, root or network: unit tests of every crate, the parser's property and corpus tests, doc tests (make test runs everything)
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test -p hl7v2 --all-targets
+	$(CARGO) test --workspace --doc
+
 kafka-up: ## start the local single-node Kafka (KRaft) on 127.0.0.1:9092 (KAFKA_PORT to change)
 	@scripts/kafka.sh up
 
