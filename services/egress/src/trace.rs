@@ -19,6 +19,8 @@ use std::time::{Duration, Instant, SystemTime};
 pub const MAX_RECORDS: u64 = 2_000_000;
 /// Most time one call spends reading.
 pub const BUDGET: Duration = Duration::from_secs(20);
+/// Most events one message's answer holds (the rest are left out and the answer says it is truncated).
+pub const MAX_EVENTS_PER_MESSAGE: usize = 1000;
 /// Most messages one answer holds.
 pub const MAX_MESSAGES: usize = 100;
 /// The window searched when none is given: an hour.
@@ -237,16 +239,23 @@ fn events(
     for (p, since) in from {
         ranges.extend(window(consumer, topic, Some(p), since, i64::MAX)?);
     }
+    let mut capped = false;
     scan(consumer, topic, &ranges, budget, |m| {
         let Some(key) = m.key() else { return true };
         let Some(&i) = std::str::from_utf8(key).ok().and_then(|k| by_id.get(k)) else {
             return true;
         };
-        if let Ok(e) = ledger::decode(m.payload().unwrap_or_default()) {
+        if found[i].events.len() >= MAX_EVENTS_PER_MESSAGE {
+            // A message replayed over and over (`--force`): the answer keeps the first ones and says it is cut.
+            capped = true;
+        } else if let Ok(e) = ledger::decode(m.payload().unwrap_or_default()) {
             found[i].events.push(e);
         }
         true
     })?;
+    if capped {
+        budget.exhausted = true;
+    }
     Ok(())
 }
 
