@@ -322,7 +322,7 @@ cluster() {
 
   step "9. helm upgrade (replicas, HPA bounds)"
   helm upgrade all "$CHART" -n hl7gw-all -f "$CHART/ci/all-features-values.yaml" --timeout 60s \
-    --set ingress.autoscaling.minReplicas=3 --set ingress.autoscaling.maxReplicas=4 \
+    --set hl7Ingress.autoscaling.minReplicas=3 --set hl7Ingress.autoscaling.maxReplicas=4 \
     --set transformer.autoscaling.enabled=false --set transformer.replicas=3 >/dev/null
   [ "$(k get hpa all-hl7-gateway-ingress -n hl7gw-all -o jsonpath='{.spec.minReplicas}/{.spec.maxReplicas}')" = 3/4 ] ||
     die "ingress HPA bounds not upgraded"

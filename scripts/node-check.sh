@@ -32,7 +32,7 @@ case $mode in
   # The Job asks for a whole core: with two pods of each kind the 2-core node could not place it.
   bench)
     profile=${NODE_CHECK_PROFILE:-release}
-    NODE_CHECK_HELM_ARGS="--set ingress.autoscaling.enabled=false,ingress.replicas=1,transformer.replicas=1,egress.replicas=1 ${NODE_CHECK_HELM_ARGS:-}"
+    NODE_CHECK_HELM_ARGS="--set hl7Ingress.autoscaling.enabled=false,hl7Ingress.replicas=1,transformer.replicas=1,egress.replicas=1 ${NODE_CHECK_HELM_ARGS:-}"
     ;;
   *) echo "usage: $0 [check|bench]" >&2; exit 2 ;;
 esac
@@ -163,7 +163,7 @@ log "   helm upgrade: a pod annotation changed, so every Deployment rolls; the w
 ann=node-check/upgraded=yes
 # shellcheck disable=SC2086
 helm upgrade hl7gw helm/hl7-gateway -n hl7gw -f scripts/node/values.yaml ${NODE_CHECK_HELM_ARGS:-} \
-  --set-string "ingress.podAnnotations.$ann,transformer.podAnnotations.$ann,egress.podAnnotations.$ann" \
+  --set-string "hl7Ingress.podAnnotations.$ann,transformer.podAnnotations.$ann,egress.podAnnotations.$ann" \
   --wait --timeout 180s >/dev/null || { kubectl get pods -n hl7gw -o wide >&2; die "helm upgrade --wait"; }
 log "   upgraded: $(kubectl get pods -n hl7gw -l app.kubernetes.io/component!=test --no-headers | wc -l) pods"
 wait "$load" || true # connection errors while an ingress pod goes are expected; what was ACKed must arrive

@@ -67,8 +67,10 @@ def main():
 
     walk(yaml.safe_load(open(values_path, encoding="utf-8")))
     # Every schema key has a default in values.yaml, except the optional service config keys (<service>.config.*:
-    # absent means the service's own default) and `global` (Helm's).
-    missing = sorted(k for k in known if k not in in_values and ".config." not in k and k != "global")
+    # absent means the service's own default), `global` (Helm's) and keys marked deprecated (an old name the
+    # templates refuse with its new one).
+    missing = sorted(k for k in known if k not in in_values and ".config." not in k and k != "global"
+                     and not known[k].get("deprecated"))
     for p in undocumented + unknown:
         print(p, file=sys.stderr)
     for k in missing:

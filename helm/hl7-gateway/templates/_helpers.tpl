@@ -19,6 +19,22 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The values block of a component: the ingress's is hl7Ingress (chart 0.4.0; `ingress` is left for a
+     Kubernetes Ingress), the others are named as the component. Object names, labels and the per-service maps
+     (kafka.tls.clientSecrets.ingress, networkPolicy.grpcFrom.ingress, ...) keep the component's name.
+     "ingress" -> "hl7Ingress" */}}
+{{- define "hl7gw.valuesKey" -}}
+{{- if eq . "ingress" }}hl7Ingress{{ else }}{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* Values the chart no longer reads, refused with where they went (values.schema.json lets them through so that
+     the message can name the new key). */}}
+{{- define "hl7gw.checkRenamedValues" -}}
+{{- if hasKey .Values "ingress" -}}
+{{- fail "ingress: the HL7 ingress's values moved to hl7Ingress in chart 0.4.0 (the key `ingress` is kept for a Kubernetes Ingress): rename the block `ingress:` to `hl7Ingress:` in your values (--set ingress.X=... -> --set hl7Ingress.X=...); see the chart README, Upgrading" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* dict "root" $ "component" "ingress" -> <fullname>-ingress */}}
 {{- define "hl7gw.componentName" -}}
 {{- printf "%s-%s" (include "hl7gw.fullname" .root) .component -}}
@@ -107,7 +123,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $min := add $v.preStopSleepSeconds $v.drainTimeoutSeconds -}}
 {{- if $v.terminationGracePeriodSeconds -}}
 {{- if le (int $v.terminationGracePeriodSeconds) (int $min) -}}
-{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must be more than preStopSleepSeconds + drainTimeoutSeconds (%v): the kubelet would SIGKILL the pod mid-drain" .component $v.terminationGracePeriodSeconds $min) -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must be more than preStopSleepSeconds + drainTimeoutSeconds (%v): the kubelet would SIGKILL the pod mid-drain" (include "hl7gw.valuesKey" .component) $v.terminationGracePeriodSeconds $min) -}}
 {{- end -}}
 {{- $v.terminationGracePeriodSeconds -}}
 {{- else -}}
@@ -222,7 +238,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- if $g.tokens.existingSecret }}{{ $_ := set $out "tokens_file" "/etc/hl7gw/grpc-tokens/tokens" }}{{ end -}}
 {{- if $g.kubernetesAuth }}{{ $_ := set $out "kubernetes_auth" true }}{{ end -}}
-{{- with (index .root.Values .component).grpcAllow }}{{ $_ := set $out "allow" . }}{{ end -}}
+{{- with (index .root.Values (include "hl7gw.valuesKey" .component)).grpcAllow }}{{ $_ := set $out "allow" . }}{{ end -}}
 {{- if $out }}{{ toYaml $out }}{{ end -}}
 {{- end -}}
 
@@ -237,7 +253,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml (dict
   "grpc_addr" (printf "0.0.0.0:%v" $v.ports.grpc)
   "admin_addr" (printf "0.0.0.0:%v" $v.ports.admin)
-  "drain_timeout" (printf "%vs" (index $v .component).drainTimeoutSeconds)
+  "drain_timeout" (printf "%vs" (index $v (include "hl7gw.valuesKey" .component)).drainTimeoutSeconds)
   "log_json" $v.logging.json) -}}
 {{- end -}}
 
@@ -252,7 +268,7 @@ app.kubernetes.io/component: {{ .component }}
   "service" (include "hl7gw.serviceConfig" (dict "root" . "component" "ingress") | fromYaml)
   "kafka" (include "hl7gw.kafkaConfig" (dict "root" . "component" "ingress") | fromYaml)
 -}}
-{{- with $v.ingress.tls -}}
+{{- with $v.hl7Ingress.tls -}}
 {{- if .enabled -}}
 {{- $tls := dict "cert" "/etc/hl7gw/tls/tls.crt" "key" "/etc/hl7gw/tls/tls.key" -}}
 {{- if .clientCAKey }}{{ $_ := set $tls "client_ca" (printf "/etc/hl7gw/client-ca/%s" .clientCAKey) }}{{ end -}}
@@ -260,12 +276,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- with include "hl7gw.grpcConfig" (dict "root" . "component" "ingress") }}{{ $_ := set $c "grpc" (fromYaml .) }}{{ end -}}
-{{- /* ingress.senders (camelCase, with the alert's silentAfter) as the ingress's senders: key. */ -}}
-{{- if $v.ingress.senders -}}
+{{- /* hl7Ingress.senders (camelCase, with the alert's silentAfter) as the ingress's senders: key. */ -}}
+{{- if $v.hl7Ingress.senders -}}
 {{- $senders := list -}}
 {{- $names := dict -}}
-{{- range $v.ingress.senders -}}
-{{- if hasKey $names .name }}{{ fail (printf "ingress.senders: the name %s is used twice" .name) }}{{ end -}}
+{{- range $v.hl7Ingress.senders -}}
+{{- if hasKey $names .name }}{{ fail (printf "hl7Ingress.senders: the name %s is used twice" .name) }}{{ end -}}
 {{- $_ := set $names .name true -}}
 {{- $s := dict "name" .name "sending_application" .sendingApplication -}}
 {{- with .sendingFacility }}{{ $_ := set $s "sending_facility" . }}{{ end -}}
@@ -273,7 +289,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- $_ := set $c "senders" $senders -}}
 {{- end -}}
-{{- toYaml (mustMergeOverwrite $c (deepCopy $v.ingress.config)) -}}
+{{- toYaml (mustMergeOverwrite $c (deepCopy $v.hl7Ingress.config)) -}}
 {{- end -}}
 
 {{/* The ledger section of the transformer's and the egress's configs (kafka.topics.events, eventsRetention). */}}
@@ -357,7 +373,7 @@ retention: {{ .Values.kafka.topics.eventsRetention | default "30d" | quote }}
 {{- define "hl7gw.checkAutoscaling" -}}
 {{- $a := .values.autoscaling -}}
 {{- if gt (int $a.minReplicas) (int $a.maxReplicas) -}}
-{{- fail (printf "%s.autoscaling.minReplicas (%v) is above maxReplicas (%v)" .component $a.minReplicas $a.maxReplicas) -}}
+{{- fail (printf "%s.autoscaling.minReplicas (%v) is above maxReplicas (%v)" (include "hl7gw.valuesKey" .component) $a.minReplicas $a.maxReplicas) -}}
 {{- end -}}
 {{- if and (eq .component "transformer") (gt (int $a.maxReplicas) (int .root.Values.kafka.inboundPartitions)) -}}
 {{- fail (printf "transformer.autoscaling.maxReplicas (%v) is above kafka.inboundPartitions (%v): a consumer group gives each partition to one member, so extra transformer pods would idle" $a.maxReplicas .root.Values.kafka.inboundPartitions) -}}
