@@ -22,10 +22,11 @@ test: lint ## fmt check, clippy -D warnings, then every test (unit, property, co
 	@scripts/test.sh
 
 .PHONY: test-quick
-test-quick: ## fmt check, clippy -D warnings, and the tests that need no broker, root or network: unit tests of every crate, the parser's property and corpus tests, doc tests (make test runs everything)
+test-quick: ## fmt check, clippy -D warnings, and the tests that need no broker, root or network: unit tests of every crate (the config schemas and reference current), the example configs' --check-config, the parser's property and corpus tests, doc tests (make test runs everything)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test -p hl7gw-ingress -p hl7gw-transformer -p hl7gw-egress --test example_config
 	$(CARGO) test -p hl7v2 --all-targets
 	$(CARGO) test --workspace --doc
 

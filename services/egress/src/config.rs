@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// TLS towards a receiver (PEM files).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientTls {
     /// The CA that signed the receiver's certificate (the only one trusted).
@@ -16,6 +16,7 @@ pub struct ClientTls {
     /// Client certificate chain and key, for receivers that require mutual TLS.
     #[serde(default)]
     pub cert: Option<PathBuf>,
+    /// The private key (PEM) of `cert`.
     #[serde(default)]
     pub key: Option<PathBuf>,
     /// Name checked against the receiver's certificate (default: the address's host).
@@ -24,15 +25,19 @@ pub struct ClientTls {
 }
 
 /// When and how often a delivery is tried again.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryPolicy {
     /// Attempts before giving up (DLQ) on transport errors (no connection, no answer); 0: forever, which
     /// keeps each patient's order through a receiver outage.
     pub max_attempts: u32,
+    /// The wait before the second attempt; each further wait is `multiplier` times the one before.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub initial_backoff: Duration,
+    /// The longest wait between attempts.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub max_backoff: Duration,
     /// Backoff growth per attempt.
     pub multiplier: f64,
@@ -68,7 +73,7 @@ impl RetryPolicy {
 /// What a receiver's negative answer gets (HL7 table 0008): AR/CR mean "rejected for a reason unrelated to
 /// the content" (the receiver is busy or down: send it again), AE/CE mean "the content is in error" (sending
 /// it again cannot help: DLQ). Retrying in place keeps the patient's later messages behind it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AckPolicy {
     /// MSA-1 codes retried with the destination's backoff; the other negative codes go to the DLQ at once.
@@ -103,17 +108,20 @@ impl AckPolicy {
 }
 
 /// One receiving system.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {
     /// `host:port` of the receiver's MLLP listener.
     pub address: String,
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// How long the TCP connect to the receiver may take (and the TLS handshake after it, again as long).
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub connect_timeout: Duration,
     /// How long to wait for the receiver's ACK.
     #[serde(default = "default_response_timeout", with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub response_timeout: Duration,
     #[serde(default)]
     pub retry: RetryPolicy,
@@ -131,7 +139,7 @@ fn default_response_timeout() -> Duration {
 }
 
 /// The whole egress configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Listeners, drain and logs: the section every service has.
@@ -150,6 +158,7 @@ pub struct Config {
     /// An output (envelope id and route) delivered within this window is not sent again when Kafka gives it
     /// to this pod once more after a crash or rebalance (0s: off).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub duplicate_window: Duration,
     /// Most outputs remembered for the duplicate window (about 96 bytes each).
     pub duplicate_capacity: usize,
@@ -164,7 +173,7 @@ pub struct Config {
     pub kafka: KafkaSettings,
     /// The delivery ledger: the events topic (`hl7.events`; empty: off) and its retention when created.
     pub ledger: hl7gw_runtime::ledger::LedgerSettings,
-    /// The gRPC listener's TLS and who may call Status, ListDeadLetters and Replay (nobody unless allowed).
+    /// The gRPC listener's TLS and who may call Status, ListDeadLetters, Replay and Trace (nobody unless allowed).
     pub grpc: hl7gw_runtime::grpc::GrpcSettings,
 }
 
@@ -270,6 +279,14 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn schema_and_reference_are_current() {
+        let schema = hl7gw_runtime::config::reference::schema_json::<Config>();
+        if let Err(e) = hl7gw_runtime::config::reference::check_current("egress", &schema) {
+            panic!("{e}");
+        }
+    }
     use super::*;
 
     #[test]

@@ -12,7 +12,9 @@ use std::time::Duration;
 pub const ENVELOPE_HEADROOM: usize = 64 * 1024;
 
 /// When the sender gets its accept ACK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AckMode {
     /// AA/CA only after Kafka confirmed the write (acks=all). The default.
@@ -22,7 +24,7 @@ pub enum AckMode {
 }
 
 /// What a sender gets when Kafka does not confirm a write within `ack_timeout`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnTimeout {
     /// AR/CR with ERR 207 ("system unavailable"): the sender may resend.
@@ -32,7 +34,7 @@ pub enum OnTimeout {
 }
 
 /// Whether the MLLP listener sends an enhanced-mode (MSH-15/16 valued) message its accept ACK (CA/CE/CR).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AcceptAck {
     /// As MSH-15 asks (AL, NE, ER, SU; empty or unknown counts as AL): the standard. The default.
@@ -43,7 +45,7 @@ pub enum AcceptAck {
 }
 
 /// Whether the MLLP listener answers an enhanced-mode message's MSH-16 with an application ACK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ApplicationAck {
     /// Never: the gateway only commits (accept ACK); the application behind it does not answer. The default.
@@ -55,7 +57,7 @@ pub enum ApplicationAck {
 }
 
 /// TLS for the MLLP listener (PEM files).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// Server certificate chain.
@@ -70,7 +72,7 @@ pub struct TlsConfig {
 /// A sender named in the config (`senders:`): its messages are counted in the per-sender metrics
 /// (`hl7gw_ingress_sender_*{sender="<name>"}`), which only named senders get, so the label stays bounded.
 /// Matched on the first component (HD-1) of MSH-3 and MSH-4 as received, case-sensitively.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NamedSender {
     /// The `sender` label: 1 to 64 letters, digits, `_`, `-` or `.`; unique.
@@ -86,7 +88,7 @@ pub struct NamedSender {
 pub const MAX_SENDER_NAME: usize = 64;
 
 /// The whole ingress configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// MLLP listener address.
@@ -101,6 +103,7 @@ pub struct Config {
     pub ack_mode: AckMode,
     /// How long a message may wait for Kafka's confirmation before the sender gets `on_timeout`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub ack_timeout: Duration,
     /// `nak` (AR/CR with ERR 207) or `close` (no answer, connection closed).
     pub on_timeout: OnTimeout,
@@ -117,6 +120,7 @@ pub struct Config {
     /// A connection that completes no frame for this long (since it opened, or since its last complete frame)
     /// is closed, whatever bytes it trickles in between (counted in `hl7gw_ingress_idle_closes_total`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub idle_timeout: Duration,
     /// At `max_connections`, a new connection closes one doing nothing for anyone: the oldest that never
     /// completed a frame, else the one with no complete frame for longest if longer than this and nothing of it
@@ -124,10 +128,12 @@ pub struct Config {
     /// cannot keep real senders out (counted in `hl7gw_ingress_connections_evicted_total`; 0s: never, new
     /// connections are refused instead).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub evict_after: Duration,
     /// A frame not complete this long after its start block is dropped and the connection closed, however
     /// often bytes arrive (framing error `frame_timeout`): a deadline for the whole frame, not between reads.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub frame_timeout: Duration,
     /// Messages of one connection that may wait for Kafka at once (frames beyond wait, in order).
     pub max_in_flight_per_connection: usize,
@@ -146,6 +152,7 @@ pub struct Config {
     /// resent by it, and counted in `hl7gw_ingress_write_timeouts_total`); a gRPC `SendStream` that does not
     /// read its answers for this long is ended with RESOURCE_EXHAUSTED, counted the same way.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub write_timeout: Duration,
     /// Most concurrent gRPC streams (SendStream and unary calls) per gRPC connection.
     pub grpc_max_concurrent_streams: u32,
@@ -157,6 +164,7 @@ pub struct Config {
     /// window gets the first ACK again and is not published twice (0s: off). A reused control id with other
     /// content is a new message (counted in `hl7gw_ingress_control_id_reused_total`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub duplicate_window: Duration,
     /// Most remembered messages for duplicate detection.
     pub duplicate_capacity: usize,
@@ -441,6 +449,14 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn schema_and_reference_are_current() {
+        let schema = hl7gw_runtime::config::reference::schema_json::<Config>();
+        if let Err(e) = hl7gw_runtime::config::reference::check_current("ingress", &schema) {
+            panic!("{e}");
+        }
+    }
     use super::*;
 
     #[test]

@@ -10,6 +10,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub mod reference;
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -29,7 +31,7 @@ pub enum ConfigError {
 }
 
 /// The `service:` section every service's config has: where it listens, how long it may drain, how it logs.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServiceSettings {
     /// gRPC listener: the service's API and the gRPC health service.
@@ -38,6 +40,7 @@ pub struct ServiceSettings {
     pub admin_addr: SocketAddr,
     /// Longest a SIGTERM drain may take.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub drain_timeout: Duration,
     /// Logs as JSON lines instead of text.
     pub log_json: bool,
@@ -64,6 +67,72 @@ pub fn validate_common(
     grpc.validate(grpc_methods)
         .map_err(|e| ConfigError::Rule(e.to_string()))?;
     kafka.validate()
+}
+
+/// The JSON Schema of a `humantime` duration field (`500ms`, `30s`, `1h 30m`).
+pub fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "pattern": reference::DURATION_PATTERN,
+    })
+}
+
+/// What `--print-config` shows of a value whose key names a secret: never the value itself.
+pub const MASKED: &str = "<masked>";
+
+/// `cfg` as YAML for `--print-config`: every key with its effective value, except secrets: a value under a
+/// key naming a password, secret or token (not a `*_file` path) and the password of a URL's user info are
+/// [`MASKED`]. The services take secrets from files, so this masks only what `kafka.properties` or a URL
+/// carries.
+pub fn masked_yaml<T: Serialize>(cfg: &T) -> Result<String, ConfigError> {
+    let mut value = serde_json::to_value(cfg).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    mask(&mut value, false);
+    serde_saphyr::to_string(&value).map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+/// Masks secrets in `value` (`secret`: `value` sits under a key naming one).
+fn mask(value: &mut serde_json::Value, secret: bool) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                mask(v, secret || is_secret_key(k));
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| mask(v, secret)),
+        serde_json::Value::String(s) if secret => *s = MASKED.to_owned(),
+        serde_json::Value::String(s) => {
+            if let Some(masked) = mask_url_password(s) {
+                *s = masked;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// True for a key that names a secret value: `sasl.password`, `ssl.key.password`, `client_secret`, `token`...
+/// but not a file holding one (`password_file`, `tokens_file`) or an address (`oauth_token_endpoint`).
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    let not_a_value = ["_file", ".location", "_path", "_endpoint", "_url", ".url"]
+        .iter()
+        .any(|s| k.ends_with(s));
+    !not_a_value
+        && ["password", "secret", "token", "credential", "private"]
+            .iter()
+            .any(|w| k.contains(w))
+}
+
+/// `scheme://user:password@host...` with the password masked; `None` when `s` has no such user info.
+fn mask_url_password(s: &str) -> Option<String> {
+    let (scheme, rest) = s.split_once("://")?;
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let at = rest[..authority_end].rfind('@')?;
+    let colon = rest[..at].find(':')?;
+    Some(format!(
+        "{scheme}://{}:{MASKED}{}",
+        &rest[..colon],
+        &rest[at..]
+    ))
 }
 
 /// Longest destination name: it becomes a topic name after a prefix (`hl7.out.`), and Kafka's limit is 249.
@@ -185,6 +254,15 @@ pub struct CommonFlags {
     #[arg(long)]
     #[serde(skip)]
     pub check_config: bool,
+    /// Print the effective configuration (defaults, file, HL7GW_ variables and flags merged) as YAML, secrets
+    /// masked, and exit.
+    #[arg(long, conflicts_with = "check_config")]
+    #[serde(skip)]
+    pub print_config: bool,
+    /// Print the JSON Schema of the configuration file and exit (docs/config/<service>.schema.json).
+    #[arg(long, conflicts_with_all = ["check_config", "print_config"])]
+    #[serde(skip)]
+    pub print_schema: bool,
     #[command(flatten)]
     pub service: ServiceFlags,
     #[command(flatten)]
@@ -375,5 +453,36 @@ mod tests {
             assert_eq!(c.port, 7);
             Ok(())
         });
+    }
+
+    #[test]
+    fn print_config_masks_secrets_not_paths() {
+        let mut kafka = crate::kafka::KafkaSettings::default();
+        kafka.security.password_file = Some("/etc/hl7gw/kafka/password".into());
+        kafka.security.oauth_token_endpoint = Some("https://svc:hunter2@idp.example/token".into());
+        kafka
+            .properties
+            .insert("sasl.oauthbearer.client.secret".into(), "hunter2".into());
+        kafka
+            .properties
+            .insert("ssl.truststore.location".into(), "/etc/ca.pem".into());
+        let yaml = masked_yaml(&kafka).expect("yaml");
+        assert!(!yaml.contains("hunter2"), "{yaml}");
+        assert!(
+            yaml.contains("password_file: /etc/hl7gw/kafka/password"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("https://svc:<masked>@idp.example/token"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("sasl.oauthbearer.client.secret: <masked>"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("ssl.truststore.location: /etc/ca.pem"),
+            "{yaml}"
+        );
     }
 }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 /// TLS for a gRPC listener (PEM files, as for the MLLP listener).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerTls {
     /// Server certificate chain.
@@ -32,7 +32,7 @@ pub struct ServerTls {
 }
 
 /// `grpc:` — the gRPC listener's TLS, authorisation and connection lifetimes, the same keys in every service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcSettings {
     /// TLS (absent: plaintext, for a listener reached only inside the pod network; tokens then cross it in
@@ -55,24 +55,30 @@ pub struct GrpcSettings {
     /// after it was accepted is closed, freeing its slot in the connection limit (a port scanner or a
     /// half-open tunnel cannot hold one).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub first_stream_timeout: Duration,
     /// An HTTP/2 PING is sent after this long without a frame from the client (0s: never); a client that
     /// does not answer within `keepalive_timeout` is disconnected (a dead peer frees its slot).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub keepalive_interval: Duration,
     /// How long a PING may wait for its answer.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub keepalive_timeout: Duration,
     /// A connection this old is asked to go away (HTTP/2 GOAWAY: calls in progress finish, the client
     /// reconnects, possibly to another pod; 0s: never), and closed `max_connection_age_grace` later.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub max_connection_age: Duration,
     /// How long calls in progress may go on after a GOAWAY (age, idle, shutdown) before the connection is
     /// closed under them.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub max_connection_age_grace: Duration,
     /// A connection with no call in progress for this long is asked to go away (0s: never).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub idle_timeout: Duration,
 }
 

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The `kafka:` section every service shares: where the brokers are, how to reach them, and the tuning.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
     /// Bootstrap servers, `host:port[,host:port...]`.
@@ -55,6 +55,7 @@ pub struct KafkaSettings {
     /// How often every client reports librdkafka's statistics (`hl7gw_kafka_requests_total`,
     /// `hl7gw_kafka_produce_batch_messages`); 0s: never.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub statistics_interval: Duration,
     /// TLS and SASL for every client.
     pub security: KafkaSecurity,

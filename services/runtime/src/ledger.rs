@@ -25,7 +25,9 @@ pub mod kind {
 }
 
 /// Where the ledger goes (the `ledger` section of the transformer's and the egress's configs).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSettings {
     /// The events topic; empty turns the ledger off (then `hl7gw trace` shows only where the ingress wrote a
@@ -34,12 +36,14 @@ pub struct LedgerSettings {
     /// `retention.ms` of the events topic when a service creates it (a hospital's accounting of disclosures
     /// may need years: then create the topic yourself, or export it).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub retention: std::time::Duration,
     /// How long the egress's ledger producer gathers events into one request (`linger.ms`; at most 1s). An
     /// event delays only the commit of its offset (every 500 ms anyway), never a delivery, so batching them is
     /// free: at 0 the egress sent about one produce request per two deliveries, each costing the broker as
     /// much as a full one (docs/BENCHMARKS.md, issue 26).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::duration_schema")]
     pub linger: std::time::Duration,
 }
 

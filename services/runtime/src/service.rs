@@ -62,7 +62,13 @@ pub trait Service: Sized + Send + 'static {
 /// [`service_config`](crate::service_config) implements it for a config with `service`, `kafka` and `grpc`
 /// fields and a `validate` method.
 pub trait ServiceConfig:
-    serde::de::DeserializeOwned + serde::Serialize + Default + Send + Sync + 'static
+    serde::de::DeserializeOwned
+    + serde::Serialize
+    + schemars::JsonSchema
+    + Default
+    + Send
+    + Sync
+    + 'static
 {
     fn validate(&self) -> Result<(), crate::config::ConfigError>;
     fn service(&self) -> &crate::config::ServiceSettings;
@@ -103,7 +109,8 @@ pub enum MainError<E: std::error::Error + 'static> {
 }
 
 /// The service binary `name`'s `main` once its flags are parsed: the config from the defaults, the file,
-/// `HL7GW_` variables and `flags` (each over the one before), validated; with `--check-config`
+/// `HL7GW_` variables and `flags` (each over the one before), validated (`--print-schema` prints the schema
+/// instead, `--print-config` the result, secrets masked, before validating it); with `--check-config`
 /// [`Service::check`] and the shared checks (which print their warnings), then `configuration is valid`;
 /// otherwise telemetry named `name`, [`Service::build`], the listening line and [`Service::run`] until SIGTERM
 /// or SIGINT.
@@ -112,8 +119,18 @@ pub fn main<S: Service, F: clap::Args + serde::Serialize>(
     flags: &crate::config::Flags<F>,
 ) -> Result<(), MainError<S::Error>> {
     let common = &flags.common;
+    if common.print_schema {
+        print!("{}", crate::config::reference::schema_json::<S::Config>());
+        return Ok(());
+    }
     let cfg: S::Config = crate::config::load(common.config.as_deref(), flags)?;
+    if common.print_config {
+        print!("{}", crate::config::masked_yaml(&cfg)?);
+    }
     cfg.validate()?;
+    if common.print_config {
+        return Ok(());
+    }
     if common.check_config {
         S::check(&cfg).map_err(crate::shutdown::RunError::Service)?;
         check_config(cfg.kafka(), cfg.grpc())?;

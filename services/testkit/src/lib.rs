@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
+pub mod examples;
 pub mod pipeline;
 pub mod pki;
 pub use pki::{Pki, pki};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where routes come from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutesConfig {
     /// A YAML file of `HL7Route` documents, re-read when it changes.
@@ -18,6 +18,7 @@ pub struct RoutesConfig {
     pub namespace: Option<String>,
     /// How often the routes file is checked for changes.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub reload_interval: Duration,
 }
 
@@ -33,7 +34,7 @@ impl Default for RoutesConfig {
 }
 
 /// TLS for `https://` plugin endpoints (`http://` endpoints are plain gRPC).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginTls {
     /// PEM file of the CA certificate(s) the plugins' server certificates are checked against; required for
@@ -48,7 +49,9 @@ pub struct PluginTls {
 }
 
 /// What happens to a message no route matches (see [`Config::unmatched`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Unmatched {
     /// To the DLQ with reason `unmatched` (replayable once a route takes it).
@@ -59,7 +62,7 @@ pub enum Unmatched {
 }
 
 /// The whole transformer configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Listeners, drain and logs: the section every service has.
@@ -76,6 +79,7 @@ pub struct Config {
     /// `hl7gw-transformer-<POD_NAME or HOSTNAME>`; with neither set, an id unique to the process (logged), so
     /// two instances never fence each other but a restart does not fence its predecessor.
     pub transactional_id: Option<String>,
+    /// Where the routes come from: a file, HL7Route resources, or both.
     pub routes: RoutesConfig,
     /// TLS for `https://` plugin endpoints.
     pub plugin_tls: PluginTls,
@@ -96,18 +100,21 @@ pub struct Config {
     pub batch_max_bytes: usize,
     /// How long a batch waits for more messages once it has one.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub batch_linger: Duration,
     /// The shortest time from one transaction's start to the next one's: a batch whose linger is over sooner
     /// goes on gathering until then (or until it is full). Each transaction costs the broker about ten requests
     /// whatever its size, so this bounds them to 1/interval a second; it adds latency only when messages come
     /// faster than that (a message alone still waits only `batch_linger`). 0 turns it off.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub batch_interval: Duration,
     /// Bound on each transaction call (begin/commit/abort, offsets), and the producer's
     /// `transaction.timeout.ms`. It also bounds a batch: routing a batch (plugin calls included) stops after half
     /// of it, what was routed is committed and the rest is read again (`hl7gw_transformer_batches_cut_total`);
     /// the first message of a batch is always routed whole, each plugin call bounded by its own `timeoutMs`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub transaction_timeout: Duration,
     /// The brokers, how to reach them, and the tuning of the consumer and the transactional producer.
     pub kafka: KafkaSettings,
@@ -209,6 +216,14 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn schema_and_reference_are_current() {
+        let schema = hl7gw_runtime::config::reference::schema_json::<Config>();
+        if let Err(e) = hl7gw_runtime::config::reference::check_current("transformer", &schema) {
+            panic!("{e}");
+        }
+    }
     use super::*;
 
     #[test]

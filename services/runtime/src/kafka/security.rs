@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// `security.protocol`: how the connection to the brokers is made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum Protocol {
     /// No TLS, no authentication (a local broker only: messages cross the network in clear).
     #[default]
@@ -42,7 +44,7 @@ impl Protocol {
 }
 
 /// `sasl.mechanism`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Mechanism {
     #[serde(rename = "PLAIN")]
     Plain,
@@ -69,7 +71,7 @@ impl Mechanism {
 /// `kafka.security`: TLS and SASL for every Kafka client of the service (producers, consumers, admin, the DLQ
 /// reader). Secrets come from files so a Kubernetes Secret can be mounted; they are read when a client is
 /// built (at start and when a producer is recreated).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSecurity {
     /// PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL.
