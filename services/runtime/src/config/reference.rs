@@ -8,11 +8,26 @@ use std::path::{Path, PathBuf};
 
 /// The JSON Schema of `T` (draft 2020-12), pretty-printed with a trailing newline: what `--print-schema`
 /// prints and `docs/config/<service>.schema.json` holds.
+/// Keys are sorted at every depth, so the text is the same whether or not serde_json's `preserve_order` is on
+/// (a workspace build turns it on for the CLI, and with it for every crate built alongside).
 pub fn schema_json<T: schemars::JsonSchema>() -> String {
-    let schema = schemars::schema_for!(T);
+    let schema = sorted(schemars::schema_for!(T).to_value());
     let mut text = serde_json::to_string_pretty(&schema).unwrap_or_default();
     text.push('\n');
     text
+}
+
+/// `value` with every object's keys in sorted order.
+fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
 }
 
 /// One row of a reference table.
