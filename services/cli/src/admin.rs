@@ -2,9 +2,9 @@
 //! mutual TLS, with a bearer token (a static token or a Kubernetes ServiceAccount token).
 
 use anyhow::{Context, bail};
-use hl7gw_runtime::proto::v1::egress_client::EgressClient;
-use hl7gw_runtime::proto::v1::transform_client::TransformClient;
-use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest, TransformRequest};
+use hl7gw_proto::v1::egress_client::EgressClient;
+use hl7gw_proto::v1::transform_client::TransformClient;
+use hl7gw_proto::v1::{ListDeadLettersRequest, ReplayRequest, TransformRequest};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -215,7 +215,7 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the runtime")
 }
 
-fn dead_letter_line(d: &hl7gw_runtime::proto::v1::DeadLetter) -> serde_json::Value {
+fn dead_letter_line(d: &hl7gw_proto::v1::DeadLetter) -> serde_json::Value {
     let mut line = json!({
         "id": d.id,
         "at": rfc3339(d.at.as_ref()),

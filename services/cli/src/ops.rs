@@ -3,8 +3,8 @@
 //! ingress's record and the ledger's events), as a table or as JSON lines.
 
 use crate::admin::{Conn, rfc3339, status_error, timestamp};
-use hl7gw_runtime::proto::v1::egress_client::EgressClient;
-use hl7gw_runtime::proto::v1::{StatusRequest, TraceRequest};
+use hl7gw_proto::v1::egress_client::EgressClient;
+use hl7gw_proto::v1::{StatusRequest, TraceRequest};
 use serde_json::json;
 use std::process::ExitCode;
 

@@ -3,8 +3,8 @@
 //! first; `--json` for one JSON line per sender, per connection and a summary.
 
 use crate::admin::{Conn, runtime, status_error};
-use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
-use hl7gw_runtime::proto::v1::{Sender, SenderConnection, SenderCounts, SendersRequest};
+use hl7gw_proto::v1::ingest_client::IngestClient;
+use hl7gw_proto::v1::{Sender, SenderConnection, SenderCounts, SendersRequest};
 use serde_json::json;
 use std::io::Write;
 use std::process::ExitCode;

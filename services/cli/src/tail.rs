@@ -13,7 +13,7 @@
 use crate::admin::parse_time;
 use anyhow::{Context, anyhow, bail};
 use hl7gw_runtime::kafka::{KafkaContext, KafkaSettings};
-use hl7gw_runtime::proto::v1::Envelope;
+use hl7gw_proto::v1::Envelope;
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -525,7 +525,7 @@ pub fn run(a: TailArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hl7gw_runtime::proto::v1::Header;
+    use hl7gw_proto::v1::Header;
 
     fn env(ty: &str, trigger: &str, app: &str, fac: &str) -> Envelope {
         Envelope {
