@@ -12,8 +12,8 @@
 
 use crate::admin::parse_time;
 use anyhow::{Context, anyhow, bail};
-use hl7gw_runtime::kafka::{KafkaContext, KafkaSettings};
 use hl7gw_proto::v1::Envelope;
+use hl7gw_runtime::kafka::{KafkaContext, KafkaSettings};
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;

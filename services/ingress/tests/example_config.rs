@@ -50,10 +50,7 @@ fn print_config_shows_every_layer_and_masks_secrets() {
         !stdout.contains("hunter2") && !stderr.contains("hunter2"),
         "{stdout}{stderr}"
     );
-    assert!(
-        stdout.contains("custom.password: <masked>"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("custom.password: <masked>"), "{stdout}");
     assert!(stdout.contains("mllp_addr: 127.0.0.1:2999"), "{stdout}");
     assert!(stdout.contains("max_senders: 7"), "{stdout}");
     assert!(stdout.contains("drain_timeout: 20s"), "{stdout}");
