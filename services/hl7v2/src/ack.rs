@@ -351,7 +351,7 @@ fn push_num(out: &mut Vec<u8>, n: usize) {
 /// [`Message::parse`](crate::Message::parse) accepts (many omit MSH-12). `None` when there is no MSA with a
 /// known code.
 pub fn read_ack(bytes: &[u8]) -> Option<(AckCode, &[u8])> {
-    let start = crate::message::body_start(bytes);
+    let start = crate::scan::body_start(bytes);
     let b = &bytes[start..];
     if !b.starts_with(b"MSH") || b.len() < 4 {
         return None;

@@ -1,7 +1,8 @@
 //! Batches: FHS/BHS ... BTS/FTS files split into their messages, with the trailer counts checked.
 
 use crate::flat::{FlatEntry, flatten};
-use crate::message::{Segment, Span, body_start, index_segments, read_delimiters};
+use crate::message::{Segment, Span, index_segments};
+use crate::scan::{body_start, read_delimiters};
 use crate::{Delimiters, Message, ParseError};
 
 /// Why a batch file could not be split.

@@ -1,6 +1,6 @@
 //! The MSH essentials as typed, borrowed values.
 
-use crate::message::{body_start, nth};
+use crate::scan::{body_start, nth, read_delimiters};
 use crate::{Delimiters, ParseError};
 use memchr::{memchr_iter, memchr2};
 
@@ -82,11 +82,11 @@ impl<'a> Header<'a> {
             return Self::default();
         }
         let line = &b[..memchr2(b'\r', b'\n', b).unwrap_or(b.len())];
-        let d = crate::message::read_delimiters(input, start).unwrap_or(Delimiters {
+        let d = read_delimiters(input, start).unwrap_or(Delimiters {
             field: b[3],
             ..Delimiters::default()
         });
-        let valid = crate::message::read_delimiters(input, start).is_ok();
+        let valid = read_delimiters(input, start).is_ok();
         let (mut h, _) = Self::read(line, d);
         if !valid {
             // Empty MSH-2 tells the ACK writer to fall back to the default delimiters.

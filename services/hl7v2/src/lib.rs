@@ -11,6 +11,7 @@ pub mod flat;
 pub mod header;
 pub mod message;
 pub mod path;
+mod scan;
 
 pub use delims::Delimiters;
 pub use error::{ErrorCode, ParseError};
