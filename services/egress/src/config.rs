@@ -1,7 +1,8 @@
 //! The egress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables.
 
-use hl7gw_runtime::config::{ConfigError, ServiceSettings, validate_common};
+use hl7gw_runtime::config::{ConfigError, ServiceSettings};
 use hl7gw_runtime::kafka::KafkaSettings;
+use hl7gw_runtime::service::validate_common;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

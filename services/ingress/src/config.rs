@@ -1,8 +1,9 @@
 //! The ingress configuration: one YAML file (`--config`), every key overridable by `HL7GW_...` variables and
 //! the main ones by flags. Read and validated before any port is bound.
 
-use hl7gw_runtime::config::{ConfigError, ServiceSettings, validate_common};
+use hl7gw_runtime::config::{ConfigError, ServiceSettings};
 use hl7gw_runtime::kafka::KafkaSettings;
+use hl7gw_runtime::service::validate_common;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -57,18 +57,6 @@ impl Default for ServiceSettings {
     }
 }
 
-/// The rules every service's config shares: the Kafka settings sound (brokers set), the gRPC settings sound
-/// for the service's `grpc_methods`.
-pub fn validate_common(
-    kafka: &crate::kafka::KafkaSettings,
-    grpc: &crate::grpc::GrpcSettings,
-    grpc_methods: &[&str],
-) -> Result<(), ConfigError> {
-    grpc.validate(grpc_methods)
-        .map_err(|e| ConfigError::Rule(e.to_string()))?;
-    kafka.validate()
-}
-
 /// The JSON Schema of a `humantime` duration field (`500ms`, `30s`, `1h 30m`).
 pub fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({

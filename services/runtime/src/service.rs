@@ -305,6 +305,18 @@ where
     }
 }
 
+/// The rules every service's config shares: the Kafka settings sound (brokers set), the gRPC settings sound
+/// for the service's `grpc_methods`.
+pub fn validate_common(
+    kafka: &KafkaSettings,
+    grpc: &GrpcSettings,
+    grpc_methods: &[&str],
+) -> Result<(), crate::config::ConfigError> {
+    grpc.validate(grpc_methods)
+        .map_err(|e| crate::config::ConfigError::Rule(e.to_string()))?;
+    kafka.validate()
+}
+
 /// Why `--check-config` refused a configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
