@@ -7,34 +7,44 @@
 #   scripts/chart-check.sh offline lint, kubeconform, values refusals, committed renders, configs, dashboard, rules
 #   scripts/chart-check.sh cluster install/upgrade/test/uninstall on a local API server (scripts/cluster.sh)
 #   scripts/chart-check.sh render  rewrite k8s/base/hl7-gateway.yaml, k8s/keda/scaledobjects.yaml,
-#                                  k8s/routes/hl7routes.yaml and the chart's crds/ from the chart and the generator,
-#                                  and the values table of the chart's README from values.yaml
+#                                  k8s/routes/hl7routes.yaml and the chart's files/crds/ from the chart and the
+#                                  generator, and the values table of the chart's README from values.yaml
 #
-# Offline (nothing is downloaded once the tools are cached):
-#   1. the chart's CRD and the k8s/ renders equal what `hl7gw-transformer crd` and the chart produce now
+# Offline (nothing is downloaded once the tools are cached; checkov's venv too, scripts/checkov-env.sh):
+#   1. the chart's CRD (files/crds/, rendered by templates/crd.yaml) and the k8s/ renders equal what
+#      `hl7gw-transformer crd` and the chart produce now; the CRD template renders the file's spec unchanged
 #   2. helm lint --strict with default values and with each helm/hl7-gateway/ci/*-values.yaml (every optional
 #      feature on; the KEDA/routes-file/NodePort alternatives); every key of values.yaml has a comment and is in
 #      values.schema.json (scripts/chart/check-values-doc.py); the README's values table (between its
 #      values-table markers) is what scripts/chart/values-table.py makes of values.yaml
 #   3. helm template | kubeconform -strict against Kubernetes 1.36 schemas (scripts/tools.sh) and the CRDs' own
-#      schemas: HL7Route from crds/, ServiceMonitor, PrometheusRule, KafkaTopic and ScaledObject from
-#      scripts/chart/crds/ (converted by scripts/chart/crd2schema.py); also every kustomization under k8s/
+#      schemas: HL7Route from files/crds/, ServiceMonitor, PodMonitor, PrometheusRule, KafkaTopic and
+#      ScaledObject from scripts/chart/crds/ (converted by scripts/chart/crd2schema.py); also every
+#      kustomization under k8s/
 #   4. each scripts/chart/bad-values/*.yaml makes `helm template` fail with the message in its `# expect:` line
 #   5. the services accept the configs the chart renders: the real binaries run --check-config on each
 #      Deployment's config file and HL7GW_* variables; the example HL7Routes compile (transformer --check-config)
 #   6. the dashboard is valid JSON and every metric it, the alerts and the autoscalers query is one the services
 #      define (scripts/chart/check-metrics.py); promtool checks the alert rules and runs their unit tests
-#      (scripts/chart/rules-test.yaml)
+#      (scripts/chart/rules-test.yaml), covering the release scoping; an alert turned off is left out
+#   7. a security review of the default and the all-features renders with checkov (scripts/chart/checkov.sh,
+#      pinned in a venv under .cache/, no network at run time): every finding is in
+#      scripts/chart/checkov-accepted.yaml with its reason, and every entry there is still found
 # Cluster (scripts/cluster.sh up on CHART_CHECK_API_PORT, default 7443; its own data dir; stopped at the end):
-#   7. the third-party CRDs are applied, namespaces enforce the `restricted` Pod Security Standard
-#   8. helm install with every feature on, with the KEDA alternative, and with defaults; every object exists;
-#      each Deployment gets a ReplicaSet and Pods (Pending: there is no kubelet) -- which also proves the pods
-#      pass `restricted`; the transformer's ServiceAccount may read HL7Routes and patch their status, nothing else
-#   9. helm upgrade (replicas, HPA bounds, HPA off) shows up in the objects
-#  10. helm test creates its Job and the Job its Pod (the Job cannot finish without a kubelet: `helm test` is
+#   8. the third-party CRDs are applied, namespaces enforce the `restricted` Pod Security Standard
+#   9. helm install with every feature on (but exampleRoutes: see 10), with the KEDA alternative, and with
+#      defaults; the first release creates the HL7Route CRD from its template, the others leave it alone
+#      (crds.enabled false); every object exists; each Deployment gets a ReplicaSet and Pods (Pending: there is
+#      no kubelet) -- which also proves the pods pass `restricted`; the transformer's ServiceAccount may read
+#      HL7Routes and patch their status, nothing else; NOTES.txt warns about the default image and destination
+#  10. helm upgrade (replicas, HPA bounds, HPA off, a label) shows up in the objects, the CRD's labels too; the
+#      example HL7Routes are created now that the CRD exists
+#  11. helm test creates its Job and the Job its Pod (the Job cannot finish without a kubelet: `helm test` is
 #      given a short --timeout and its failure is expected)
-#  11. bad values are refused by helm install and leave no release behind
-#  12. helm uninstall removes the releases' objects
+#  12. bad values are refused by helm install and leave no release behind
+#  13. helm uninstall removes the releases' objects; the CRD stays (crds.keep)
+#  14. a CRD Helm does not own (left by chart 0.3.x's crds/, or by an uninstalled release) is adopted by a new
+#      release with the chart README's commands, and helm upgrade then owns it
 #
 # Binaries: the CRD generator and --check-config use target/debug/hl7gw-{ingress,transformer,egress} (built by
 # `cargo test`/`make test`), or those in CHART_CHECK_BIN_DIR (not HL7GW_...: the services read every HL7GW_
@@ -102,20 +112,20 @@ GENERATED="# Generated by \`make k8s-render\` from $CHART (scripts/chart-check.s
 # render DIR: the CRD and the k8s/ renders, laid out as in the repository.
 render() {
   local out=$1 base=(hl7gw "$CHART" --namespace hl7gw --set fullnameOverride=hl7gw)
-  mkdir -p "$out/$CHART/crds" "$out/k8s/base" "$out/k8s/keda" "$out/k8s/routes"
-  "$(bin hl7gw-transformer)" crd >"$out/$CHART/crds/hl7routes.hl7gw.io.yaml"
-  { echo "$GENERATED"; echo "# Defaults, release hl7gw, namespace hl7gw, CRDs included, helm test Job left out."
-    helm template "${base[@]}" --include-crds --skip-tests; } >"$out/k8s/base/hl7-gateway.yaml"
+  mkdir -p "$out/$CHART/files/crds" "$out/k8s/base" "$out/k8s/keda" "$out/k8s/routes"
+  "$(bin hl7gw-transformer)" crd >"$out/$CHART/files/crds/hl7routes.hl7gw.io.yaml"
+  { echo "$GENERATED"; echo "# Defaults (the HL7Route CRD from templates/crd.yaml), release hl7gw, namespace hl7gw, helm test Job left out."
+    helm template "${base[@]}" --skip-tests; } >"$out/k8s/base/hl7-gateway.yaml"
   { echo "$GENERATED"; echo "# autoscaling.engine=keda, release hl7gw."
     helm template "${base[@]}" --set autoscaling.engine=keda --show-only templates/keda.yaml; } >"$out/k8s/keda/scaledobjects.yaml"
   { echo "$GENERATED"; echo "# exampleRoutes.enabled=true."
     helm template "${base[@]}" --set exampleRoutes.enabled=true --show-only templates/example-routes.yaml; } >"$out/k8s/routes/hl7routes.yaml"
 }
-RENDERED_FILES="$CHART/crds/hl7routes.hl7gw.io.yaml k8s/base/hl7-gateway.yaml k8s/keda/scaledobjects.yaml k8s/routes/hl7routes.yaml"
+RENDERED_FILES="$CHART/files/crds/hl7routes.hl7gw.io.yaml k8s/base/hl7-gateway.yaml k8s/keda/scaledobjects.yaml k8s/routes/hl7routes.yaml"
 
 do_render() {
-  # The chart's CRD first: `helm template --include-crds` reads it from the chart for the base render.
-  "$(bin hl7gw-transformer)" crd >"$CHART/crds/hl7routes.hl7gw.io.yaml"
+  # The chart's CRD first: templates/crd.yaml reads it from the chart for the base render.
+  "$(bin hl7gw-transformer)" crd >"$CHART/files/crds/hl7routes.hl7gw.io.yaml"
   render "$tmp/render"
   local f
   for f in $RENDERED_FILES; do cp "$tmp/render/$f" "$f"; done
@@ -146,6 +156,16 @@ offline() {
     fi
   done
   [ "$bad" = 0 ] || die "committed renders are stale: run \`make k8s-render\` and commit the result"
+  # templates/crd.yaml passes the file through fromYaml/toYaml and adds labels and the keep annotation: the spec
+  # must come out as it went in.
+  helm template hl7gw "$CHART" --show-only templates/crd.yaml >"$tmp/crd-rendered.yaml"
+  python3 - "$CHART/files/crds/hl7routes.hl7gw.io.yaml" "$tmp/crd-rendered.yaml" <<'EOF' || die "templates/crd.yaml changes the CRD"
+import sys, yaml
+file, rendered = (yaml.safe_load(open(p)) for p in sys.argv[1:])
+assert file["spec"] == rendered["spec"], "spec differs"
+assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}, rendered["metadata"]
+assert rendered["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+EOF
 
   step "2. helm lint --strict; every value documented and in values.schema.json; the README's values table"
   python3 scripts/chart/check-values-doc.py "$CHART/values.yaml" "$CHART/values.schema.json" >&2
@@ -161,7 +181,7 @@ offline() {
   done
 
   step "3. helm template | kubeconform -strict (Kubernetes $K8S_VERSION + CRD schemas)"
-  python3 scripts/chart/crd2schema.py "$tmp/crd-schemas" "$CHART"/crds/*.yaml scripts/chart/crds/*.yaml >/dev/null
+  python3 scripts/chart/crd2schema.py "$tmp/crd-schemas" "$CHART"/files/crds/*.yaml scripts/chart/crds/*.yaml >/dev/null
   local n=0
   for v in $(values_files); do
     n=$((n + 1))
@@ -178,7 +198,7 @@ offline() {
       die "autoscaling.customMetrics: the HPAs' Pods/External metrics are missing"
     fi
   done
-  kubeconform_strict "$CHART"/crds/*.yaml scripts/chart/crds/*.yaml
+  kubeconform_strict "$CHART"/files/crds/*.yaml scripts/chart/crds/*.yaml
   local k
   for k in k8s/base k8s/overlays/dev k8s/overlays/keda k8s/kafka k8s/routes k8s/loadtest; do
     "$KUBECTL" kustomize "$k" >"$tmp/kustomize-${k//\//-}.yaml" || die "kustomize build $k"
@@ -238,6 +258,21 @@ EOF
   promtool check rules "$tmp/rules/hl7gw-rules.yaml" >&2
   cp scripts/chart/rules-test.yaml "$tmp/rules/"
   (cd "$tmp/rules" && promtool test rules rules-test.yaml) >&2
+  # metrics.prometheusRule.alerts.<name>.enabled: false leaves that alert out, and only that one.
+  helm template hl7gw "$CHART" --set metrics.prometheusRule.enabled=true \
+    --set metrics.prometheusRule.alerts.HL7GWNoTraffic.enabled=false --show-only templates/prometheusrule.yaml >"$tmp/rules/off.yaml"
+  ! grep -q 'alert: HL7GWNoTraffic$' "$tmp/rules/off.yaml" || die "alerts.HL7GWNoTraffic.enabled=false left the alert in"
+  grep -q 'alert: HL7GWHighNakRate$' "$tmp/rules/off.yaml" || die "alerts.HL7GWNoTraffic.enabled=false took other alerts out"
+
+  step "7. security review: checkov on the default and the all-features renders (scripts/chart/checkov-accepted.yaml)"
+  local ckv
+  ckv=$(scripts/checkov-env.sh) || die "checkov could not be installed (scripts/checkov-env.sh, above)"
+  mkdir -p "$tmp/checkov"
+  helm template hl7gw "$CHART" --namespace hl7gw >"$tmp/checkov/default.yaml"
+  helm template hl7gw "$CHART" --namespace hl7gw -f "$CHART/ci/all-features-values.yaml" >"$tmp/checkov/all-features.yaml"
+  python3 scripts/chart/checkov-review.py "$ckv" scripts/chart/checkov-accepted.yaml \
+    default="$tmp/checkov/default.yaml" all-features="$tmp/checkov/all-features.yaml" ||
+    die "checkov: findings not accepted, or accepted ones gone (above)"
 }
 
 # --- cluster ------------------------------------------------------------------------------------------------------
@@ -276,7 +311,7 @@ can_i() { # EXPECT(yes|no) SA NAMESPACE VERB RESOURCE [--subresource=...]
 }
 
 cluster() {
-  step "7. local API server on 127.0.0.1:$CHART_CHECK_API_PORT"
+  step "8. local API server on 127.0.0.1:$CHART_CHECK_API_PORT"
   cluster_up=1
   CLUSTER_API_PORT=$CHART_CHECK_API_PORT scripts/cluster.sh up >"$tmp/cluster-env" 2>"$tmp/cluster.log" ||
     { cat "$tmp/cluster.log" >&2; die "scripts/cluster.sh up"; }
@@ -287,16 +322,23 @@ cluster() {
   # ci/all-features-values.yaml sets priorityClassName: the class is the cluster admin's to create.
   k create priorityclass hl7gw-critical --value=1000000 --description="hl7gw ingress" >/dev/null
   local ns
-  for ns in hl7gw-all hl7gw-keda hl7gw-default; do
+  for ns in hl7gw-all hl7gw-keda hl7gw-default hl7gw-adopt; do
     k create namespace "$ns" >/dev/null
     k label namespace "$ns" pod-security.kubernetes.io/enforce=restricted >/dev/null
   done
 
-  step "8. helm install (every feature on; KEDA + routes file; defaults)"
-  helm install all "$CHART" -n hl7gw-all -f "$CHART/ci/all-features-values.yaml" --timeout 60s >/dev/null
+  step "9. helm install (every feature on; KEDA + routes file; defaults)"
+  ! k get crd hl7routes.hl7gw.io >/dev/null 2>&1 || die "the HL7Route CRD exists before any release"
+  # exampleRoutes on a first install would be refused (Helm maps every object's kind before the CRD exists):
+  # the upgrade (10) turns them on. The CRD belongs to release `all`; `keda` (routes file) has crds.enabled
+  # false in its values file, `dflt` gets it here.
+  helm install all "$CHART" -n hl7gw-all -f "$CHART/ci/all-features-values.yaml" --set exampleRoutes.enabled=false \
+    --timeout 60s >"$tmp/install-all.out"
   helm install keda "$CHART" -n hl7gw-keda -f "$CHART/ci/keda-routes-file-values.yaml" --timeout 60s >/dev/null
-  helm install dflt "$CHART" -n hl7gw-default --timeout 60s >/dev/null
+  helm install dflt "$CHART" -n hl7gw-default --set crds.enabled=false --timeout 60s >"$tmp/install-dflt.out"
   k wait --for=condition=Established --timeout=60s crd/hl7routes.hl7gw.io >/dev/null
+  [ "$(k get crd hl7routes.hl7gw.io -o jsonpath='{.metadata.annotations.meta\.helm\.sh/release-name}/{.metadata.annotations.helm\.sh/resource-policy}')" = all/keep ] ||
+    die "the HL7Route CRD is not release all's (with helm.sh/resource-policy: keep)"
   local r
   for r in all:hl7gw-all keda:hl7gw-keda dflt:hl7gw-default; do
     [ "$(helm status "${r%%:*}" -n "${r#*:}" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["info"]["status"])')" = deployed ] ||
@@ -305,10 +347,12 @@ cluster() {
     wait_until 60 "ReplicaSets and Pods of release ${r%%:*}" deployments_have_pods "${r#*:}" "${r%%:*}" 3
     log "  ${r%%:*}: $(wc -l <"$tmp/objects.txt") objects accepted; 3 Deployments with ReplicaSets and Pods"
   done
-  [ "$(k get hl7routes -n hl7gw-all -o name | wc -l)" = 2 ] || die "example HL7Routes missing"
   [ "$(k get scaledobjects -n hl7gw-keda -o name | wc -l)" = 3 ] || die "ScaledObjects missing"
+  [ "$(k get podmonitors -n hl7gw-keda -o name | wc -l)" = 1 ] || die "PodMonitor missing"
   [ "$(k get hpa -n hl7gw-keda -o name | wc -l)" = 0 ] || die "HPAs rendered next to ScaledObjects"
   [ "$(k get hpa -n hl7gw-all -o name | wc -l)" = 3 ] || die "HPAs missing"
+  [ "$(k get deploy all-hl7-gateway-ingress -n hl7gw-all -o jsonpath='{.spec.template.spec.initContainers[0].name}/{.metadata.labels.app\.kubernetes\.io/version}')" = spool-init/0.4.0-rc.1_build.7 ] ||
+    die "the ingress's init container or version label is missing"
   local tsa=all-hl7-gateway-transformer
   can_i yes "$tsa" hl7gw-all list hl7routes.hl7gw.io
   can_i yes "$tsa" hl7gw-all watch hl7routes.hl7gw.io
@@ -319,11 +363,19 @@ cluster() {
   can_i no "$tsa" hl7gw-default list hl7routes.hl7gw.io
   can_i no all-hl7-gateway hl7gw-all list hl7routes.hl7gw.io
   log "  RBAC: transformer reads HL7Routes and patches their status, nothing else; ingress/egress nothing"
+  # NOTES.txt: the defaults' image and destination do not exist, and say so; all-features' image is a real name.
+  grep -q "WARNING: the image is the chart's default, hl7gw:" "$tmp/install-dflt.out" &&
+    grep -q "WARNING: destination(s) lab (lab-receiver.example.svc:2575)" "$tmp/install-dflt.out" &&
+    grep -q "port-forward svc/dflt-hl7-gateway-ingress-mllp 2575:2575" "$tmp/install-dflt.out" ||
+    { cat "$tmp/install-dflt.out" >&2; die "NOTES.txt of the defaults: warnings or the port-forward missing"; }
+  ! grep -q "WARNING: the image" "$tmp/install-all.out" || die "NOTES.txt warns about an image that is set"
+  log "  NOTES.txt: the default image and example destination are warned about; port-forward shown"
 
-  step "9. helm upgrade (replicas, HPA bounds)"
+  step "10. helm upgrade (replicas, HPA bounds, a label; the example routes)"
   helm upgrade all "$CHART" -n hl7gw-all -f "$CHART/ci/all-features-values.yaml" --timeout 60s \
     --set hl7Ingress.autoscaling.minReplicas=3 --set hl7Ingress.autoscaling.maxReplicas=4 \
-    --set transformer.autoscaling.enabled=false --set transformer.replicas=3 >/dev/null
+    --set transformer.autoscaling.enabled=false --set transformer.replicas=3 \
+    --set commonLabels.hl7gw-check=upgraded >/dev/null
   [ "$(k get hpa all-hl7-gateway-ingress -n hl7gw-all -o jsonpath='{.spec.minReplicas}/{.spec.maxReplicas}')" = 3/4 ] ||
     die "ingress HPA bounds not upgraded"
   ! k get hpa all-hl7-gateway-transformer -n hl7gw-all >/dev/null 2>&1 || die "transformer HPA not removed"
@@ -332,9 +384,12 @@ cluster() {
   wait_until 60 "3 transformer pods" bash -c "[ \$('$KUBECTL' get pods -n hl7gw-all -l app.kubernetes.io/instance=all,app.kubernetes.io/component=transformer -o name | wc -l) -ge 3 ]"
   [ "$(helm status all -n hl7gw-all -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')" = 2 ] ||
     die "release revision is not 2"
-  log "  ingress HPA 3..4, transformer HPA removed and 3 replicas (3 pods), revision 2"
+  [ "$(k get crd hl7routes.hl7gw.io -o jsonpath='{.metadata.labels.hl7gw-check}')" = upgraded ] ||
+    die "helm upgrade did not update the HL7Route CRD"
+  [ "$(k get hl7routes -n hl7gw-all -o name | wc -l)" = 2 ] || die "example HL7Routes missing after the upgrade"
+  log "  ingress HPA 3..4, transformer HPA removed and 3 replicas (3 pods), revision 2; the CRD upgraded; 2 HL7Routes"
 
-  step "10. helm test (creates the Job; it cannot finish without a kubelet)"
+  step "11. helm test (creates the Job; it cannot finish without a kubelet)"
   if helm test dflt -n hl7gw-default --timeout 3s >"$tmp/helm-test.out" 2>&1; then
     die "helm test passed without a kubelet?"
   fi
@@ -345,26 +400,46 @@ cluster() {
   k delete job dflt-hl7-gateway-test-mllp -n hl7gw-default --cascade=foreground --wait=false >/dev/null
   log "  Job dflt-hl7-gateway-test-mllp and its Pod created (hl7gw-load against the MLLP Service)"
 
-  step "11. bad values refused by helm install"
-  for f in scripts/chart/bad-values/05-config-typo.yaml scripts/chart/bad-values/14-transformer-above-partitions.yaml scripts/chart/bad-values/26-run-as-root.yaml; do
-    if helm install bad "$CHART" -n hl7gw-default -f "$f" --timeout 30s >"$tmp/bad.out" 2>&1; then
+  step "12. bad values refused by helm install"
+  for f in scripts/chart/bad-values/05-config-typo.yaml scripts/chart/bad-values/14-transformer-above-partitions.yaml \
+    scripts/chart/bad-values/26-run-as-root.yaml scripts/chart/bad-values/45-ingress-renamed.yaml; do
+    if helm install bad "$CHART" -n hl7gw-default --set crds.enabled=false -f "$f" --timeout 30s >"$tmp/bad.out" 2>&1; then
       die "helm install accepted $f"
     fi
     ! helm status bad -n hl7gw-default >/dev/null 2>&1 || die "a release was left behind by $f"
   done
-  log "  3 refused, no release left behind"
+  log "  4 refused, no release left behind"
 
-  step "12. helm uninstall"
+  step "13. helm uninstall"
   helm uninstall all -n hl7gw-all --wait --timeout 60s >/dev/null
   helm uninstall keda -n hl7gw-keda --wait --timeout 60s >/dev/null
   helm uninstall dflt -n hl7gw-default --wait --timeout 60s >/dev/null
   for ns in hl7gw-all hl7gw-keda hl7gw-default; do
     local left
-    left=$(k get deploy,svc,cm,sa,role,rolebinding,hpa,pdb,networkpolicy,scaledobjects,servicemonitors,prometheusrules,hl7routes \
+    left=$(k get deploy,svc,cm,sa,role,rolebinding,hpa,pdb,networkpolicy,scaledobjects,servicemonitors,podmonitors,prometheusrules,hl7routes \
       -n "$ns" -l app.kubernetes.io/managed-by=Helm -o name 2>/dev/null | wc -l)
     [ "$left" = 0 ] || die "$left objects left in $ns after uninstall"
   done
-  log "  every release object deleted (the HL7Route CRD stays: Helm never deletes crds/)"
+  k get crd hl7routes.hl7gw.io >/dev/null || die "helm uninstall deleted the HL7Route CRD despite crds.keep"
+  log "  every release object deleted; the HL7Route CRD stays (crds.keep: helm.sh/resource-policy keep)"
+
+  step "14. a CRD no release owns is adopted (the chart README's Upgrading commands)"
+  # As chart 0.3.x's crds/ left it: no Helm labels or annotations. A release refuses to take it over...
+  k annotate crd hl7routes.hl7gw.io meta.helm.sh/release-name- meta.helm.sh/release-namespace- helm.sh/resource-policy- >/dev/null
+  k label crd hl7routes.hl7gw.io app.kubernetes.io/managed-by- >/dev/null
+  if helm install adopt "$CHART" -n hl7gw-adopt --timeout 30s >"$tmp/adopt.out" 2>&1; then
+    die "helm install took over a CRD it does not own"
+  fi
+  grep -q "invalid ownership metadata" "$tmp/adopt.out" || { cat "$tmp/adopt.out" >&2; die "not refused for the CRD's ownership"; }
+  helm uninstall adopt -n hl7gw-adopt >/dev/null 2>&1 || true
+  # ... until the README's commands hand it over.
+  k label crd hl7routes.hl7gw.io app.kubernetes.io/managed-by=Helm --overwrite >/dev/null
+  k annotate crd hl7routes.hl7gw.io meta.helm.sh/release-name=adopt meta.helm.sh/release-namespace=hl7gw-adopt --overwrite >/dev/null
+  helm install adopt "$CHART" -n hl7gw-adopt --timeout 30s >/dev/null
+  [ "$(k get crd hl7routes.hl7gw.io -o jsonpath='{.metadata.labels.app\.kubernetes\.io/instance}/{.metadata.annotations.helm\.sh/resource-policy}')" = adopt/keep ] ||
+    die "release adopt did not take the CRD over"
+  helm uninstall adopt -n hl7gw-adopt --wait --timeout 60s >/dev/null
+  log "  refused while unowned (invalid ownership metadata); adopted after kubectl label/annotate"
 }
 
 # --- main ---------------------------------------------------------------------------------------------------------

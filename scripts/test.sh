@@ -20,11 +20,12 @@ trap stop_brokers EXIT
 stop_brokers
 rm -rf target/kafka-test
 # Before the tests run in parallel: fetch the broker's jars, build the local Kubernetes control plane, install
-# the chart tools (helm, kubeconform, promtool) and build k6 (once; cached in .cache/: the first cluster build
-# takes 6-15 minutes on 2 cores, helm 1-2, k6 2-5).
+# the chart tools (helm, kubeconform, promtool, checkov's venv) and build k6 (once; cached in .cache/: the first
+# cluster build takes 6-15 minutes on 2 cores, helm 1-2, checkov's install 1-2, k6 2-5).
 scripts/kafka.sh fetch
 scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
+scripts/checkov-env.sh >/dev/null
 scripts/k6.sh build >/dev/null
 scripts/node.sh fetch
 # HAPI v2's MLLP client for services/ingress/tests/hapi_client.rs, built where that test looks for it (cargo's

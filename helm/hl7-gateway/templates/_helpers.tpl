@@ -50,7 +50,7 @@
 helm.sh/chart: {{ include "hl7gw.chart" . }}
 app.kubernetes.io/name: {{ include "hl7gw.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "hl7gw.version" . | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: hl7gw
 {{- with .Values.commonLabels }}
@@ -72,11 +72,35 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Image ----------------------------------------------------------------------------------------------------- */}}
 
+{{/* <registry>/<repository>@<digest> or :<tag>; the registry is global.imageRegistry, else image.registry, else
+     none (the repository may name one itself). */}}
 {{- define "hl7gw.image" -}}
+{{- $registry := default .Values.image.registry (.Values.global | default dict).imageRegistry -}}
+{{- $repository := .Values.image.repository -}}
+{{- if $registry }}{{ $repository = printf "%s/%s" $registry $repository }}{{ end -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* app.kubernetes.io/version: the image tag when one is set, else appVersion, as a label value (at most 63
+     characters of letters, digits, '-', '_', '.', beginning and ending with a letter or digit; others become _). */}}
+{{- define "hl7gw.version" -}}
+{{- $v := regexReplaceAll "[^-A-Za-z0-9_.]" (toString (default .Chart.AppVersion .Values.image.tag)) "_" | trunc 63 -}}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" $v "" -}}
+{{- end -}}
+
+{{/* The pods' imagePullSecrets entries (global.imagePullSecrets, then imagePullSecrets; names or {name} objects,
+     each once); empty when there are none. */}}
+{{- define "hl7gw.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- range concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- if kindIs "map" . }}{{ $names = append $names .name }}{{ else }}{{ $names = append $names . }}{{ end -}}
+{{- end -}}
+{{- range $names | uniq }}
+- name: {{ . }}
 {{- end -}}
 {{- end -}}
 
