@@ -12,7 +12,7 @@ help: ## list the targets
 build: ## build every binary (release)
 	$(CARGO) build --release --workspace --bins
 
-run: build ## the whole gateway locally: Kafka, ingress :2575, transformer, egress to a receiver folder; sends the samples
+run: build ## the whole gateway locally: Kafka, ingress :2575, transformer, egress to a receiver folder; sends the samples (KAFKA_BROKERS=host:port: your Kafka, no Java; RUN_ONCE=1: stop once delivered)
 	@scripts/run.sh
 
 demo: build ## the CLI alone: flat view, ACK, and an MLLP send to a local `hl7gw receive`
