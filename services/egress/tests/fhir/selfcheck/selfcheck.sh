@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# By hand, after `mvn package` (README.md): the validator on a valid and an invalid resource, then a server on a
+# free port: a transaction Bundle (Patient with ifNoneExist + Encounter by conditional PUT, referencing the
+# Patient by urn:uuid) delivered twice and once changed leaves 1 Patient and 1 Encounter; an invalid resource
+# is refused with 422; injected 503s with Retry-After; a failing Bundle changes nothing. Prints the timings.
+#   selfcheck.sh [--bench N]   also validates N ADT-like Bundles in one JVM and delivers each twice.
+# FHIR_HARNESS: the build directory (default: the repository's target/tmp/fhir-harness).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../../../.." && pwd)"
+out="${FHIR_HARNESS:-$root/target/tmp/fhir-harness}"
+jar="$out/fhir-harness-1.jar"
+[ -f "$jar" ] || { echo "selfcheck: no $jar (mvn -f $here/../pom.xml package)" >&2; exit 2; }
+java_opts=(${JAVA_OPTS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmx1g})
+bench=0
+[ "${1:-}" = "--bench" ] && bench="${2:-100}"
+tmp="$(mktemp -d)"
+server_pid=
+cleanup() {
+  [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+passed=0 failed=0
+check() { # check NAME EXPECTED ACTUAL
+  if [ "$2" = "$3" ]; then passed=$((passed + 1)); echo "ok   $1"; else failed=$((failed + 1)); echo "FAIL $1: expected $2, got $3"; fi
+}
+ms() { date +%s%3N; }
+field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
+
+# 1. validate, one JVM for both files (offline: when `unshare` can make a network namespace, it runs in one
+#    with no network at all, so a lookup would fail instead of being quietly made).
+net=()
+unshare -rn true 2>/dev/null && net=(unshare -rn)
+t0=$(ms)
+"${net[@]}" java "${java_opts[@]}" -jar "$jar" validate "$here/valid-patient.json" "$here/invalid-patient.json" \
+  "$here/observation-loinc.json" >"$tmp/validate.out"
+t1=$(ms)
+check "validate: valid-patient.json has no error" 0 "$(sed -n 1p "$tmp/validate.out" | field 'd["errors"]')"
+check "validate: invalid-patient.json has errors" True "$(sed -n 2p "$tmp/validate.out" | field 'd["errors"] > 0')"
+check "validate: LOINC, SNOMED, a local code system: warnings, no error" 0 \
+  "$(sed -n 3p "$tmp/validate.out" | field 'd["errors"]')"
+echo "     validate: $((t1 - t0)) ms for the JVM and 3 files ${net[*]:+(no network)}"
+
+# 2. the server
+t0=$(ms)
+java "${java_opts[@]}" -jar "$jar" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+server_pid=$!
+for _ in $(seq 240); do
+  grep -q '^fhir-server listening port=' "$tmp/serve.out" && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$tmp/serve.err" >&2; exit 1; }
+  sleep 0.5
+done
+port=$(sed -n 's/^fhir-server listening port=//p' "$tmp/serve.out")
+t1=$(ms)
+echo "     serve: listening on $port after $((t1 - t0)) ms; $(tail -1 "$tmp/serve.err")"
+base="http://127.0.0.1:$port/fhir"
+admin="http://127.0.0.1:$port/admin"
+post() { curl -s -o "$tmp/body" -w '%{http_code}' -H 'Content-Type: application/fhir+json' "$@"; }
+
+check "transaction, first delivery" 200 "$(post --data @"$here/transaction.json" "$base")"
+check "  Patient created" "201 Created" "$(field 'd["entry"][0]["response"]["status"]' <"$tmp/body")"
+check "transaction, second delivery" 200 "$(post --data @"$here/transaction.json" "$base")"
+check "  Patient matched by ifNoneExist" "200 OK" "$(field 'd["entry"][0]["response"]["status"]' <"$tmp/body")"
+python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); b["entry"][1]["resource"]["status"]="finished"; print(json.dumps(b))' \
+  "$here/transaction.json" >"$tmp/changed.json"
+check "transaction, third delivery, Encounter changed" 200 "$(post --data @"$tmp/changed.json" "$base")"
+check "  Encounter updated in place (version 2)" 'W/"2"' "$(field 'd["entry"][1]["response"]["etag"]' <"$tmp/body")"
+counts=$(curl -s "$admin/counts")
+check "/admin/counts: 1 Patient" 1 "$(echo "$counts" | field 'd["Patient"]')"
+check "/admin/counts: 1 Encounter" 1 "$(echo "$counts" | field 'd["Encounter"]')"
+check "search by identifier finds the Patient" 1 "$(curl -s "$base/Patient?identifier=urn:oid:2.16.840.1.113883.19.5%7CMRN-SELF-1" | field 'd["total"]')"
+check "the Encounter references it" "Patient/" "$(curl -s "$base/Encounter?identifier=urn:oid:2.16.840.1.113883.19.5.1%7CVISIT-SELF-1" | field 'd["entry"][0]["resource"]["subject"]["reference"][:8]')"
+check "an invalid Patient is refused" 422 "$(post --data @"$here/invalid-patient.json" "$base/Patient")"
+check "  with an OperationOutcome" OperationOutcome "$(field 'd["resourceType"]' <"$tmp/body")"
+python3 -c 'import json,sys; b=json.load(open(sys.argv[1]))
+b["entry"].insert(0, {"request": {"method": "DELETE", "url": "Patient?identifier=urn:oid:2.16.840.1.113883.19.5|MRN-SELF-1"}})
+b["entry"][2]["resource"]["subject"]["reference"] = "urn:uuid:00000000-0000-4000-8000-000000000000"
+print(json.dumps(b))' "$here/transaction.json" >"$tmp/failing.json"
+check "a Bundle with a failing entry is refused" 400 "$(post --data @"$tmp/failing.json" "$base")"
+check "  and its delete is undone" 1 "$(curl -s "$admin/counts" | field 'd["Patient"]')"
+curl -s -X POST "$admin/fail?status=503&count=2&retryAfter=1" >/dev/null
+s1=$(curl -s -o /dev/null -w '%{http_code}/%header{retry-after}' "$base/Patient?_count=1")
+s2=$(curl -s -o /dev/null -w '%{http_code}/%header{retry-after}' "$base/Patient?_count=1")
+s3=$(curl -s -o /dev/null -w '%{http_code}' "$base/Patient?_count=1")
+check "/admin/fail: 503 with Retry-After twice, then 200" "503/1 503/1 200" "$s1 $s2 $s3"
+check "/admin/requests logs them" "503 503 200" "$(curl -s "$admin/requests" | field '" ".join(str(r["status"]) for r in d["requests"][-3:])')"
+
+if [ "$bench" -gt 0 ]; then
+  python3 "$here/adt-like-bundle.py" "$tmp/bench" "$bench"
+  t0=$(ms)
+  java "${java_opts[@]}" -jar "$jar" validate "$tmp/bench" >"$tmp/bench.out"
+  t1=$(ms)
+  check "bench: $bench ADT-like Bundles validate without error" 0 "$(python3 -c 'import json,sys; print(sum(json.loads(l)["errors"] for l in open(sys.argv[1])))' "$tmp/bench.out")"
+  python3 -c 'import json,sys
+ms = [json.loads(l)["ms"] for l in open(sys.argv[1])]
+w = sum(json.loads(l)["warnings"] for l in open(sys.argv[1]))
+print("     validate: %d Bundles in %d ms: first %.0f ms (loading the definitions), then %.0f ms per Bundle (last 10: %.0f), %d warnings"
+      % (len(ms), int(sys.argv[2]), ms[0], sum(ms[1:]) / max(1, len(ms) - 1), sum(ms[-10:]) / min(10, len(ms)), w))' "$tmp/bench.out" "$((t1 - t0))"
+  curl -s -X POST "$admin/reset" >/dev/null
+  for round in 1 2; do
+    t0=$(ms)
+    bad=0
+    for f in "$tmp"/bench/*.json; do
+      [ "$(post --data @"$f" "$base")" = 200 ] || { bad=$((bad + 1)); cat "$tmp/body" >&2; }
+    done
+    t1=$(ms)
+    check "bench: delivery $round of $bench Bundles, all 200" 0 "$bad"
+    echo "     delivery $round: $(( (t1 - t0) / bench )) ms per Bundle (curl, one connection each, validation included)"
+  done
+  counts=$(curl -s "$admin/counts")
+  check "bench: $bench Patients, $bench Encounters, $((5 * bench)) Observations, $bench Provenances after 2 deliveries" \
+    "$bench $bench $((5 * bench)) $bench" \
+    "$(echo "$counts" | field '"%d %d %d %d" % (d["Patient"], d["Encounter"], d["Observation"], d["Provenance"])')"
+fi
+echo "selfcheck: $passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,206 @@
+package io.hl7gw.fhir;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import jakarta.servlet.Filter;
+import jakarta.servlet.FilterChain;
+import jakarta.servlet.ServletException;
+import jakarta.servlet.ServletRequest;
+import jakarta.servlet.ServletResponse;
+import jakarta.servlet.http.HttpServlet;
+import jakarta.servlet.http.HttpServletRequest;
+import jakarta.servlet.http.HttpServletResponse;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+
+/**
+ * The tests' controls, at /admin (outside FHIR): GET counts, POST fail, POST reset, GET requests; and the two
+ * filters in front of /fhir that they drive (the request log, outermost, and the injected failures).
+ */
+final class Admin {
+    static final int LOG_LIMIT = 10_000;
+
+    private final Store store;
+    private final ObjectMapper json = new ObjectMapper();
+    private final ArrayDeque<ObjectNode> log = new ArrayDeque<>();
+    private long logged;
+    // Injected failures: the next `failCount` requests to /fhir get `failStatus` (after `failDelayMs`).
+    private int failCount;
+    private int failStatus;
+    private String failRetryAfter;
+    private long failDelayMs;
+
+    Admin(Store store) {
+        this.store = store;
+    }
+
+    synchronized void reset() {
+        store.reset();
+        log.clear();
+        logged = 0;
+        failCount = 0;
+    }
+
+    HttpServlet servlet() {
+        return new HttpServlet() {
+            @Override
+            protected void service(HttpServletRequest req, HttpServletResponse resp) throws IOException {
+                String path = req.getPathInfo() == null ? "" : req.getPathInfo();
+                String method = req.getMethod();
+                Object body;
+                try {
+                    body = switch (method + " " + path) {
+                        case "GET /counts" -> json.valueToTree(store.counts(Serve.LISTED));
+                        case "POST /reset" -> {
+                            reset();
+                            yield json.createObjectNode().put("reset", true);
+                        }
+                        case "POST /fail" -> fail(req);
+                        case "GET /requests" -> requests();
+                        default -> null;
+                    };
+                } catch (IllegalArgumentException e) {
+                    send(resp, 400, json.createObjectNode().put("error", e.getMessage()));
+                    return;
+                }
+                if (body == null) {
+                    send(resp, 404, json.createObjectNode().put("error", "no such control: " + method + " /admin" + path
+                            + " (GET counts, GET requests, POST fail?status=&count=&retryAfter=&delayMs=, POST reset)"));
+                    return;
+                }
+                send(resp, 200, body);
+            }
+        };
+    }
+
+    private synchronized ObjectNode fail(HttpServletRequest req) {
+        int status = intParam(req, "status", 503);
+        int count = intParam(req, "count", 1);
+        long delay = intParam(req, "delayMs", 0);
+        if ((status != 0 && (status < 100 || status > 599)) || count < 0) {
+            throw new IllegalArgumentException("status must be 100-599 (or 0: only delay), count >= 0");
+        }
+        failStatus = status;
+        failCount = count;
+        failDelayMs = delay;
+        failRetryAfter = req.getParameter("retryAfter");
+        ObjectNode o = json.createObjectNode().put("status", status).put("count", count).put("delayMs", delay);
+        if (failRetryAfter != null) {
+            o.put("retryAfter", failRetryAfter);
+        }
+        return o;
+    }
+
+    private synchronized ObjectNode requests() {
+        ObjectNode o = json.createObjectNode();
+        o.put("total", logged);
+        ArrayNode a = o.putArray("requests");
+        log.forEach(a::add);
+        return o;
+    }
+
+    private static int intParam(HttpServletRequest req, String name, int dflt) {
+        String v = req.getParameter(name);
+        if (v == null || v.isEmpty()) {
+            return dflt;
+        }
+        try {
+            return Integer.parseInt(v);
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(name + " must be a number, not " + v);
+        }
+    }
+
+    private void send(HttpServletResponse resp, int status, Object body) throws IOException {
+        resp.setStatus(status);
+        resp.setContentType("application/json");
+        resp.getOutputStream().write(json.writeValueAsBytes(body));
+    }
+
+    /** One entry per request to /fhir: method, path, query, status, ms, and the headers the tests check. */
+    Filter logFilter() {
+        return new Filter() {
+            @Override
+            public void doFilter(ServletRequest sreq, ServletResponse sresp, FilterChain chain)
+                    throws IOException, ServletException {
+                HttpServletRequest req = (HttpServletRequest) sreq;
+                HttpServletResponse resp = (HttpServletResponse) sresp;
+                long t0 = System.nanoTime();
+                long at = System.currentTimeMillis();
+                int status = 500;
+                try {
+                    chain.doFilter(sreq, sresp);
+                    status = resp.getStatus();
+                } finally {
+                    ObjectNode e = json.createObjectNode();
+                    e.put("at", at);
+                    e.put("method", req.getMethod());
+                    e.put("path", req.getRequestURI());
+                    e.put("query", req.getQueryString());
+                    e.put("status", status);
+                    e.put("ms", Math.round((System.nanoTime() - t0) / 1e4) / 100.0);
+                    e.put("protocol", req.getProtocol());
+                    e.put("contentType", req.getContentType());
+                    e.put("bytes", req.getContentLengthLong());
+                    e.put("ifNoneExist", req.getHeader("If-None-Exist"));
+                    e.put("authorization", req.getHeader("Authorization"));
+                    synchronized (Admin.this) {
+                        logged++;
+                        log.addLast(e);
+                        while (log.size() > LOG_LIMIT) {
+                            log.removeFirst();
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    /** The next `count` requests get the status set by POST /admin/fail, with Retry-After when one was given. */
+    Filter failFilter() {
+        return new Filter() {
+            @Override
+            public void doFilter(ServletRequest sreq, ServletResponse sresp, FilterChain chain)
+                    throws IOException, ServletException {
+                int status;
+                long delay;
+                String retryAfter;
+                synchronized (Admin.this) {
+                    if (failCount <= 0) {
+                        status = -1;
+                        delay = 0;
+                        retryAfter = null;
+                    } else {
+                        failCount--;
+                        status = failStatus;
+                        delay = failDelayMs;
+                        retryAfter = failRetryAfter;
+                    }
+                }
+                if (delay > 0) {
+                    try {
+                        Thread.sleep(delay);
+                    } catch (InterruptedException e) {
+                        Thread.currentThread().interrupt();
+                    }
+                }
+                if (status <= 0) {
+                    chain.doFilter(sreq, sresp);
+                    return;
+                }
+                HttpServletResponse resp = (HttpServletResponse) sresp;
+                resp.setStatus(status);
+                if (retryAfter != null) {
+                    resp.setHeader("Retry-After", retryAfter);
+                }
+                resp.setContentType("application/fhir+json;charset=utf-8");
+                String oo = "{\"resourceType\":\"OperationOutcome\",\"issue\":[{\"severity\":\"error\",\"code\":\""
+                        + (status == 429 ? "throttled" : "transient")
+                        + "\",\"diagnostics\":\"injected by POST /admin/fail (status " + status + ")\"}]}";
+                resp.getOutputStream().write(oo.getBytes(StandardCharsets.UTF_8));
+            }
+        };
+    }
+}
