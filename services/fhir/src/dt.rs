@@ -1,0 +1,683 @@
+//! The data type maps (CX, XPN, XAD, XTN, CWE, DTM, XCN, PL, HD) and what every segment map shares: text in
+//! the message's charset, derived ids, the Bundle's entries, the record of what was not mapped.
+
+use crate::json::Writer;
+use crate::vocab;
+use crate::{BundleType, Options, Unmapped};
+use hl7v2::message::{Segment, Value};
+use hl7v2::{Charset, Message};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+
+/// The state of one conversion.
+pub(crate) struct Ctx<'a, 'm> {
+    pub msg: &'m Message<'a>,
+    pub charset: Charset,
+    pub opts: &'m Options,
+    /// Field and segment ids with values no map covers, in message order.
+    pub unmapped: Vec<String>,
+    /// Their values, kept when `Unmapped::Extension`.
+    pub unmapped_values: Vec<(String, String)>,
+    pub resources: usize,
+}
+
+impl std::fmt::Debug for Ctx<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("resources", &self.resources)
+            .finish()
+    }
+}
+
+/// A resource's place in the Bundle: its id and how a transaction writes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub rtype: &'static str,
+    /// A UUID derived from the business key: the same message always gives the same one.
+    pub id: String,
+    /// The business identifier (system, value) a transaction updates by, when there is one.
+    pub by: Option<(String, String)>,
+}
+
+impl Target {
+    /// `urn:uuid:<id>`: what other entries reference.
+    pub fn full_url(&self) -> String {
+        format!("urn:uuid:{}", self.id)
+    }
+}
+
+impl<'a, 'm> Ctx<'a, 'm> {
+    pub fn new(msg: &'m Message<'a>, charset: Charset, opts: &'m Options) -> Self {
+        Self {
+            msg,
+            charset,
+            opts,
+            unmapped: Vec::new(),
+            unmapped_values: Vec::new(),
+            resources: 0,
+        }
+    }
+
+    /// A value as text: escapes resolved, decoded from the message's charset; `None` when empty or the v2
+    /// null `""`.
+    pub fn text(&self, v: Option<Value<'a>>) -> Option<Cow<'a, str>> {
+        let v = v?;
+        if v.is_empty() || v.raw() == b"\"\"" {
+            return None;
+        }
+        let s: Cow<'a, str> = match v.decoded() {
+            Cow::Borrowed(b) => match self.charset.decode(b) {
+                Ok(s) => s,
+                Err(_) => Cow::Owned(b.iter().map(|&c| char::from(c)).collect()),
+            },
+            Cow::Owned(b) => Cow::Owned(match self.charset.decode(&b) {
+                Ok(s) => s.into_owned(),
+                Err(_) => b.iter().map(|&c| char::from(c)).collect(),
+            }),
+        };
+        let t = s.trim();
+        if t.is_empty() {
+            None
+        } else if t.len() == s.len() {
+            Some(s)
+        } else {
+            Some(Cow::Owned(t.to_owned()))
+        }
+    }
+
+    /// Field `n` of the MSH segment.
+    pub fn msh(&self, n: usize) -> Option<Value<'a>> {
+        self.msg.segment_at(0).and_then(|s| s.field(n))
+    }
+
+    /// Component `n` of a field repetition as text.
+    pub fn comp(&self, v: Value<'a>, n: usize) -> Option<Cow<'a, str>> {
+        self.text(v.component(n))
+    }
+
+    /// Field `n` of a segment as text (the whole field, first repetition).
+    pub fn field(&self, seg: &Segment<'a>, n: usize) -> Option<Cow<'a, str>> {
+        self.text(seg.field(n).and_then(|f| f.repetition(1)))
+    }
+
+    /// The repetitions of field `n` that have a value.
+    pub fn reps(&self, seg: &Segment<'a>, n: usize) -> Vec<Value<'a>> {
+        seg.field(n)
+            .map(|f| f.repetitions().filter(|r| !r.is_empty()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Records the fields of `seg` with a value that are not in `mapped` (and, for `Extension`, their values).
+    pub fn note_unmapped(&mut self, seg: &Segment<'a>, mapped: &[usize]) {
+        let name = String::from_utf8_lossy(seg.name()).into_owned();
+        let header = seg.is_header();
+        for (n, v) in seg.fields() {
+            if v.is_empty() || mapped.contains(&n) || (header && n <= 2) {
+                continue;
+            }
+            let id = format!("{name}-{n}");
+            if self.opts.unmapped == Unmapped::Extension {
+                let raw = self.charset_text(v.raw());
+                self.unmapped_values.push((id.clone(), raw));
+            }
+            self.unmapped.push(id);
+        }
+    }
+
+    /// A whole segment no map covers.
+    pub fn note_unmapped_segment(&mut self, seg: &Segment<'a>) {
+        let name = String::from_utf8_lossy(seg.name()).into_owned();
+        if self.opts.unmapped == Unmapped::Extension {
+            let raw = self.charset_text(seg.raw());
+            self.unmapped_values.push((name.clone(), raw));
+        }
+        self.unmapped.push(name);
+    }
+
+    fn charset_text(&self, b: &[u8]) -> String {
+        match self.charset.decode(b) {
+            Ok(s) => s.into_owned(),
+            Err(_) => b.iter().map(|&c| char::from(c)).collect(),
+        }
+    }
+
+    /// A target whose id derives from `key` (the resource type is part of it).
+    pub fn target(
+        &self,
+        rtype: &'static str,
+        key: &[&str],
+        by: Option<(String, String)>,
+    ) -> Target {
+        Target {
+            rtype,
+            id: uuid_of(rtype, key),
+            by,
+        }
+    }
+
+    /// What identifies this message: sending application, facility and control id.
+    pub fn message_key(&self) -> [String; 3] {
+        let h = self.msg.header();
+        let t = |b: &[u8]| self.charset_text(b);
+        [
+            t(h.sending_application),
+            t(h.sending_facility),
+            t(h.control_id),
+        ]
+    }
+
+    /// Opens a Bundle entry for `t`: `fullUrl`, then `resource` with its type (and id when a transaction
+    /// updates by id, or in a message Bundle). The caller writes the resource's elements, then calls
+    /// [`Ctx::end_entry`].
+    pub fn begin_entry(&mut self, w: &mut Writer<'_>, t: &Target) {
+        self.resources += 1;
+        w.begin_object();
+        w.string_parts("fullUrl", &["urn:uuid:", &t.id]);
+        w.object("resource");
+        w.string("resourceType", t.rtype);
+        if t.by.is_none() || self.opts.bundle_type == BundleType::Message {
+            w.string("id", &t.id);
+        }
+    }
+
+    /// Closes the resource and, in a transaction, writes the entry's request: a conditional update by the
+    /// business identifier, else an update by id.
+    pub fn end_entry(&mut self, w: &mut Writer<'_>, t: &Target) {
+        w.end_object();
+        if self.opts.bundle_type == BundleType::Transaction {
+            w.object("request");
+            w.string("method", "PUT");
+            match &t.by {
+                Some((system, value)) => {
+                    let mut url = String::with_capacity(64);
+                    url.push_str(t.rtype);
+                    url.push_str("?identifier=");
+                    percent_encode(&mut url, system);
+                    url.push_str("%7C");
+                    percent_encode(&mut url, value);
+                    w.string("url", &url);
+                }
+                None => w.string_parts("url", &[t.rtype, "/", &t.id]),
+            }
+            w.end_object();
+        }
+        w.end_object();
+    }
+
+    // ---- data types ----
+
+    /// The system of an assigning authority (HD): an OID or UUID as a URN, a URI as itself, a namespace id
+    /// through `identifier_systems`, else the configured prefix and the namespace id.
+    pub fn hd_system(&self, hd: Option<Value<'a>>, sub: bool) -> Option<String> {
+        let hd = hd?;
+        let part = |n: usize| {
+            if sub {
+                self.text(hd.subcomponent(n))
+            } else {
+                self.text(hd.component(n))
+            }
+        };
+        let (ns, uid, kind) = (part(1), part(2), part(3));
+        if let (Some(uid), Some(kind)) = (&uid, &kind) {
+            match kind.as_ref() {
+                "ISO" => return Some(format!("urn:oid:{uid}")),
+                "UUID" => return Some(format!("urn:uuid:{uid}")),
+                "URI" | "URL" => return Some(uid.to_string()),
+                _ => {}
+            }
+        }
+        let ns = ns?;
+        if let Some(s) = self.opts.identifier_systems.get(ns.as_ref()) {
+            return Some(s.clone());
+        }
+        let mut s = self
+            .opts
+            .identifier_system_prefix
+            .clone()
+            .unwrap_or_else(|| "urn:hl7gw:id:".to_owned());
+        percent_encode(&mut s, &ns);
+        Some(s)
+    }
+
+    /// CX → Identifier (system and value), if CX-1 has a value.
+    pub fn cx_key(&self, cx: Value<'a>) -> Option<(String, String)> {
+        let value = self.comp(cx, 1)?;
+        let system = self
+            .hd_system(cx.component(4), true)
+            .unwrap_or_else(|| "urn:hl7gw:id:unknown".to_owned());
+        Some((system, value.into_owned()))
+    }
+
+    /// CX → Identifier, written as an array item. `type_code` is the v2-0203 code when CX-5 is empty.
+    pub fn identifier(&self, w: &mut Writer<'_>, cx: Value<'a>, type_code: Option<&str>) -> bool {
+        let Some((system, value)) = self.cx_key(cx) else {
+            return false;
+        };
+        w.begin_object();
+        let ty = self.comp(cx, 5);
+        if let Some(code) = ty.as_deref().or(type_code) {
+            w.object("type");
+            w.array("coding");
+            w.begin_object();
+            w.string("system", "http://terminology.hl7.org/CodeSystem/v2-0203");
+            w.string("code", code);
+            if let Some(c) = vocab::lookup("IdentifierType", code) {
+                w.string("display", c.display);
+            }
+            w.end_object();
+            w.end_array();
+            w.end_object();
+        }
+        w.string("system", &system);
+        w.string("value", &value);
+        let start = self.comp(cx, 7).and_then(|d| self.date_time(&d));
+        let end = self.comp(cx, 8).and_then(|d| self.date_time(&d));
+        if start.is_some() || end.is_some() {
+            w.object("period");
+            if let Some(s) = start {
+                w.string("start", &s);
+            }
+            if let Some(e) = end {
+                w.string("end", &e);
+            }
+            w.end_object();
+        }
+        w.end_object();
+        true
+    }
+
+    /// XPN → HumanName (array item).
+    pub fn human_name(&self, w: &mut Writer<'_>, xpn: Value<'a>) -> bool {
+        let family = self.text(xpn.component(1).and_then(|c| c.subcomponent(1)));
+        let given = self.comp(xpn, 2);
+        let middle = self.comp(xpn, 3);
+        let suffix = self.comp(xpn, 4);
+        let prefix = self.comp(xpn, 5);
+        let degree = self.comp(xpn, 6);
+        if family.is_none() && given.is_none() && middle.is_none() {
+            return false;
+        }
+        w.begin_object();
+        if let Some(u) = self
+            .comp(xpn, 7)
+            .and_then(|c| vocab::lookup("NameType", &c))
+        {
+            w.string("use", u.code);
+        }
+        if let Some(f) = &family {
+            w.string("family", f);
+        }
+        if given.is_some() || middle.is_some() {
+            w.array("given");
+            for g in [&given, &middle].into_iter().flatten() {
+                w.item_string(g);
+            }
+            w.end_array();
+        }
+        if let Some(p) = &prefix {
+            w.array("prefix");
+            w.item_string(p);
+            w.end_array();
+        }
+        if suffix.is_some() || degree.is_some() {
+            w.array("suffix");
+            for s in [&suffix, &degree].into_iter().flatten() {
+                w.item_string(s);
+            }
+            w.end_array();
+        }
+        w.end_object();
+        true
+    }
+
+    /// XAD → Address (array item).
+    pub fn address(&self, w: &mut Writer<'_>, xad: Value<'a>) -> bool {
+        let street = self.text(xad.component(1).and_then(|c| c.subcomponent(1)));
+        let other = self.comp(xad, 2);
+        let city = self.comp(xad, 3);
+        let state = self.comp(xad, 4);
+        let zip = self.comp(xad, 5);
+        let country = self.comp(xad, 6);
+        let district = self.comp(xad, 9);
+        if [&street, &other, &city, &state, &zip, &country]
+            .iter()
+            .all(|x| x.is_none())
+        {
+            return false;
+        }
+        w.begin_object();
+        if let Some(kind) = self.comp(xad, 7) {
+            if let Some(u) = vocab::lookup("AddressType[Use]", &kind) {
+                w.string("use", u.code);
+            }
+            if let Some(t) = vocab::lookup("AddressType[Type]", &kind) {
+                w.string("type", t.code);
+            }
+        }
+        if street.is_some() || other.is_some() {
+            w.array("line");
+            for l in [&street, &other].into_iter().flatten() {
+                w.item_string(l);
+            }
+            w.end_array();
+        }
+        for (k, v) in [
+            ("city", &city),
+            ("district", &district),
+            ("state", &state),
+            ("postalCode", &zip),
+            ("country", &country),
+        ] {
+            if let Some(v) = v {
+                w.string(k, v);
+            }
+        }
+        w.end_object();
+        true
+    }
+
+    /// XTN → ContactPoint (array item); `default_use` when XTN-2 is empty (PID-14 is work).
+    pub fn contact_point(
+        &self,
+        w: &mut Writer<'_>,
+        xtn: Value<'a>,
+        default_use: Option<&str>,
+    ) -> bool {
+        let equipment = self.comp(xtn, 3);
+        let email = matches!(equipment.as_deref(), Some("Internet" | "X.400"));
+        let value = if email {
+            self.comp(xtn, 4)
+        } else {
+            self.comp(xtn, 12).or_else(|| {
+                let parts: Vec<Cow<'_, str>> = [5, 6, 7]
+                    .iter()
+                    .filter_map(|&n| self.comp(xtn, n))
+                    .collect();
+                if parts.is_empty() {
+                    self.comp(xtn, 1)
+                } else {
+                    let mut s = parts.join(" ");
+                    if let Some(ext) = self.comp(xtn, 8) {
+                        s.push_str(" ext. ");
+                        s.push_str(&ext);
+                    }
+                    Some(Cow::Owned(s))
+                }
+            })
+        };
+        let Some(value) = value else {
+            return false;
+        };
+        w.begin_object();
+        let system = match equipment.as_deref() {
+            Some(e) => vocab::lookup("TelecommunicationEquipmentType", e).map(|c| c.code),
+            None => None,
+        }
+        .or(if email { Some("email") } else { Some("phone") });
+        if let Some(s) = system {
+            w.string("system", s);
+        }
+        w.string("value", &value);
+        let use_ = self
+            .comp(xtn, 2)
+            .and_then(|u| vocab::lookup("TelecommunicationUseCode", &u).map(|c| c.code))
+            .or(default_use);
+        if let Some(u) = use_ {
+            w.string("use", u);
+        }
+        w.end_object();
+        true
+    }
+
+    /// The URI of a v2 coding system name (CWE-3): an HL7 table, a well-known system, or the route's own.
+    pub fn coding_system(&self, name: &str) -> Option<String> {
+        if let Some(s) = self.opts.code_systems.get(name) {
+            return Some(s.clone());
+        }
+        if let Some(s) = vocab::coding_system(name) {
+            return Some(s.to_owned());
+        }
+        vocab::v2_table_system(name)
+    }
+
+    /// CWE/CE/CNE → CodeableConcept written under `key`; `table` is the v2 table of a field whose CWE-3 is
+    /// often left empty. False (nothing written) when the value has no code and no text.
+    pub fn codeable_concept(
+        &self,
+        w: &mut Writer<'_>,
+        key: &str,
+        cwe: Option<Value<'a>>,
+        table: Option<&str>,
+    ) -> bool {
+        let Some(cwe) = cwe.filter(|c| self.cwe_valued(*c)) else {
+            return false;
+        };
+        w.object(key);
+        self.codeable_concept_body(w, cwe, table);
+        w.end_object();
+        true
+    }
+
+    /// True when a CWE has a code or a text to write.
+    pub fn cwe_valued(&self, cwe: Value<'a>) -> bool {
+        [1, 2, 4, 9, 10]
+            .iter()
+            .any(|&n| self.comp(cwe, n).is_some())
+    }
+
+    /// CWE → CodeableConcept as an array item.
+    pub fn codeable_concept_item(
+        &self,
+        w: &mut Writer<'_>,
+        cwe: Value<'a>,
+        table: Option<&str>,
+    ) -> bool {
+        if !self.cwe_valued(cwe) {
+            return false;
+        }
+        w.begin_object();
+        self.codeable_concept_body(w, cwe, table);
+        w.end_object();
+        true
+    }
+
+    fn codeable_concept_body(
+        &self,
+        w: &mut Writer<'_>,
+        cwe: Value<'a>,
+        table: Option<&str>,
+    ) -> bool {
+        let triples = [(1, 2, 3), (4, 5, 6), (10, 11, 12)];
+        let mut any = false;
+        let mut first_display = None;
+        for (i, (c, d, s)) in triples.into_iter().enumerate() {
+            let code = self.comp(cwe, c);
+            let display = self.comp(cwe, d);
+            if code.is_none() {
+                if i == 0 {
+                    first_display = display;
+                }
+                continue;
+            }
+            if !any {
+                w.array("coding");
+                any = true;
+            }
+            w.begin_object();
+            let system = self
+                .comp(cwe, s)
+                .and_then(|n| self.coding_system(&n))
+                .or_else(|| {
+                    if i == 0 {
+                        table.and_then(vocab::v2_table_system)
+                    } else {
+                        None
+                    }
+                });
+            if let Some(sys) = system {
+                w.string("system", &sys);
+            }
+            if let Some(code) = &code {
+                w.string("code", code);
+            }
+            if let Some(d) = &display {
+                w.string("display", d);
+            }
+            w.end_object();
+        }
+        if any {
+            w.end_array();
+        }
+        let text = self.comp(cwe, 9).or(first_display);
+        if let Some(t) = &text {
+            w.string("text", t);
+        }
+        any || text.is_some()
+    }
+
+    /// A code through one of the IG's concept maps, as a Coding array item (the v2 code kept as is when the
+    /// map has no row for it, with the v2 table's system).
+    pub fn mapped_coding(&self, w: &mut Writer<'_>, map: &str, code: &str, table: &str) {
+        w.begin_object();
+        match vocab::lookup(map, code) {
+            Some(c) => {
+                if !c.system.is_empty() {
+                    w.string("system", c.system);
+                }
+                w.string("code", c.code);
+                if !c.display.is_empty() {
+                    w.string("display", c.display);
+                }
+            }
+            None => {
+                if let Some(s) = vocab::v2_table_system(table) {
+                    w.string("system", &s);
+                }
+                w.string("code", code);
+            }
+        }
+        w.end_object();
+    }
+
+    /// DTM/TS → FHIR `dateTime`: `YYYY`, `YYYY-MM`, `YYYY-MM-DD`, or with a time of day and an offset (the
+    /// message's, else the route's `timezone`; without either, the date alone).
+    pub fn date_time(&self, v2: &str) -> Option<String> {
+        dtm(v2, self.opts.timezone.as_deref(), false)
+    }
+
+    /// DTM → FHIR `date` (the date part).
+    pub fn date(&self, v2: &str) -> Option<String> {
+        let d = dtm(v2, None, false)?;
+        Some(d[..d.len().min(10)].to_owned())
+    }
+
+    /// DTM → FHIR `instant` (to the second, with an offset), when the value allows it.
+    pub fn instant(&self, v2: &str) -> Option<String> {
+        dtm(v2, self.opts.timezone.as_deref(), true)
+    }
+
+    /// PL → a location's display text: point of care, room, bed, facility, building, floor.
+    pub fn location_text(&self, pl: Value<'a>) -> Option<String> {
+        let mut parts: Vec<Cow<'_, str>> =
+            [1, 2, 3].iter().filter_map(|&n| self.comp(pl, n)).collect();
+        parts.extend(self.text(pl.component(4).and_then(|c| c.subcomponent(1))));
+        parts.extend([7, 8].iter().filter_map(|&n| self.comp(pl, n)));
+        (!parts.is_empty()).then(|| parts.join(" "))
+    }
+}
+
+/// v2 DTM (`YYYY[MM[DD[HH[MM[SS[.S+]]]]]][+/-ZZZZ]`) as FHIR dateTime (or instant: seconds and offset required).
+pub(crate) fn dtm(v2: &str, default_tz: Option<&str>, instant: bool) -> Option<String> {
+    let (body, tz) = match v2.find(['+', '-']) {
+        Some(i) if i >= 4 => (&v2[..i], Some(&v2[i..])),
+        _ => (v2, None),
+    };
+    let (digits, frac) = match body.find('.') {
+        Some(i) => (&body[..i], Some(&body[i + 1..])),
+        None => (body, None),
+    };
+    if digits.len() < 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n = digits.len();
+    if !matches!(n, 4 | 6 | 8 | 10 | 12 | 14) {
+        return None;
+    }
+    let d = digits;
+    let tz = tz.and_then(|z| {
+        let z = z.as_bytes();
+        (z.len() == 5 && z[1..].iter().all(u8::is_ascii_digit)).then(|| {
+            format!(
+                "{}{}:{}",
+                char::from(z[0]),
+                std::str::from_utf8(&z[1..3]).unwrap_or("00"),
+                std::str::from_utf8(&z[3..5]).unwrap_or("00")
+            )
+        })
+    });
+    let tz = tz.or_else(|| default_tz.map(str::to_owned));
+    if n <= 8 || tz.is_none() {
+        if instant {
+            return None;
+        }
+        let mut s = d[..4].to_owned();
+        if n >= 6 {
+            s.push('-');
+            s.push_str(&d[4..6]);
+        }
+        if n >= 8 {
+            s.push('-');
+            s.push_str(&d[6..8]);
+        }
+        return Some(s);
+    }
+    let tz = tz?;
+    let hh = &d[8..10];
+    let mm = if n >= 12 { &d[10..12] } else { "00" };
+    let ss = if n >= 14 { &d[12..14] } else { "00" };
+    let mut s = format!("{}-{}-{}T{hh}:{mm}:{ss}", &d[..4], &d[4..6], &d[6..8]);
+    if let Some(f) = frac.filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit())) {
+        s.push('.');
+        s.push_str(f);
+    }
+    s.push_str(&tz);
+    Some(s)
+}
+
+/// A UUID (version 5 layout) from the SHA-256 of the resource type and key: stable across conversions.
+pub(crate) fn uuid_of(rtype: &str, key: &[&str]) -> String {
+    let mut h = Sha256::new();
+    h.update(rtype.as_bytes());
+    for k in key {
+        h.update([0x1f]);
+        h.update(k.as_bytes());
+    }
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&h.finalize()[..16]);
+    b[6] = (b[6] & 0x0f) | 0x50;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(36);
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push(char::from(HEX[(byte >> 4) as usize]));
+        s.push(char::from(HEX[(byte & 0xf) as usize]));
+    }
+    s
+}
+
+/// Appends `s` percent-encoded for a URL query value (unreserved characters kept).
+pub(crate) fn percent_encode(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[(b >> 4) as usize]));
+            out.push(char::from(HEX[(b & 0xf) as usize]));
+        }
+    }
+}

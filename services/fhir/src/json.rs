@@ -1,0 +1,193 @@
+//! A JSON writer into a reused buffer: objects and arrays with their commas tracked, strings escaped as they
+//! are written. The converter writes each Bundle straight into its output, with no tree in between.
+
+/// Writes JSON into `out`. Keys and values are written in the order called; the caller keeps the nesting.
+#[derive(Debug)]
+pub struct Writer<'o> {
+    out: &'o mut Vec<u8>,
+    /// Per open object or array: whether a member has been written (the next one needs a comma).
+    stack: Vec<bool>,
+}
+
+impl<'o> Writer<'o> {
+    pub fn new(out: &'o mut Vec<u8>) -> Self {
+        Self {
+            out,
+            stack: Vec::with_capacity(16),
+        }
+    }
+
+    /// The bytes written so far.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// True when nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty()
+    }
+
+    /// Drops what was written after `len` (a member started and found empty) and restores the comma state.
+    pub fn truncate(&mut self, len: usize, had_members: bool) {
+        self.out.truncate(len);
+        if let Some(top) = self.stack.last_mut() {
+            *top = had_members;
+        }
+    }
+
+    /// Whether the innermost object or array has a member already.
+    pub fn has_members(&self) -> bool {
+        self.stack.last().copied().unwrap_or(false)
+    }
+
+    fn comma(&mut self) {
+        if let Some(top) = self.stack.last_mut() {
+            if *top {
+                self.out.push(b',');
+            }
+            *top = true;
+        }
+    }
+
+    fn key(&mut self, key: &str) {
+        self.comma();
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    /// `{` as a value in an array (or the document).
+    pub fn begin_object(&mut self) {
+        self.comma();
+        self.out.push(b'{');
+        self.stack.push(false);
+    }
+
+    /// `"key":{`.
+    pub fn object(&mut self, key: &str) {
+        self.key(key);
+        self.out.push(b'{');
+        self.stack.push(false);
+    }
+
+    /// `}`.
+    pub fn end_object(&mut self) {
+        self.stack.pop();
+        self.out.push(b'}');
+    }
+
+    /// `"key":[`.
+    pub fn array(&mut self, key: &str) {
+        self.key(key);
+        self.out.push(b'[');
+        self.stack.push(false);
+    }
+
+    /// `]`.
+    pub fn end_array(&mut self) {
+        self.stack.pop();
+        self.out.push(b']');
+    }
+
+    /// `"key":"value"` (escaped).
+    pub fn string(&mut self, key: &str, value: &str) {
+        self.key(key);
+        self.quoted(value);
+    }
+
+    /// `"key":"<a><b>..."`: the pieces concatenated into one string value.
+    pub fn string_parts(&mut self, key: &str, parts: &[&str]) {
+        self.key(key);
+        self.out.push(b'"');
+        for p in parts {
+            escape_into(self.out, p);
+        }
+        self.out.push(b'"');
+    }
+
+    /// A string as an array item.
+    pub fn item_string(&mut self, value: &str) {
+        self.comma();
+        self.quoted(value);
+    }
+
+    /// `"key":true|false`.
+    pub fn bool(&mut self, key: &str, value: bool) {
+        self.key(key);
+        self.out
+            .extend_from_slice(if value { b"true" } else { b"false" });
+    }
+
+    /// `"key":<number>`: `text` must already be a JSON number (checked by the caller).
+    pub fn number(&mut self, key: &str, text: &str) {
+        self.key(key);
+        self.out.extend_from_slice(text.as_bytes());
+    }
+
+    /// `"key":<n>`.
+    pub fn integer(&mut self, key: &str, n: u64) {
+        self.key(key);
+        let mut b = itoa::Buffer::new();
+        self.out.extend_from_slice(b.format(n).as_bytes());
+    }
+
+    fn quoted(&mut self, value: &str) {
+        self.out.push(b'"');
+        escape_into(self.out, value);
+        self.out.push(b'"');
+    }
+}
+
+/// `s` JSON-escaped onto `out` (quotes, backslashes, control characters; the rest as UTF-8).
+pub fn escape_into(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => {
+                out.extend_from_slice(&bytes[start..i]);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[(b >> 4) as usize]);
+                out.push(HEX[(b & 0xf) as usize]);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(esc);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nesting_commas_and_escapes() {
+        let mut out = Vec::new();
+        let mut w = Writer::new(&mut out);
+        w.begin_object();
+        w.string("a", "x\"y\\z\n\u{1}é");
+        w.array("b");
+        w.item_string("1");
+        w.begin_object();
+        w.integer("n", 7);
+        w.end_object();
+        w.end_array();
+        w.bool("c", true);
+        w.end_object();
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+        assert_eq!(v["a"], "x\"y\\z\n\u{1}é");
+        assert_eq!(v["b"][1]["n"], 7);
+        assert_eq!(v["c"], true);
+    }
+}

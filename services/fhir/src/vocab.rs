@@ -1,0 +1,86 @@
+//! The IG's concept maps (`ig/codesystems/`, compiled by `build.rs`) and the code systems of v2 tables and
+//! well-known coding system names.
+
+/// A concept map row: v2 code, FHIR code, display, system.
+pub type Row = (&'static str, &'static str, &'static str, &'static str);
+
+include!(concat!(env!("OUT_DIR"), "/concept_maps.rs"));
+
+/// One row of a concept map: the FHIR code, its display and its code system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Concept {
+    pub code: &'static str,
+    pub display: &'static str,
+    pub system: &'static str,
+}
+
+/// The IG's translation of `code` in the concept map `map` (its name in the IG: `AdministrativeSex`,
+/// `PatientClass[EncounterClass]`...), if the map has an unconditional row for it.
+pub fn lookup(map: &str, code: &str) -> Option<Concept> {
+    let (_, rows) = CONCEPT_MAPS.iter().find(|(name, _)| *name == map)?;
+    let i = rows.binary_search_by(|r| r.0.cmp(code)).ok()?;
+    let (_, code, display, system) = rows[i];
+    Some(Concept {
+        code,
+        display,
+        system,
+    })
+}
+
+/// True when the IG has a concept map named `map`.
+pub fn has_map(map: &str) -> bool {
+    CONCEPT_MAPS.iter().any(|(name, _)| *name == map)
+}
+
+/// The FHIR code system of a v2 table (`HL70203` or `0203`): `http://terminology.hl7.org/CodeSystem/v2-0203`.
+pub fn v2_table_system(table: &str) -> Option<String> {
+    let digits = table.strip_prefix("HL7").unwrap_or(table);
+    (digits.len() == 4 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("http://terminology.hl7.org/CodeSystem/v2-{digits}"))
+}
+
+/// The URI of a well-known v2 name of coding system (HL7 table 0396), as the IG and terminology.hl7.org
+/// give them.
+pub fn coding_system(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "LN" | "LOINC" => "http://loinc.org",
+        "SCT" | "SNM" | "SNOMEDCT" | "SNOMED-CT" => "http://snomed.info/sct",
+        "I10" | "ICD10" | "ICD-10" => "http://hl7.org/fhir/sid/icd-10",
+        "I10C" | "ICD10CM" | "ICD-10-CM" => "http://hl7.org/fhir/sid/icd-10-cm",
+        "I9" | "I9C" | "ICD9" | "ICD9CM" => "http://hl7.org/fhir/sid/icd-9-cm",
+        "UCUM" | "ANS+" => "http://unitsofmeasure.org",
+        "CVX" => "http://hl7.org/fhir/sid/cvx",
+        "MVX" => "http://terminology.hl7.org/CodeSystem/MVX",
+        "NDC" => "http://hl7.org/fhir/sid/ndc",
+        "RXNORM" | "RXN" => "http://www.nlm.nih.gov/research/umls/rxnorm",
+        "CPT" | "C4" => "http://www.ama-assn.org/go/cpt",
+        "NUCC" => "http://nucc.org/provider-taxonomy",
+        "ISO3166_1" | "ISO3166-1" => "urn:iso:std:iso:3166",
+        "ISO+" | "ISO639" => "urn:ietf:bcp:47",
+        "CDCREC" => "urn:oid:2.16.840.1.113883.6.238",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_igs_concept_maps_are_compiled() {
+        let f = lookup("AdministrativeSex", "F").expect("F");
+        assert_eq!(f.code, "female");
+        assert_eq!(f.system, "http://hl7.org/fhir/administrative-gender");
+        assert_eq!(
+            lookup("AdministrativeSex", "A").map(|c| c.code),
+            Some("other")
+        );
+        assert!(lookup("AdministrativeSex", "nope").is_none());
+        assert!(has_map("PatientClass[EncounterClass]"));
+        assert!(CONCEPT_MAPS.len() > 90, "{}", CONCEPT_MAPS.len());
+        assert_eq!(
+            v2_table_system("HL70203").as_deref(),
+            Some("http://terminology.hl7.org/CodeSystem/v2-0203")
+        );
+    }
+}
