@@ -115,6 +115,7 @@ final class Serve {
         validating.setFailOnSeverity(ResultSeverityEnum.ERROR);
         validating.setAddResponseHeaderOnSeverity(null);
         validating.setAddValidationResultsToResponseOperationOutcome(true);
+        fhir.registerInterceptor(new BodySyntaxCheck());
         fhir.registerInterceptor(validating);
 
         QueuedThreadPool threads = new QueuedThreadPool(64, 4);
