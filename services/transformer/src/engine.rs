@@ -17,6 +17,8 @@ use std::time::Duration;
 pub const HL7_CONTENT_TYPE: &str = "application/hl7-v2";
 /// Content type of the canonical JSON form.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
+/// The content type of a `toFhir` step's output.
+pub const FHIR_CONTENT_TYPE: &str = "application/fhir+json";
 
 /// Why a route was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,6 +64,8 @@ pub struct Applied {
     pub key: Option<String>,
     /// Plugin steps that failed and were skipped (`onFailure: skip`).
     pub plugins_skipped: usize,
+    /// What a `toFhir` step did not map: segment and field ids (`ZPI`, `PID-10`), never values.
+    pub fhir_unmapped: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +100,7 @@ enum Step {
     Mask(Path, String),
     Hash(Path, String),
     ToJson,
+    ToFhir(Box<hl7gw_fhir::Options>),
     Plugin(Plugin),
 }
 
@@ -172,10 +177,10 @@ impl Route {
             {
                 return Err(RouteError::Step {
                     index,
-                    reason: format!("only plugin steps may follow toJson (step {j})"),
+                    reason: format!("only plugin steps may follow toJson and toFhir (step {j})"),
                 });
             }
-            if matches!(step, Step::ToJson) {
+            if matches!(step, Step::ToJson | Step::ToFhir(_)) {
                 json_at = Some(index);
             }
             steps.push(step);
@@ -294,7 +299,7 @@ impl Route {
         charset: Charset,
         plugins: &P,
     ) -> Result<Applied, StepError> {
-        let (message, content_type, last_hl7, plugins_skipped) =
+        let (message, content_type, last_hl7, plugins_skipped, fhir_unmapped) =
             self.steps_on(env, raw, charset, plugins).await?;
         let key = if self.key_paths.is_empty() {
             None
@@ -313,6 +318,7 @@ impl Route {
             content_type,
             key,
             plugins_skipped,
+            fhir_unmapped,
         })
     }
 
@@ -323,9 +329,10 @@ impl Route {
         raw: &[u8],
         charset: Charset,
         plugins: &P,
-    ) -> Result<(Vec<u8>, &'static str, Option<Vec<u8>>, usize), StepError> {
+    ) -> Result<StepsDone, StepError> {
         let mut last_hl7: Option<Vec<u8>> = None;
         let mut skipped = 0usize;
+        let mut unmapped = Vec::new();
         let mut cur = raw.to_vec();
         let mut content_type = HL7_CONTENT_TYPE;
         for (i, step) in self.steps.iter().enumerate() {
@@ -352,10 +359,10 @@ impl Route {
                             last_hl7 = Some(std::mem::take(&mut cur));
                         }
                         cur = out;
-                        content_type = if ct == JSON_CONTENT_TYPE {
-                            JSON_CONTENT_TYPE
-                        } else {
-                            HL7_CONTENT_TYPE
+                        content_type = match ct.as_str() {
+                            JSON_CONTENT_TYPE => JSON_CONTENT_TYPE,
+                            FHIR_CONTENT_TYPE => FHIR_CONTENT_TYPE,
+                            _ => HL7_CONTENT_TYPE,
                         };
                     }
                     Err(reason) => match p.on_failure {
@@ -378,6 +385,26 @@ impl Route {
                     last_hl7 = Some(cur.clone());
                     to_json(env, &msg, charset).map_err(|e| fail("to_json", e))?
                 }
+                Step::ToFhir(opts) => {
+                    content_type = FHIR_CONTENT_TYPE;
+                    last_hl7 = Some(cur.clone());
+                    let received;
+                    let opts = match &env.received_at {
+                        Some(ts) if opts.received_at.is_none() => {
+                            received = hl7gw_fhir::Options {
+                                received_at: Some(ts.to_string()),
+                                ..(**opts).clone()
+                            };
+                            &received
+                        }
+                        _ => &**opts,
+                    };
+                    let mut out = Vec::with_capacity(cur.len() * 4);
+                    let done = hl7gw_fhir::convert(&msg, charset, opts, &mut out)
+                        .map_err(|e| fail("to_fhir", e.to_string()))?;
+                    unmapped = done.unmapped;
+                    out
+                }
                 other => edit(other, &msg, charset).map_err(|(k, d)| fail(k, d))?,
             };
             cur = next;
@@ -385,8 +412,43 @@ impl Route {
         if content_type == HL7_CONTENT_TYPE {
             last_hl7 = None;
         }
-        Ok((cur, content_type, last_hl7, skipped))
+        Ok((cur, content_type, last_hl7, skipped, unmapped))
     }
+}
+
+/// What the steps made: the message, its content type, the last HL7 form when it is no longer HL7, the plugin
+/// steps skipped, what `toFhir` did not map.
+type StepsDone = (Vec<u8>, &'static str, Option<Vec<u8>>, usize, Vec<String>);
+
+/// A `toFhir` step's settings as the converter's options; a bad time zone is refused when the route loads.
+fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, String> {
+    use crate::route::{FhirBundleType, FhirUnmapped};
+    if let Some(tz) = &f.timezone {
+        let b = tz.as_bytes();
+        let offset = b.len() == 6
+            && matches!(b[0], b'+' | b'-')
+            && b[1..3].iter().all(u8::is_ascii_digit)
+            && b[3] == b':'
+            && b[4..6].iter().all(u8::is_ascii_digit);
+        if tz != "Z" && !offset {
+            return Err(format!("toFhir timezone {tz:?}: expected Z, +hh:mm or -hh:mm"));
+        }
+    }
+    Ok(hl7gw_fhir::Options {
+        bundle_type: match f.bundle_type.unwrap_or_default() {
+            FhirBundleType::Transaction => hl7gw_fhir::BundleType::Transaction,
+            FhirBundleType::Message => hl7gw_fhir::BundleType::Message,
+        },
+        identifier_systems: f.identifier_systems.clone(),
+        identifier_system_prefix: f.identifier_system_prefix.clone(),
+        code_systems: f.code_systems.clone(),
+        timezone: f.timezone.clone(),
+        unmapped: match f.unmapped.unwrap_or_default() {
+            FhirUnmapped::Report => hl7gw_fhir::Unmapped::Report,
+            FhirUnmapped::Extension => hl7gw_fhir::Unmapped::Extension,
+        },
+        received_at: None,
+    })
 }
 
 /// A route's output key: the ingress's key rule on the route's `keyPaths`.
@@ -471,6 +533,9 @@ fn compile_step(t: &Transform) -> Result<Step, String> {
     }
     if t.to_json.is_some() {
         steps.push(Step::ToJson);
+    }
+    if let Some(f) = &t.to_fhir {
+        steps.push(Step::ToFhir(Box::new(fhir_options(f)?)));
     }
     if let Some(p) = &t.plugin {
         if !(p.endpoint.starts_with("http://") || p.endpoint.starts_with("https://")) {
@@ -560,7 +625,7 @@ fn edit(
                 ed(e.set(&p.to_string(), hex.as_bytes()))?;
             }
         }
-        Step::ToJson | Step::Plugin(_) => {}
+        Step::ToJson | Step::ToFhir(_) | Step::Plugin(_) => {}
     }
     Ok(e.encode())
 }
@@ -1084,6 +1149,37 @@ mod tests {
                 .await
                 .unwrap();
         assert!(out.ends_with(b"ZPL|called\r"));
+    }
+
+    #[tokio::test]
+    async fn to_fhir_makes_a_bundle_and_takes_its_settings_from_the_route() {
+        let (out, ct) = run(
+            "{transforms: [{mask: {path: PID-5}}, {toFhir: {bundleType: message, identifierSystems: \
+             {HOSP: 'https://hospital.example/mrn'}}}], destinations: [a]}",
+        )
+        .await
+        .unwrap();
+        assert_eq!(ct, FHIR_CONTENT_TYPE);
+        let b: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(b["type"], "message");
+        assert_eq!(b["entry"][0]["resource"]["resourceType"], "MessageHeader");
+        let patient = &b["entry"][1]["resource"];
+        assert_eq!(patient["resourceType"], "Patient");
+        // The steps before it ran first: the name is masked.
+        assert_ne!(patient["name"][0]["family"], "DOE");
+
+        let e = Route::compile(
+            "r",
+            &spec("{transforms: [{toFhir: {}}, {toJson: {}}], destinations: [a]}"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("only plugin steps may follow"), "{e}");
+        let e = Route::compile(
+            "r",
+            &spec("{transforms: [{toFhir: {timezone: 'CET'}}], destinations: [a]}"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("timezone"), "{e}");
     }
 
     #[tokio::test]

@@ -34,6 +34,8 @@ hl7gw_runtime::metric_set! {
         pub dlq_writes: Family<ReasonLabels, Counter> = "Messages sent to the DLQ, by reason";
         pub plugin_skips: Family<RouteLabels, Counter> =
             "Plugin steps that failed and were skipped (onFailure: skip): the message went on without that step";
+        pub fhir_unmapped: Family<RouteLabels, Counter> =
+            "Segments and fields with a value that a route's toFhir step did not map (listed by id in the message's span)";
         pub transactions: Family<ResultLabels, Counter> = "Kafka transactions by result (committed, aborted)";
         pub batches_cut: Counter =
             "Batches committed early because routing them (plugin calls included) reached the batch time budget; the rest was read again";

@@ -117,6 +117,10 @@ pub struct Transform {
     /// Convert to the canonical JSON form (docs/consuming.md); only plugin steps may follow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_json: Option<ToJsonStep>,
+    /// Convert to a FHIR R4 Bundle (JSON) after the HL7 v2-to-FHIR IG's maps (docs/fhir.md); only plugin steps
+    /// may follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_fhir: Option<ToFhirStep>,
     /// Call an external service implementing `hl7gw.v1.Transform`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin: Option<PluginStep>,
@@ -188,6 +192,55 @@ pub struct HashStep {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToJsonStep {}
+
+/// The `toFhir` step's choices where the v2-to-FHIR IG leaves them to the implementer (docs/fhir.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToFhirStep {
+    /// `transaction` (default: each resource a conditional update by its business identifier, or an update
+    /// by an id derived from it, for a FHIR server's base URL) or `message` (a MessageHeader first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_type: Option<FhirBundleType>,
+    /// Identifier systems (URIs) by assigning authority (CX-4, EI-2 namespace id), e.g. `HOSP:
+    /// https://hospital.example/mrn`. Authorities with an ISO OID become `urn:oid:<oid>` without this.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub identifier_systems: BTreeMap<String, String>,
+    /// The system of other identifiers: this prefix and the authority's namespace id (default
+    /// `urn:hl7gw:id:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identifier_system_prefix: Option<String>,
+    /// Code system URIs by v2 coding system name (CWE-3) for local codes (`99LAB: https://lab.example/codes`);
+    /// HL7 tables and LN, SCT, I10, UCUM, CVX... are known.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub code_systems: BTreeMap<String, String>,
+    /// The UTC offset (`+01:00`, `-05:00`, `Z`) of the sender's times written without one; absent: those
+    /// times keep only their date.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// `report` (default: segments and fields with a value that no map covers are counted in
+    /// `hl7gw_transformer_fhir_unmapped_total{route}` and listed by id, never value, in the message's span,
+    /// `hl7.fhir.unmapped`) or `extension` (also kept with their values in the Bundle's `meta.extension`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmapped: Option<FhirUnmapped>,
+}
+
+/// `toFhir.bundleType`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FhirBundleType {
+    #[default]
+    Transaction,
+    Message,
+}
+
+/// `toFhir.unmapped`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FhirUnmapped {
+    #[default]
+    Report,
+    Extension,
+}
 
 /// What a plugin step does when the call fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

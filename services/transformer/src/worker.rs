@@ -127,6 +127,7 @@ pub async fn route_consumed<P: PluginCaller>(
         hl7.trigger_event = %h.trigger_event,
         hl7.control_id = %h.control_id,
         hl7.routes = tracing::field::Empty,
+        hl7.fhir.unmapped = tracing::field::Empty,
     );
     if let Some(c) = consumed {
         span.record("messaging.destination.name", c.topic);
@@ -182,6 +183,15 @@ pub async fn route_consumed<P: PluginCaller>(
         {
             Ok(applied) => {
                 metrics.plugins_skipped(&route.name, applied.plugins_skipped);
+                if !applied.fhir_unmapped.is_empty() {
+                    metrics
+                        .fhir_unmapped
+                        .get_or_create(&crate::metrics::RouteLabels {
+                            route: route.name.clone(),
+                        })
+                        .inc_by(applied.fhir_unmapped.len() as u64);
+                    span.record("hl7.fhir.unmapped", applied.fhir_unmapped.join(",").as_str());
+                }
                 // The route's own key (e.g. from a hashed id) or the inbound key.
                 let key = applied.key.unwrap_or_else(|| env.key.clone());
                 for dest in &route.destinations {
