@@ -1,5 +1,6 @@
 //! Compiles the IG's concept maps (`ig/codesystems/*.csv`) into sorted lookup tables: for each map, the v2
-//! code and the FHIR code, display and code system of its unconditional rows.
+//! code and the FHIR code, display and code system of its unconditional rows (the FHIR code empty where the
+//! IG maps the v2 code to nothing: the v2 code is still one of the table's).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -43,7 +44,7 @@ fn main() {
             let col = |n: usize| rec.get(n).unwrap_or("").trim().to_owned();
             let conditional = (3..=5).any(|n| !col(n).is_empty());
             let (code, fhir) = (col(0), col(6));
-            if conditional || code.is_empty() || fhir.is_empty() {
+            if conditional || code.is_empty() {
                 continue;
             }
             if rows.iter().any(|r| r.0 == code) {

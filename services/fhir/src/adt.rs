@@ -3,7 +3,7 @@
 //! XCN fields), OBX → Observation, AL1 → AllergyIntolerance, DG1 → Condition, IN1 → Coverage, and a
 //! Provenance of the transformation.
 
-use crate::dt::{Ctx, Target};
+use crate::dt::{Ctx, Table, Target};
 use crate::json::Writer;
 use crate::vocab;
 use crate::{BundleType, FhirError, Outcome, Unmapped};
@@ -271,7 +271,7 @@ fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>) -> Option<(String, String)> {
     let value = cx.comp(ei, 1)?;
     let ns = cx.comp(ei, 2);
     let system = match (cx.comp(ei, 3), cx.comp(ei, 4).as_deref()) {
-        (Some(uid), Some("ISO")) => format!("urn:oid:{uid}"),
+        (Some(uid), Some("ISO")) if crate::dt::is_oid(&uid) => format!("urn:oid:{uid}"),
         (Some(uid), Some("URI" | "URL")) => uid.into_owned(),
         _ => match ns {
             Some(ns) => cx
@@ -321,7 +321,9 @@ fn message_header(
         w.array("destination");
         w.begin_object();
         w.string("name", d);
-        w.string_parts("endpoint", &["urn:hl7gw:application:", d]);
+        let mut endpoint = "urn:hl7gw:application:".to_owned();
+        crate::dt::percent_encode(&mut endpoint, d);
+        w.string("endpoint", &endpoint);
         w.end_object();
         w.end_array();
     }
@@ -333,7 +335,11 @@ fn message_header(
     let endpoint = cx
         .hd_system(cx.msh(3), false)
         .filter(|s| s.starts_with("urn:oid:") || s.contains("://"))
-        .unwrap_or_else(|| format!("urn:hl7gw:application:{src}"));
+        .unwrap_or_else(|| {
+            let mut e = "urn:hl7gw:application:".to_owned();
+            crate::dt::percent_encode(&mut e, &src);
+            e
+        });
     w.string("endpoint", &endpoint);
     w.end_object();
     w.array("focus");
@@ -381,7 +387,12 @@ fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'_>) {
                 "url",
                 "http://hl7.org/fhir/StructureDefinition/patient-religion",
             );
-            cx.codeable_concept(w, "valueCodeableConcept", religion, Some("HL70006"));
+            cx.codeable_concept(
+                w,
+                "valueCodeableConcept",
+                religion,
+                Some(Table::new("Religion", "HL70006")),
+            );
             w.end_object();
         }
         w.end_array();
@@ -454,7 +465,7 @@ fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'_>) {
         w,
         "maritalStatus",
         pid.field(16).and_then(|f| f.repetition(1)),
-        Some("HL70002"),
+        Some(Table::new("MaritalStatus", "HL70002")),
     );
     if let Some(n) = cx
         .field(pid, 25)
@@ -468,7 +479,15 @@ fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'_>) {
     if language.is_some_and(|l| cx.cwe_valued(l)) {
         w.array("communication");
         w.begin_object();
-        cx.codeable_concept(w, "language", language, Some("HL70296"));
+        cx.codeable_concept(
+            w,
+            "language",
+            language,
+            Some(Table {
+                fhir_only: true,
+                ..Table::new("PrimaryLanguage", "HL70296")
+            }),
+        );
         w.end_object();
         w.end_array();
     }
@@ -625,14 +644,18 @@ fn encounter_body(
     let admission = pv1.field(4).and_then(|f| f.repetition(1));
     if admission.is_some_and(|a| cx.cwe_valued(a)) {
         w.array("type");
-        cx.codeable_concept_item(w, admission.expect("checked"), Some("HL70007"));
+        cx.codeable_concept_item(
+            w,
+            admission.expect("checked"),
+            Some(Table::new("AdmissionType", "HL70007")),
+        );
         w.end_array();
     }
     cx.codeable_concept(
         w,
         "serviceType",
         pv1.field(10).and_then(|f| f.repetition(1)),
-        Some("HL70069"),
+        Some(Table::new("HospitalService", "HL70069")),
     );
     reference(w, "subject", patient);
     if !practitioners.is_empty() {
@@ -682,8 +705,13 @@ fn encounter_body(
         || disposition.is_some_and(|d| cx.cwe_valued(d))
     {
         w.object("hospitalization");
-        cx.codeable_concept(w, "admitSource", admit_source, Some("HL70023"));
-        cx.codeable_concept(w, "dischargeDisposition", disposition, Some("HL70112"));
+        cx.codeable_concept(w, "admitSource", admit_source, None);
+        cx.codeable_concept(
+            w,
+            "dischargeDisposition",
+            disposition,
+            Some(Table::new("DischargeDisposition", "HL70112")),
+        );
         w.end_object();
     }
     if let Some(place) = pv1
@@ -705,13 +733,16 @@ fn related_person_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, nk1: &Segment<'_>, 
     reference(w, "patient", patient);
     let rel = nk1.field(3).and_then(|f| f.repetition(1));
     let role = nk1.field(7).and_then(|f| f.repetition(1));
-    let rels: Vec<(Value<'_>, &str)> = rel
+    let rels: Vec<(Value<'_>, Table)> = rel
         .into_iter()
-        .map(|v| (v, "HL70063"))
-        .chain(role.into_iter().map(|v| (v, "HL70131")))
+        .map(|v| (v, Table::new("Relationship", "HL70063")))
+        .chain(
+            role.into_iter()
+                .map(|v| (v, Table::new("ContactRole", "HL70131"))),
+        )
         .collect();
     write_items(w, "relationship", &rels, |w, (v, t)| {
-        cx.codeable_concept_item(w, *v, Some(t))
+        cx.codeable_concept_item(w, *v, Some(*t))
     });
     let names = cx.reps(nk1, 2);
     write_items(w, "name", &names, |w, v| cx.human_name(w, *v));
@@ -851,14 +882,14 @@ fn coverage_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, in1: &Segment<'_>, patien
         w,
         "type",
         in1.field(15).and_then(|f| f.repetition(1)),
-        Some("HL70086"),
+        Some(Table::new("PlanId", "HL70086")),
     );
     reference(w, "beneficiary", patient);
     cx.codeable_concept(
         w,
         "relationship",
         in1.field(17).and_then(|f| f.repetition(1)),
-        Some("HL70063"),
+        Some(Table::new("Relationship", "HL70063")),
     );
     let start = cx.field(in1, 12).and_then(|d| cx.date(&d));
     let end = cx.field(in1, 13).and_then(|d| cx.date(&d));
@@ -1108,7 +1139,7 @@ fn provenance_body(
         && cx.cwe_valued(reason)
     {
         w.array("reason");
-        cx.codeable_concept_item(w, reason, Some("HL70062"));
+        cx.codeable_concept_item(w, reason, Some(Table::new("EventReason", "HL70062")));
         w.end_array();
     }
     w.object("activity");

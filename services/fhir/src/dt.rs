@@ -29,6 +29,28 @@ impl std::fmt::Debug for Ctx<'_, '_> {
     }
 }
 
+/// A coded field's v2 table and the IG concept map of that field (which also lists the table's codes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Table {
+    /// The IG's concept map (`MaritalStatus`, `Relationship`...).
+    pub map: &'static str,
+    /// The v2 table (`HL70002`).
+    pub id: &'static str,
+    /// Write only the FHIR translation when there is one (a binding that admits no other system, as
+    /// `Patient.communication.language` to BCP 47).
+    pub fhir_only: bool,
+}
+
+impl Table {
+    pub const fn new(map: &'static str, id: &'static str) -> Self {
+        Self {
+            map,
+            id,
+            fhir_only: false,
+        }
+    }
+}
+
 /// A resource's place in the Bundle: its id and how a transaction writes it.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
@@ -220,13 +242,13 @@ impl<'a, 'm> Ctx<'a, 'm> {
         let (ns, uid, kind) = (part(1), part(2), part(3));
         if let (Some(uid), Some(kind)) = (&uid, &kind) {
             match kind.as_ref() {
-                "ISO" => return Some(format!("urn:oid:{uid}")),
+                "ISO" if is_oid(uid) => return Some(format!("urn:oid:{uid}")),
                 "UUID" => return Some(format!("urn:uuid:{uid}")),
                 "URI" | "URL" => return Some(uid.to_string()),
                 _ => {}
             }
         }
-        let ns = ns?;
+        let ns = ns.or(uid)?;
         if let Some(s) = self.opts.identifier_systems.get(ns.as_ref()) {
             return Some(s.clone());
         }
@@ -257,15 +279,20 @@ impl<'a, 'm> Ctx<'a, 'm> {
         let ty = self.comp(cx, 5);
         if let Some(code) = ty.as_deref().or(type_code) {
             w.object("type");
-            w.array("coding");
-            w.begin_object();
-            w.string("system", "http://terminology.hl7.org/CodeSystem/v2-0203");
-            w.string("code", code);
-            if let Some(c) = vocab::lookup("IdentifierType", code) {
-                w.string("display", c.display);
+            // A code of table 0203 is a coding; anything else a sender put there is kept as text.
+            if vocab::has_code("IdentifierType", code) {
+                w.array("coding");
+                w.begin_object();
+                w.string("system", "http://terminology.hl7.org/CodeSystem/v2-0203");
+                w.string("code", code);
+                if let Some(c) = vocab::lookup("IdentifierType", code) {
+                    w.string("display", c.display);
+                }
+                w.end_object();
+                w.end_array();
+            } else {
+                w.string("text", code);
             }
-            w.end_object();
-            w.end_array();
             w.end_object();
         }
         w.string("system", &system);
@@ -409,18 +436,23 @@ impl<'a, 'm> Ctx<'a, 'm> {
             return false;
         };
         w.begin_object();
-        let system = match equipment.as_deref() {
-            Some(e) => vocab::lookup("TelecommunicationEquipmentType", e).map(|c| c.code),
-            None => None,
-        }
-        .or(if email { Some("email") } else { Some("phone") });
-        if let Some(s) = system {
-            w.string("system", s);
-        }
+        // The IG maps most equipment types to ContactPoint.system, and CP (cellular) to ContactPoint.use.
+        let equipment = equipment
+            .as_deref()
+            .and_then(|e| vocab::lookup("TelecommunicationEquipmentType", e));
+        let (system, equipment_use) = match equipment {
+            Some(c) if c.system.ends_with("contact-point-use") => ("phone", Some(c.code)),
+            Some(c) => (c.code, None),
+            None if email => ("email", None),
+            None => ("phone", None),
+        };
+        w.string("system", system);
         w.string("value", &value);
         let use_ = self
             .comp(xtn, 2)
             .and_then(|u| vocab::lookup("TelecommunicationUseCode", &u).map(|c| c.code))
+            .filter(|u| matches!(*u, "home" | "work" | "temp" | "old" | "mobile"))
+            .or(equipment_use)
             .or(default_use);
         if let Some(u) = use_ {
             w.string("use", u);
@@ -440,14 +472,14 @@ impl<'a, 'm> Ctx<'a, 'm> {
         vocab::v2_table_system(name)
     }
 
-    /// CWE/CE/CNE → CodeableConcept written under `key`; `table` is the v2 table of a field whose CWE-3 is
-    /// often left empty. False (nothing written) when the value has no code and no text.
+    /// CWE/CE/CNE → CodeableConcept written under `key`, through `table`'s IG concept map when the field has
+    /// one. False (nothing written) when the value has no code and no text.
     pub fn codeable_concept(
         &self,
         w: &mut Writer<'_>,
         key: &str,
         cwe: Option<Value<'a>>,
-        table: Option<&str>,
+        table: Option<Table>,
     ) -> bool {
         let Some(cwe) = cwe.filter(|c| self.cwe_valued(*c)) else {
             return false;
@@ -470,7 +502,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         &self,
         w: &mut Writer<'_>,
         cwe: Value<'a>,
-        table: Option<&str>,
+        table: Option<Table>,
     ) -> bool {
         if !self.cwe_valued(cwe) {
             return false;
@@ -481,11 +513,15 @@ impl<'a, 'm> Ctx<'a, 'm> {
         true
     }
 
+    /// The codings: the IG's FHIR translation of the first code (when `table` has a concept map with a row for
+    /// it), then the v2 codes themselves. A code is given an HL7 table's system only when it is one of that
+    /// table's codes (the IG's map lists them); a local code keeps its code and display, and the system the
+    /// sender named (CWE-3) or the route configured, if any.
     fn codeable_concept_body(
         &self,
         w: &mut Writer<'_>,
         cwe: Value<'a>,
-        table: Option<&str>,
+        table: Option<Table>,
     ) -> bool {
         let triples = [(1, 2, 3), (4, 5, 6), (10, 11, 12)];
         let mut any = false;
@@ -493,33 +529,67 @@ impl<'a, 'm> Ctx<'a, 'm> {
         for (i, (c, d, s)) in triples.into_iter().enumerate() {
             let code = self.comp(cwe, c);
             let display = self.comp(cwe, d);
-            if code.is_none() {
+            let Some(code) = code else {
                 if i == 0 {
                     first_display = display;
                 }
                 continue;
+            };
+            let named = self.comp(cwe, s);
+            let in_table = |t: &Table| vocab::has_code(t.map, &code);
+            let fhir_only = table.is_some_and(|t| t.fhir_only);
+            let mapped = if i == 0 || fhir_only {
+                table.and_then(|t| vocab::lookup(t.map, &code).map(|c| (t, c)))
+            } else {
+                None
+            };
+            if let Some((_, c)) = &mapped {
+                if !any {
+                    w.array("coding");
+                    any = true;
+                }
+                w.begin_object();
+                if !c.system.is_empty() {
+                    w.string("system", c.system);
+                }
+                w.string("code", c.code);
+                if !c.display.is_empty() {
+                    w.string("display", c.display);
+                }
+                w.end_object();
+                if table.is_some_and(|t| t.fhir_only) {
+                    continue;
+                }
+            } else if fhir_only {
+                // No translation into the only system the element admits: the first code as text.
+                if i == 0 && first_display.is_none() {
+                    first_display = display.or(Some(code));
+                }
+                continue;
             }
+            // The v2 coding's system: the one named, unless it is this field's table and the code is not one
+            // of its codes; else the field's table when the code is one of its codes.
+            let system = match named.as_deref() {
+                Some(n) => match table {
+                    Some(t) if i == 0 && (n == t.id || n == &t.id[3..]) && !in_table(&t) => {
+                        self.opts.code_systems.get(n).cloned()
+                    }
+                    _ => self.coding_system(n),
+                },
+                None if i == 0 => table
+                    .filter(in_table)
+                    .and_then(|t| vocab::v2_table_system(t.id)),
+                None => None,
+            };
             if !any {
                 w.array("coding");
                 any = true;
             }
             w.begin_object();
-            let system = self
-                .comp(cwe, s)
-                .and_then(|n| self.coding_system(&n))
-                .or_else(|| {
-                    if i == 0 {
-                        table.and_then(vocab::v2_table_system)
-                    } else {
-                        None
-                    }
-                });
             if let Some(sys) = system {
                 w.string("system", &sys);
             }
-            if let Some(code) = &code {
-                w.string("code", code);
-            }
+            w.string("code", &code);
             if let Some(d) = &display {
                 w.string("display", d);
             }
@@ -536,7 +606,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
     }
 
     /// A code through one of the IG's concept maps, as a Coding array item (the v2 code kept as is when the
-    /// map has no row for it, with the v2 table's system).
+    /// map has no row for it, with the v2 table's system when it is one of the table's codes).
     pub fn mapped_coding(&self, w: &mut Writer<'_>, map: &str, code: &str, table: &str) {
         w.begin_object();
         match vocab::lookup(map, code) {
@@ -550,7 +620,9 @@ impl<'a, 'm> Ctx<'a, 'm> {
                 }
             }
             None => {
-                if let Some(s) = vocab::v2_table_system(table) {
+                if vocab::has_code(map, code)
+                    && let Some(s) = vocab::v2_table_system(table)
+                {
                     w.string("system", &s);
                 }
                 w.string("code", code);
@@ -584,6 +656,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
         parts.extend([7, 8].iter().filter_map(|&n| self.comp(pl, n)));
         (!parts.is_empty()).then(|| parts.join(" "))
     }
+}
+
+/// True for an OID FHIR accepts: `[0-2]` and at least two more arcs, each a number without leading zeros.
+pub(crate) fn is_oid(s: &str) -> bool {
+    let arcs: Vec<&str> = s.split('.').collect();
+    arcs.len() >= 3
+        && matches!(arcs[0], "0" | "1" | "2")
+        && arcs.iter().all(|a| {
+            !a.is_empty()
+                && a.bytes().all(|b| b.is_ascii_digit())
+                && (a.len() == 1 || !a.starts_with('0'))
+        })
 }
 
 /// v2 DTM (`YYYY[MM[DD[HH[MM[SS[.S+]]]]]][+/-ZZZZ]`) as FHIR dateTime (or instant: seconds and offset required).

@@ -75,9 +75,17 @@ fn an_adt_a01_becomes_a_transaction_of_its_resources() {
         resources(&b, "Coverage")[0]["payor"][0]["display"],
         "ACME INSURANCE"
     );
+    // The IG's translation first, then the v2 code in its table's system.
+    let rel = &resources(&b, "RelatedPerson")[0]["relationship"][0]["coding"];
+    assert_eq!(rel[0]["code"], "SPS");
     assert_eq!(
-        resources(&b, "RelatedPerson")[0]["relationship"][0]["coding"][0]["code"],
-        "SPO"
+        rel[0]["system"],
+        "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
+    );
+    assert_eq!(rel[1]["code"], "SPO");
+    assert_eq!(
+        rel[1]["system"],
+        "http://terminology.hl7.org/CodeSystem/v2-0063"
     );
     assert_eq!(resources(&b, "Provenance").len(), 1);
     // References resolve within the Bundle.

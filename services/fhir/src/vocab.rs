@@ -20,11 +20,22 @@ pub fn lookup(map: &str, code: &str) -> Option<Concept> {
     let (_, rows) = CONCEPT_MAPS.iter().find(|(name, _)| *name == map)?;
     let i = rows.binary_search_by(|r| r.0.cmp(code)).ok()?;
     let (_, code, display, system) = rows[i];
+    if code.is_empty() {
+        return None;
+    }
     Some(Concept {
         code,
         display,
         system,
     })
+}
+
+/// True when `code` is one of the v2 codes of the map's table (mapped to FHIR or not).
+pub fn has_code(map: &str, code: &str) -> bool {
+    CONCEPT_MAPS
+        .iter()
+        .find(|(name, _)| *name == map)
+        .is_some_and(|(_, rows)| rows.binary_search_by(|r| r.0.cmp(code)).is_ok())
 }
 
 /// True when the IG has a concept map named `map`.

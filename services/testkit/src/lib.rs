@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
 pub mod examples;
+pub mod fhir;
 pub mod pipeline;
 pub mod pki;
 pub use pki::{Pki, pki};

@@ -1,0 +1,124 @@
+//! Every Bundle the converter makes of the corpus's supported messages (`../shared/testdata/hl7`, and a sample
+//! of our own) passes HAPI FHIR's R4 validator (8.8.1, offline) with no error, as a transaction and as a
+//! message Bundle. Prints the warnings by kind (docs/fhir.md counts them).
+
+use hl7gw_fhir::{BundleType, Options, SUPPORTED, Unmapped, convert};
+use hl7v2::{Charset, Message};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn corpus_dir() -> PathBuf {
+    std::env::var_os("TESTDATA_HL7").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/hl7"),
+        PathBuf::from,
+    )
+}
+
+/// Our own sample: every segment the ADT map covers, with values in every mapped field kind.
+const SAMPLE: &[u8] = include_bytes!("data/adt_a01.hl7");
+
+/// The messages to convert: (name, bytes) of the corpus's files of a supported type, and the sample.
+fn messages() -> Vec<(String, Vec<u8>)> {
+    let mut out = vec![("sample-adt_a01".to_owned(), SAMPLE.to_vec())];
+    let Ok(dir) = std::fs::read_dir(corpus_dir()) else {
+        println!(
+            "corpus not found at {}: only the sample",
+            corpus_dir().display()
+        );
+        return out;
+    };
+    let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+    files.sort();
+    for path in files {
+        if path.extension().is_none_or(|e| e != "hl7") {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(msg) = Message::parse(&bytes) else {
+            continue;
+        };
+        let h = msg.header();
+        let kind = format!(
+            "{}^{}",
+            String::from_utf8_lossy(h.message_type),
+            String::from_utf8_lossy(h.trigger_event)
+        );
+        if SUPPORTED.contains(&kind.as_str()) {
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("x")
+                .to_owned();
+            out.push((name, bytes));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_bundle_passes_hapis_r4_validator() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut written = 0;
+    for (name, bytes) in messages() {
+        let msg = Message::parse(&bytes).expect("parse");
+        let charset = Charset::from_msh18(msg.header().charset).unwrap_or(Charset::Utf8);
+        for (suffix, opts) in [
+            ("transaction", Options::default()),
+            (
+                "message",
+                Options {
+                    bundle_type: BundleType::Message,
+                    unmapped: Unmapped::Extension,
+                    received_at: Some("2026-11-27T10:00:00Z".into()),
+                    ..Options::default()
+                },
+            ),
+        ] {
+            let mut out = Vec::new();
+            convert(&msg, charset, &opts, &mut out).unwrap_or_else(|e| panic!("{name}: {e}"));
+            std::fs::write(dir.path().join(format!("{name}.{suffix}.json")), &out).expect("write");
+            written += 1;
+        }
+    }
+    let results = hl7gw_testkit::fhir::validate_dir(dir.path());
+    assert_eq!(results.len(), written, "one result per Bundle");
+    let mut errors = Vec::new();
+    let mut warnings: BTreeMap<String, usize> = BTreeMap::new();
+    let mut total_warnings = 0;
+    for r in &results {
+        for m in &r.messages {
+            match m.severity.as_str() {
+                "error" | "fatal" => {
+                    errors.push(format!("{}: {} at {}", r.file, m.message, m.location))
+                }
+                "warning" => {
+                    total_warnings += 1;
+                    // The kind of warning: its text with quoted values cut away.
+                    let kind: String = m
+                        .message
+                        .split('\'')
+                        .step_by(2)
+                        .collect::<Vec<_>>()
+                        .join("'…'");
+                    *warnings.entry(kind).or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    println!(
+        "{written} Bundles validated: {} errors, {total_warnings} warnings",
+        errors.len()
+    );
+    for (kind, n) in &warnings {
+        println!("  {n:5}  {kind}");
+    }
+    assert!(
+        errors.is_empty(),
+        "{} validation errors:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
+}
