@@ -34,7 +34,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the canonical flat view of each file as one JSON line (see FLAT-FORMAT.md).
+    /// Print the canonical flat view of each file as one JSON line (docs/flat-format.md in the repository).
     Flat {
         #[arg(required = true)]
         files: Vec<PathBuf>,

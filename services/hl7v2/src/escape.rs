@@ -53,7 +53,7 @@ pub fn unescape<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
     })
 }
 
-/// Decodes a value the way the canonical flat view does (see FLAT-FORMAT.md): delimiter escapes and the literal
+/// Decodes a value the way the canonical flat view does (docs/flat-format.md): delimiter escapes and the literal
 /// `\X000d\` resolve; `\.`, `\C`, `\M`, `\X`, `\Z` sequences and exactly `\H\`/`\N\` are kept; any other escape
 /// character is dropped.
 pub fn unescape_flat<'a>(raw: &'a [u8], d: &Delimiters) -> Cow<'a, [u8]> {
