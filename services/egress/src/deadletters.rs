@@ -173,7 +173,10 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             next.entry(*p).and_modify(|n| *n = (*n).max(*o));
         }
         ends.retain(|(p, high)| next.get(p).is_some_and(|from| from < high));
-    } else if let Some(since) = filter.since_ms {
+    } else if let Some(since) = filter.since_ms
+        && !ends.is_empty()
+    {
+        // (An empty list would make librdkafka answer InvalidArgument: an empty DLQ has nothing to look up.)
         let mut times = TopicPartitionList::new();
         for (p, _) in &ends {
             times.add_partition_offset(&cfg.dlq_topic, *p, Offset::Offset(since))?;
