@@ -239,7 +239,17 @@ impl<'a, 'm> Ctx<'a, 'm> {
                 self.text(hd.component(n))
             }
         };
-        let (ns, uid, kind) = (part(1), part(2), part(3));
+        self.hd_system_of(part(1), part(2), part(3))
+    }
+
+    /// The system of an assigning authority given as its parts: namespace id, universal id and its type (HD,
+    /// or CNN-9..11 and EI-2..4, which spell an HD out).
+    pub fn hd_system_of(
+        &self,
+        ns: Option<Cow<'a, str>>,
+        uid: Option<Cow<'a, str>>,
+        kind: Option<Cow<'a, str>>,
+    ) -> Option<String> {
         if let (Some(uid), Some(kind)) = (&uid, &kind) {
             match kind.as_ref() {
                 "ISO" if is_oid(uid) => return Some(format!("urn:oid:{uid}")),
@@ -366,7 +376,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         let zip = self.comp(xad, 5);
         let country = self.comp(xad, 6);
         let district = self.comp(xad, 9);
-        if [&street, &other, &city, &state, &zip, &country]
+        if [&street, &other, &city, &state, &zip, &country, &district]
             .iter()
             .all(|x| x.is_none())
         {
@@ -469,7 +479,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         if let Some(s) = vocab::coding_system(name) {
             return Some(s.to_owned());
         }
-        vocab::v2_table_system(name)
+        vocab::v2_table_system(name).or_else(|| vocab::oid_system(name))
     }
 
     /// CWE/CE/CNE → CodeableConcept written under `key`, through `table`'s IG concept map when the field has
@@ -581,6 +591,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
                     .and_then(|t| vocab::v2_table_system(t.id)),
                 None => None,
             };
+            let system = system.filter(|s| vocab::fits(s, &code));
+            // The IG's translation may be the table's own code (SpecimenType, AdmissionType...): once is
+            // enough, unless the sender's display says something else.
+            if let (Some((_, c)), Some(sys)) = (&mapped, &system)
+                && c.system == sys
+                && c.code == code
+                && display
+                    .as_deref()
+                    .is_none_or(|d| d.eq_ignore_ascii_case(c.display))
+            {
+                continue;
+            }
             if !any {
                 w.array("coding");
                 any = true;

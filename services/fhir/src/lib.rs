@@ -8,8 +8,10 @@
 //! Bundle, and a transaction Bundle updates what an earlier delivery created instead of duplicating it.
 
 mod adt;
+mod common;
 mod dt;
 pub mod json;
+mod order;
 pub mod vocab;
 
 use hl7v2::{Charset, Message};
@@ -88,7 +90,7 @@ pub enum FhirError {
 /// The message types and triggers [`convert`] maps.
 pub const SUPPORTED: &[&str] = &[
     "ADT^A01", "ADT^A02", "ADT^A03", "ADT^A04", "ADT^A05", "ADT^A06", "ADT^A07", "ADT^A08",
-    "ADT^A11", "ADT^A13", "ADT^A28", "ADT^A31",
+    "ADT^A11", "ADT^A13", "ADT^A28", "ADT^A31", "ORU^R01", "ORM^O01", "OML^O21",
 ];
 
 /// Converts `msg` (its text in `charset`) into a FHIR R4 Bundle appended to `out` as JSON.
@@ -110,6 +112,7 @@ pub fn convert(
     let mut cx = dt::Ctx::new(msg, charset, opts);
     match h.message_type {
         b"ADT" => adt::convert(&mut cx, &kind, out),
+        b"ORU" | b"ORM" | b"OML" => order::convert(&mut cx, &kind, out),
         _ => Err(FhirError::Unsupported(kind)),
     }
 }

@@ -69,8 +69,51 @@ pub fn coding_system(name: &str) -> Option<&'static str> {
         "ISO3166_1" | "ISO3166-1" => "urn:iso:std:iso:3166",
         "ISO+" | "ISO639" => "urn:ietf:bcp:47",
         "CDCREC" => "urn:oid:2.16.840.1.113883.6.238",
+        // The same systems named by their OIDs (public health messages do).
+        "2.16.840.1.113883.6.1" => "http://loinc.org",
+        "2.16.840.1.113883.6.96" => "http://snomed.info/sct",
+        "2.16.840.1.113883.6.8" => "http://unitsofmeasure.org",
+        "2.16.840.1.113883.6.3" => "http://hl7.org/fhir/sid/icd-10",
+        "2.16.840.1.113883.6.90" => "http://hl7.org/fhir/sid/icd-10-cm",
+        "2.16.840.1.113883.6.103" => "http://hl7.org/fhir/sid/icd-9-cm",
+        "2.16.840.1.113883.6.88" => "http://www.nlm.nih.gov/research/umls/rxnorm",
+        "2.16.840.1.113883.6.12" => "http://www.ama-assn.org/go/cpt",
+        "2.16.840.1.113883.12.292" => "http://hl7.org/fhir/sid/cvx",
+        "2.16.840.1.113883.6.238" => "urn:oid:2.16.840.1.113883.6.238",
+        "2.16.840.1.113883.5.1008" => "http://terminology.hl7.org/CodeSystem/v3-NullFlavor",
+        "1.0.3166.1" | "1.0.3166.1.2.3" => "urn:iso:std:iso:3166",
         _ => return None,
     })
+}
+
+/// The system of a coding system named by an OID that [`coding_system`] does not know: an HL7 v2 table
+/// (`2.16.840.1.113883.12.<n>`) as its terminology.hl7.org code system, any other as `urn:oid:`.
+pub fn oid_system(oid: &str) -> Option<String> {
+    if !crate::dt::is_oid(oid) {
+        return None;
+    }
+    if let Some(n) = oid.strip_prefix("2.16.840.1.113883.12.")
+        && n.len() <= 4
+        && n.bytes().all(|b| b.is_ascii_digit())
+    {
+        return v2_table_system(&format!("{n:0>4}"));
+    }
+    Some(format!("urn:oid:{oid}"))
+}
+
+/// False when `code` cannot be a code of `system` (as far as its form, or the IG's list of it, tells): ISO
+/// 3166 country codes are two letters, three letters (table 0399, listed by the IG's CountryCode map) or
+/// three digits.
+pub fn fits(system: &str, code: &str) -> bool {
+    match system {
+        "urn:iso:std:iso:3166" => match code.len() {
+            2 => code.bytes().all(|b| b.is_ascii_uppercase()),
+            3 if code.bytes().all(|b| b.is_ascii_digit()) => true,
+            3 => has_code("CountryCode", code),
+            _ => false,
+        },
+        _ => true,
+    }
 }
 
 #[cfg(test)]

@@ -14,12 +14,17 @@ fn corpus_dir() -> PathBuf {
     )
 }
 
-/// Our own sample: every segment the ADT map covers, with values in every mapped field kind.
+/// Our own samples: every segment the ADT map covers, with values in every mapped field kind; an ORU_R01 with
+/// every OBX value type, notes, specimens and the NDL fields.
 const SAMPLE: &[u8] = include_bytes!("data/adt_a01.hl7");
+const SAMPLE_ORU: &[u8] = include_bytes!("data/oru_r01.hl7");
 
-/// The messages to convert: (name, bytes) of the corpus's files of a supported type, and the sample.
+/// The messages to convert: (name, bytes) of the corpus's files of a supported type, and the samples.
 fn messages() -> Vec<(String, Vec<u8>)> {
-    let mut out = vec![("sample-adt_a01".to_owned(), SAMPLE.to_vec())];
+    let mut out = vec![
+        ("sample-adt_a01".to_owned(), SAMPLE.to_vec()),
+        ("sample-oru_r01".to_owned(), SAMPLE_ORU.to_vec()),
+    ];
     let Ok(dir) = std::fs::read_dir(corpus_dir()) else {
         println!(
             "corpus not found at {}: only the sample",
