@@ -6,7 +6,7 @@
 # until Ctrl-C.
 # KAFKA_BROKERS=host:port[,host:port...] uses that Kafka instead: nothing is started or stopped there and no Java
 # is needed. The services create the topics they use when missing (kafka.create_topics_partitions, 3 by default):
-# hl7.inbound, hl7.dlq, hl7.out.lab, hl7.out.analytics, hl7.events; their consumer groups are hl7gw-transformer
+# hl7.inbound, hl7.dlq, hl7.out.lab, hl7.out.analytics, hl7.out.fhir, hl7.events; their consumer groups are hl7gw-transformer
 # and hl7gw-egress.lab. A Kafka that needs TLS or SASL: export the services' HL7GW_KAFKA__* settings as well.
 # RUN_ONCE=1 stops everything once the samples arrived (a smoke test of the whole path).
 # The services' logs: .cache/run/{ingress,transformer,egress,receiver}.log.
@@ -83,9 +83,10 @@ hl7gw is running (ingress -> Kafka -> transformer -> Kafka -> egress -> receiver
   ingress  MLLP 127.0.0.1:2575, gRPC 127.0.0.1:50051 (hl7gw.v1.Ingest), admin http://127.0.0.1:9464/metrics
   routes   examples/pipeline/routes.yaml (edit it: reloaded within 2 s); dry run: gRPC hl7gw.v1.Transform on :50052
   egress   destination lab -> 127.0.0.1:2576; gRPC hl7gw.v1.Egress on :50053 (status, dead letters, replay)
-  lands in $received/ (ADT, transformed for the lab); ORU as JSON on topic hl7.out.analytics
+  lands in $received/ (ADT, transformed for the lab); ORU as JSON on topic hl7.out.analytics; ADT as FHIR R4
+           transaction Bundles on topic hl7.out.fhir: $bin/hl7gw tail --topic hl7.out.fhir --since 1h --with-message
   Kafka    $kafka_note
-           topics hl7.inbound, hl7.out.lab, hl7.out.analytics, hl7.dlq, hl7.events (created by the services)
+           topics hl7.inbound, hl7.out.lab, hl7.out.analytics, hl7.out.fhir, hl7.dlq, hl7.events (created by the services)
   logs     $log/ingress.log, transformer.log, egress.log, receiver.log
   admin    $bin/hl7gw status --to http://127.0.0.1:50053
            $bin/hl7gw trace --to http://127.0.0.1:50053 --control-id <MSH-10>

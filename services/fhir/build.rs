@@ -8,6 +8,7 @@ use std::path::Path;
 fn main() {
     let dir = Path::new("ig/codesystems");
     println!("cargo:rerun-if-changed={}", dir.display());
+    println!("cargo:rerun-if-changed=build.rs");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .expect("ig/codesystems")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -63,7 +64,16 @@ fn main() {
         }
         out.push_str("    ]),\n");
     }
-    out.push_str("];\n");
+    out.push_str("];\n\n");
+    // A match on the name: compiled to comparisons by length and bytes, no scan of the whole list.
+    out.push_str(
+        "/// The rows of the concept map `name`.\npub fn map_rows(name: &str) -> Option<&'static [Row]> {\n    \
+         let i = match name {\n",
+    );
+    for (i, name) in names.iter().enumerate() {
+        let _ = writeln!(out, "        {name:?} => {i},");
+    }
+    out.push_str("        _ => return None,\n    };\n    Some(CONCEPT_MAPS[i].1)\n}\n");
     let dest = Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("concept_maps.rs");
     std::fs::write(dest, out).expect("write concept_maps.rs");
 }

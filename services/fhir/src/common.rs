@@ -138,6 +138,7 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
 /// Closes the `entry` array and the Bundle (with what no map covered, and its values, in `meta` when the
 /// route keeps them), and says what was converted.
 pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
+    cx.take_dropped();
     w.end_array();
     if cx.resources == 0 {
         // FHIR has no empty arrays.
@@ -195,7 +196,11 @@ pub(crate) fn pv1_participants<'a>(cx: &Ctx<'a, '_>, pv1: &Segment<'a>) -> Vec<P
                 .map(move |xcn| (n, code, display, xcn))
         })
         .filter_map(|(n, code, display, xcn)| {
-            let t = practitioner_target(cx, Person::Xcn(xcn))?;
+            let Some(t) = practitioner_target(cx, Person::Xcn(xcn)) else {
+                // Neither an id nor a name: no Practitioner to make of it.
+                cx.dropped(pv1, n);
+                return None;
+            };
             Some((n, code, display, t, xcn))
         })
         .collect()
@@ -362,7 +367,11 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         let code = vocab::lookup("AdministrativeSex", &g).map_or("unknown", |c| c.code);
         w.string("gender", code);
     }
-    if let Some(b) = birth.as_deref().and_then(|b| cx.date(b)) {
+    let birth_date = birth.as_deref().and_then(|b| cx.date(b));
+    if birth.is_some() && birth_date.is_none() {
+        cx.dropped(pid, 7);
+    }
+    if let Some(b) = birth_date {
         w.string("birthDate", &b);
         if let Some(t) = birth_time {
             w.object("_birthDate");
@@ -378,10 +387,18 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
             w.end_object();
         }
     }
-    if let Some(d) = cx.field(pid, 29).and_then(|d| cx.date_time(&d)) {
+    // PID-30 only when PID-29 is empty (the IG's condition); a PID-30 that goes nowhere is reported.
+    let deceased_at = cx.field(pid, 29).and_then(|d| cx.date_time(&d));
+    if deceased_at.is_none() {
+        cx.dropped(pid, 29);
+    }
+    if let Some(d) = deceased_at {
         w.string("deceasedDateTime", &d);
+        cx.dropped(pid, 30);
     } else if let Some(b) = cx.field(pid, 30).and_then(|f| yes_no(&f)) {
         w.bool("deceasedBoolean", b);
+    } else {
+        cx.dropped(pid, 30);
     }
     let addresses = cx.reps(pid, 11);
     write_items(w, "address", &addresses, |w, v| {
@@ -401,9 +418,14 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         .field(pid, 25)
         .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
     {
-        w.number("multipleBirthInteger", &n);
+        w.number("multipleBirthInteger", n.trim_start_matches('0').max("0"));
+        cx.dropped(pid, 24);
     } else if let Some(b) = cx.field(pid, 24).and_then(|f| yes_no(&f)) {
         w.bool("multipleBirthBoolean", b);
+        cx.dropped(pid, 25);
+    } else {
+        cx.dropped(pid, 24);
+        cx.dropped(pid, 25);
     }
     let language = pid.field(15).and_then(|f| f.repetition(1));
     if language.is_some_and(|l| cx.cwe_valued(l)) {
@@ -723,6 +745,11 @@ pub(crate) fn encounter_body(
     }
     let start = cx.field(pv1, 44).and_then(|d| cx.date_time(&d));
     let end = cx.field(pv1, 45).and_then(|d| cx.date_time(&d));
+    for (n, v) in [(44, &start), (45, &end)] {
+        if v.is_none() {
+            cx.dropped(pv1, n);
+        }
+    }
     if start.is_some() || end.is_some() {
         w.object("period");
         if let Some(s) = &start {
@@ -843,13 +870,18 @@ pub(crate) fn allergy_body(
     w.end_array();
     w.end_object();
     if let Some(t) = cx.field(al1, 2) {
-        if let Some(ty) = vocab::lookup("AllergyType", &t) {
+        let ty = vocab::lookup("AllergyType", &t);
+        let cat = vocab::lookup("AllergenType[AllergyIntoleranceCategory]", &t);
+        if let Some(ty) = ty {
             w.string("type", ty.code);
         }
-        if let Some(cat) = vocab::lookup("AllergenType[AllergyIntoleranceCategory]", &t) {
+        if let Some(cat) = cat {
             w.array("category");
             w.item_string(cat.code);
             w.end_array();
+        }
+        if ty.is_none() && cat.is_none() {
+            cx.dropped(al1, 2);
         }
     }
     let severity = cx.field(al1, 4);
@@ -953,6 +985,11 @@ pub(crate) fn coverage_body(
     );
     let start = cx.field(in1, 12).and_then(|d| cx.date(&d));
     let end = cx.field(in1, 13).and_then(|d| cx.date(&d));
+    for (n, v) in [(12, &start), (13, &end)] {
+        if v.is_none() {
+            cx.dropped(in1, n);
+        }
+    }
     if start.is_some() || end.is_some() {
         w.object("period");
         if let Some(s) = &start {

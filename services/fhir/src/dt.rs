@@ -19,6 +19,9 @@ pub(crate) struct Ctx<'a, 'm> {
     /// Their values, kept when `Unmapped::Extension`.
     pub unmapped_values: Vec<(String, String)>,
     pub resources: usize,
+    /// Fields a map meant to write but could not (a date that is not one, a code with no row, a person with
+    /// neither id nor name): reported like unmapped ones, by [`Ctx::dropped`], which needs only `&self`.
+    dropped: std::cell::RefCell<Vec<(String, String)>>,
 }
 
 impl std::fmt::Debug for Ctx<'_, '_> {
@@ -77,6 +80,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             unmapped: Vec::new(),
             unmapped_values: Vec::new(),
             resources: 0,
+            dropped: std::cell::RefCell::new(Vec::new()),
         }
     }
 
@@ -141,6 +145,34 @@ impl<'a, 'm> Ctx<'a, 'm> {
             if self.opts.unmapped == Unmapped::Extension {
                 let raw = self.charset_text(v.raw());
                 self.unmapped_values.push((id.clone(), raw));
+            }
+            self.unmapped.push(id);
+        }
+    }
+
+    /// Field `n` of `seg` had a value the map could not write: it is reported as unmapped (with its value when
+    /// the route keeps them), never dropped silently.
+    pub fn dropped(&self, seg: &Segment<'a>, n: usize) {
+        let Some(v) = seg.field(n).filter(|v| !v.is_empty()) else {
+            return;
+        };
+        let id = format!("{}-{n}", String::from_utf8_lossy(seg.name()));
+        let value = if self.opts.unmapped == Unmapped::Extension {
+            self.charset_text(v.raw())
+        } else {
+            String::new()
+        };
+        self.dropped.borrow_mut().push((id, value));
+    }
+
+    /// Moves what [`Ctx::dropped`] collected into the unmapped lists (once each).
+    pub fn take_dropped(&mut self) {
+        for (id, value) in self.dropped.take() {
+            if self.unmapped.contains(&id) {
+                continue;
+            }
+            if self.opts.unmapped == Unmapped::Extension {
+                self.unmapped_values.push((id.clone(), value));
             }
             self.unmapped.push(id);
         }

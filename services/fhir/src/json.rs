@@ -138,31 +138,47 @@ impl<'o> Writer<'o> {
     }
 }
 
-/// `s` JSON-escaped onto `out` (quotes, backslashes, control characters; the rest as UTF-8).
+/// Bytes JSON needs escaped: control characters, `"` and `\\`.
+static NEEDS_ESCAPE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+/// `s` JSON-escaped onto `out` (quotes, backslashes, control characters; the rest as UTF-8). Runs without an
+/// escape (nearly all of them) are copied whole.
 pub fn escape_into(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f => {
-                out.extend_from_slice(&bytes[start..i]);
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if !NEEDS_ESCAPE[b as usize] {
+            i += 1;
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            _ => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
                 out.extend_from_slice(b"\\u00");
                 out.push(HEX[(b >> 4) as usize]);
                 out.push(HEX[(b & 0xf) as usize]);
-                start = i + 1;
-                continue;
             }
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        out.extend_from_slice(esc);
-        start = i + 1;
+        }
+        i += 1;
+        start = i;
     }
     out.extend_from_slice(&bytes[start..]);
 }

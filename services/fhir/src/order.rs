@@ -989,6 +989,11 @@ fn report_body(
     if let Some(obr) = obr {
         let start = cx.field(obr, 7).and_then(|d| cx.date_time(&d));
         let end = cx.field(obr, 8).and_then(|d| cx.date_time(&d));
+        for (n, v) in [(7, &start), (8, &end)] {
+            if v.is_none() {
+                cx.dropped(obr, n);
+            }
+        }
         match (&start, &end) {
             (Some(s), None) => w.string("effectiveDateTime", s),
             (None, None) => {}

@@ -17,7 +17,7 @@ pub struct Concept {
 /// The IG's translation of `code` in the concept map `map` (its name in the IG: `AdministrativeSex`,
 /// `PatientClass[EncounterClass]`...), if the map has an unconditional row for it.
 pub fn lookup(map: &str, code: &str) -> Option<Concept> {
-    let (_, rows) = CONCEPT_MAPS.iter().find(|(name, _)| *name == map)?;
+    let rows = map_rows(map)?;
     let i = rows.binary_search_by(|r| r.0.cmp(code)).ok()?;
     let (_, code, display, system) = rows[i];
     if code.is_empty() {
@@ -32,15 +32,12 @@ pub fn lookup(map: &str, code: &str) -> Option<Concept> {
 
 /// True when `code` is one of the v2 codes of the map's table (mapped to FHIR or not).
 pub fn has_code(map: &str, code: &str) -> bool {
-    CONCEPT_MAPS
-        .iter()
-        .find(|(name, _)| *name == map)
-        .is_some_and(|(_, rows)| rows.binary_search_by(|r| r.0.cmp(code)).is_ok())
+    map_rows(map).is_some_and(|rows| rows.binary_search_by(|r| r.0.cmp(code)).is_ok())
 }
 
 /// True when the IG has a concept map named `map`.
 pub fn has_map(map: &str) -> bool {
-    CONCEPT_MAPS.iter().any(|(name, _)| *name == map)
+    map_rows(map).is_some()
 }
 
 /// The FHIR code system of a v2 table (`HL70203` or `0203`): `http://terminology.hl7.org/CodeSystem/v2-0203`.
