@@ -74,17 +74,7 @@ pub(crate) fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>, sub: bool) -> Option<(Stri
 pub(crate) fn identifier_item(w: &mut Writer<'_>, key: &(String, String), type_code: Option<&str>) {
     w.begin_object();
     if let Some(code) = type_code {
-        w.object("type");
-        w.array("coding");
-        w.begin_object();
-        w.string("system", "http://terminology.hl7.org/CodeSystem/v2-0203");
-        w.string("code", code);
-        if let Some(c) = vocab::lookup("IdentifierType", code) {
-            w.string("display", c.display);
-        }
-        w.end_object();
-        w.end_array();
-        w.end_object();
+        crate::dt::identifier_type(w, code, true);
     }
     w.string("system", &key.0);
     w.string("value", &key.1);
@@ -750,16 +740,7 @@ pub(crate) fn encounter_body(
             cx.dropped(pv1, n);
         }
     }
-    if start.is_some() || end.is_some() {
-        w.object("period");
-        if let Some(s) = &start {
-            w.string("start", s);
-        }
-        if let Some(e) = &end {
-            w.string("end", e);
-        }
-        w.end_object();
-    }
+    crate::dt::period(w, "period", start.as_deref(), end.as_deref());
     if let Some(pv2) = pv2 {
         let reasons = cx.reps(pv2, 3);
         write_items(w, "reasonCode", &reasons, |w, v| {
@@ -840,16 +821,7 @@ pub(crate) fn related_person_body(
     write_items(w, "address", &addresses, |w, v| cx.address(w, *v));
     let start = cx.field(nk1, 8).and_then(|d| cx.date(&d));
     let end = cx.field(nk1, 9).and_then(|d| cx.date(&d));
-    if start.is_some() || end.is_some() {
-        w.object("period");
-        if let Some(s) = &start {
-            w.string("start", s);
-        }
-        if let Some(e) = &end {
-            w.string("end", e);
-        }
-        w.end_object();
-    }
+    crate::dt::period(w, "period", start.as_deref(), end.as_deref());
 }
 
 pub(crate) fn allergy_body(
@@ -990,16 +962,7 @@ pub(crate) fn coverage_body(
             cx.dropped(in1, n);
         }
     }
-    if start.is_some() || end.is_some() {
-        w.object("period");
-        if let Some(s) = &start {
-            w.string("start", s);
-        }
-        if let Some(e) = &end {
-            w.string("end", e);
-        }
-        w.end_object();
-    }
+    crate::dt::period(w, "period", start.as_deref(), end.as_deref());
     // payor (1..*): the insurance company by its id (IN1-3) and name (IN1-4).
     let company = in1
         .field(3)

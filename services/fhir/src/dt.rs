@@ -319,38 +319,16 @@ impl<'a, 'm> Ctx<'a, 'm> {
         };
         w.begin_object();
         let ty = self.comp(cx, 5);
-        if let Some(code) = ty.as_deref().or(type_code) {
-            w.object("type");
-            // A code of table 0203 is a coding; anything else a sender put there is kept as text.
-            if vocab::has_code("IdentifierType", code) {
-                w.array("coding");
-                w.begin_object();
-                w.string("system", "http://terminology.hl7.org/CodeSystem/v2-0203");
-                w.string("code", code);
-                if let Some(c) = vocab::lookup("IdentifierType", code) {
-                    w.string("display", c.display);
-                }
-                w.end_object();
-                w.end_array();
-            } else {
-                w.string("text", code);
-            }
-            w.end_object();
+        match (ty.as_deref(), type_code) {
+            (Some(sent), _) => identifier_type(w, sent, false),
+            (None, Some(ours)) => identifier_type(w, ours, true),
+            (None, None) => {}
         }
         w.string("system", &system);
         w.string("value", &value);
         let start = self.comp(cx, 7).and_then(|d| self.date_time(&d));
         let end = self.comp(cx, 8).and_then(|d| self.date_time(&d));
-        if start.is_some() || end.is_some() {
-            w.object("period");
-            if let Some(s) = start {
-                w.string("start", &s);
-            }
-            if let Some(e) = end {
-                w.string("end", &e);
-            }
-            w.end_object();
-        }
+        period(w, "period", start.as_deref(), end.as_deref());
         w.end_object();
         true
     }
@@ -710,6 +688,41 @@ impl<'a, 'm> Ctx<'a, 'm> {
         parts.extend([7, 8].iter().filter_map(|&n| self.comp(pl, n)));
         (!parts.is_empty()).then(|| parts.join(" "))
     }
+}
+
+/// A v2-0203 identifier type as a CodeableConcept under `type`: a coding for one of the converter's own
+/// (`ours`: VN, PLAC, FILL...) or a code of the IG's IdentifierType map, text for anything else a sender put there.
+pub(crate) fn identifier_type(w: &mut Writer<'_>, code: &str, ours: bool) {
+    w.object("type");
+    if ours || vocab::has_code("IdentifierType", code) {
+        w.array("coding");
+        w.begin_object();
+        w.string("system", "http://terminology.hl7.org/CodeSystem/v2-0203");
+        w.string("code", code);
+        if let Some(c) = vocab::lookup("IdentifierType", code) {
+            w.string("display", c.display);
+        }
+        w.end_object();
+        w.end_array();
+    } else {
+        w.string("text", code);
+    }
+    w.end_object();
+}
+
+/// A Period under `key`, when either end is known.
+pub(crate) fn period(w: &mut Writer<'_>, key: &str, start: Option<&str>, end: Option<&str>) {
+    if start.is_none() && end.is_none() {
+        return;
+    }
+    w.object(key);
+    if let Some(s) = start {
+        w.string("start", s);
+    }
+    if let Some(e) = end {
+        w.string("end", e);
+    }
+    w.end_object();
 }
 
 /// True for an OID FHIR accepts: `[0-2]` and at least two more arcs, each a number without leading zeros.

@@ -56,3 +56,27 @@ pub fn check_example_config(bin: &Path, name: &str) -> Output {
     }
     cmd.output().expect("run the service binary")
 }
+
+/// Asserts that `examples/config/<service>.yaml` passes `bin --check-config` (see [`check_example_config`]).
+pub fn assert_example_passes_check_config(bin: &Path, service: &str) {
+    let out = check_example_config(bin, &format!("{service}.yaml"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("configuration is valid"), "{stdout}");
+}
+
+/// Asserts that `bin --print-schema` prints `docs/config/<service>.schema.json` as checked in.
+pub fn assert_print_schema_is_checked_in(bin: &Path, service: &str) {
+    let out = Command::new(bin)
+        .arg("--print-schema")
+        .output()
+        .expect("run the service binary");
+    assert!(out.status.success());
+    let path = examples_dir().join(format!("../docs/config/{service}.schema.json"));
+    let checked_in =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), checked_in);
+}

@@ -23,13 +23,22 @@ pub fn harness_jar() -> &'static Path {
         let newest_source = walk_newest(&src.join("src")).max(mtime(&src.join("pom.xml")));
         if mtime(&jar) <= newest_source || !out.join("libs").is_dir() {
             let status = Command::new("mvn")
-                .args(["-q", "-B", "-Dstyle.color=never", "--no-transfer-progress", "-f"])
+                .args([
+                    "-q",
+                    "-B",
+                    "-Dstyle.color=never",
+                    "--no-transfer-progress",
+                    "-f",
+                ])
                 .arg(src.join("pom.xml"))
                 .arg(format!("-Dharness.out={}", out.display()))
                 .arg("package")
                 .status()
                 .expect("running mvn (Maven and Java 17 are needed for the FHIR tests)");
-            assert!(status.success(), "building the FHIR harness with Maven failed");
+            assert!(
+                status.success(),
+                "building the FHIR harness with Maven failed"
+            );
         }
         jar
     })
@@ -46,7 +55,11 @@ fn walk_newest(dir: &Path) -> std::time::SystemTime {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let p = e.path();
-            newest = newest.max(if p.is_dir() { walk_newest(&p) } else { mtime(&p) });
+            newest = newest.max(if p.is_dir() {
+                walk_newest(&p)
+            } else {
+                mtime(&p)
+            });
         }
     }
     newest

@@ -431,7 +431,9 @@ fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, Str
             && b[3] == b':'
             && b[4..6].iter().all(u8::is_ascii_digit);
         if tz != "Z" && !offset {
-            return Err(format!("toFhir timezone {tz:?}: expected Z, +hh:mm or -hh:mm"));
+            return Err(format!(
+                "toFhir timezone {tz:?}: expected Z, +hh:mm or -hh:mm"
+            ));
         }
     }
     Ok(hl7gw_fhir::Options {
@@ -1173,7 +1175,10 @@ mod tests {
             &spec("{transforms: [{toFhir: {}}, {toJson: {}}], destinations: [a]}"),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("only plugin steps may follow"), "{e}");
+        assert!(
+            e.to_string().contains("only plugin steps may follow"),
+            "{e}"
+        );
         let e = Route::compile(
             "r",
             &spec("{transforms: [{toFhir: {timezone: 'CET'}}], destinations: [a]}"),

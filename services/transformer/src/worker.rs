@@ -190,7 +190,10 @@ pub async fn route_consumed<P: PluginCaller>(
                             route: route.name.clone(),
                         })
                         .inc_by(applied.fhir_unmapped.len() as u64);
-                    span.record("hl7.fhir.unmapped", applied.fhir_unmapped.join(",").as_str());
+                    span.record(
+                        "hl7.fhir.unmapped",
+                        applied.fhir_unmapped.join(",").as_str(),
+                    );
                 }
                 // The route's own key (e.g. from a hashed id) or the inbound key.
                 let key = applied.key.unwrap_or_else(|| env.key.clone());

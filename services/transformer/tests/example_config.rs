@@ -7,25 +7,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_hl7gw-transformer");
 
 #[test]
 fn the_example_config_passes_check_config() {
-    let out = hl7gw_testkit::examples::check_example_config(Path::new(BIN), "transformer.yaml");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
-    assert!(stdout.contains("configuration is valid"), "{stdout}");
+    hl7gw_testkit::examples::assert_example_passes_check_config(Path::new(BIN), "transformer");
 }
 
 #[test]
 fn print_schema_prints_the_checked_in_schema() {
-    let out = std::process::Command::new(BIN)
-        .arg("--print-schema")
-        .output()
-        .expect("run");
-    assert!(out.status.success());
-    let checked_in = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/config/transformer.schema.json"),
-    )
-    .expect("docs/config/transformer.schema.json");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), checked_in);
+    hl7gw_testkit::examples::assert_print_schema_is_checked_in(Path::new(BIN), "transformer");
 }
