@@ -113,7 +113,7 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
     let timestamp = msh7
         .as_deref()
         .and_then(|t| cx.instant(t))
-        .or_else(|| cx.opts.received_at.clone());
+        .or_else(|| cx.received_at.map(str::to_owned));
     if let Some(ts) = &timestamp {
         w.string("timestamp", ts);
     }

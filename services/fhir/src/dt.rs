@@ -19,6 +19,8 @@ pub(crate) struct Ctx<'a, 'm> {
     /// Their values, kept when `Unmapped::Extension`.
     pub unmapped_values: Vec<(String, String)>,
     pub resources: usize,
+    /// When the gateway received the message (the caller's, else `Options::received_at`).
+    pub received_at: Option<&'m str>,
     /// Fields a map meant to write but could not (a date that is not one, a code with no row, a person with
     /// neither id nor name): reported like unmapped ones, by [`Ctx::dropped`], which needs only `&self`.
     dropped: std::cell::RefCell<Vec<(String, String)>>,
@@ -80,6 +82,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             unmapped: Vec::new(),
             unmapped_values: Vec::new(),
             resources: 0,
+            received_at: opts.received_at.as_deref(),
             dropped: std::cell::RefCell::new(Vec::new()),
         }
     }

@@ -100,6 +100,18 @@ pub fn convert(
     opts: &Options,
     out: &mut Vec<u8>,
 ) -> Result<Outcome, FhirError> {
+    convert_received(msg, charset, opts, None, out)
+}
+
+/// [`convert`] with the time the gateway received this message (RFC 3339), which overrides
+/// [`Options::received_at`]: the route's options stay shared, nothing is copied per message.
+pub fn convert_received(
+    msg: &Message<'_>,
+    charset: Charset,
+    opts: &Options,
+    received_at: Option<&str>,
+    out: &mut Vec<u8>,
+) -> Result<Outcome, FhirError> {
     let h = msg.header();
     let kind = format!(
         "{}^{}",
@@ -110,6 +122,7 @@ pub fn convert(
         return Err(FhirError::Unsupported(kind));
     }
     let mut cx = dt::Ctx::new(msg, charset, opts);
+    cx.received_at = received_at.or(opts.received_at.as_deref());
     match h.message_type {
         b"ADT" => adt::convert(&mut cx, &kind, out),
         b"ORU" | b"ORM" | b"OML" => order::convert(&mut cx, &kind, out),

@@ -388,20 +388,16 @@ impl Route {
                 Step::ToFhir(opts) => {
                     content_type = FHIR_CONTENT_TYPE;
                     last_hl7 = Some(cur.clone());
-                    let received;
-                    let opts = match &env.received_at {
-                        Some(ts) if opts.received_at.is_none() => {
-                            received = hl7gw_fhir::Options {
-                                received_at: Some(ts.to_string()),
-                                ..(**opts).clone()
-                            };
-                            &received
-                        }
-                        _ => &**opts,
-                    };
+                    let received = env.received_at.as_ref().map(|ts| ts.to_string());
                     let mut out = Vec::with_capacity(cur.len() * 4);
-                    let done = hl7gw_fhir::convert(&msg, charset, opts, &mut out)
-                        .map_err(|e| fail("to_fhir", e.to_string()))?;
+                    let done = hl7gw_fhir::convert_received(
+                        &msg,
+                        charset,
+                        opts,
+                        received.as_deref(),
+                        &mut out,
+                    )
+                    .map_err(|e| fail("to_fhir", e.to_string()))?;
                     unmapped = done.unmapped;
                     out
                 }
