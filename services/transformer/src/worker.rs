@@ -192,7 +192,7 @@ pub async fn route_consumed<P: PluginCaller>(
                         .inc_by(applied.fhir_unmapped.len() as u64);
                     span.record(
                         "hl7.fhir.unmapped",
-                        applied.fhir_unmapped.join(",").as_str(),
+                        unmapped_attribute(&applied.fhir_unmapped).as_str(),
                     );
                 }
                 // The route's own key (e.g. from a hashed id) or the inbound key.
@@ -1268,12 +1268,38 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or(Err(KafkaError::Canceled))
 }
 
+/// Most unmapped ids a span attribute lists: a message of a thousand Z-segments must not make a span of
+/// kilobytes (the metric counts them all).
+const MAX_UNMAPPED_IN_SPAN: usize = 32;
+
+/// `hl7.fhir.unmapped`: the first [`MAX_UNMAPPED_IN_SPAN`] ids, comma-separated, and how many more.
+fn unmapped_attribute(ids: &[String]) -> String {
+    let mut s = ids
+        .iter()
+        .take(MAX_UNMAPPED_IN_SPAN)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(",");
+    if ids.len() > MAX_UNMAPPED_IN_SPAN {
+        s.push_str(&format!(",... ({} more)", ids.len() - MAX_UNMAPPED_IN_SPAN));
+    }
+    s
+}
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::{Plugin, Route};
     use crate::route::HL7RouteSpec;
     use hl7gw_runtime::proto::v1::TransformRequest;
+
+    #[test]
+    fn the_unmapped_span_attribute_is_bounded() {
+        let ids: Vec<String> = (0..1000).map(|i| format!("Z{i:02}")).collect();
+        let a = unmapped_attribute(&ids);
+        assert!(a.len() < 400, "{} bytes", a.len());
+        assert!(a.ends_with(",... (968 more)"), "{a}");
+        assert_eq!(unmapped_attribute(&ids[..2]), "Z00,Z01");
+    }
 
     #[test]
     fn a_batch_gathers_until_the_interval_since_the_previous_start() {
