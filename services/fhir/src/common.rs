@@ -559,28 +559,14 @@ pub(crate) fn practitioner_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, p: Person<
     let prefix = p.part(cx, 6);
     if family.is_some() || given.iter().any(Option::is_some) {
         w.array("name");
-        w.begin_object();
-        if let Some(f) = &family {
-            w.string("family", f);
-        }
-        if given.iter().any(Option::is_some) {
-            w.array("given");
-            for g in given.iter().flatten() {
-                w.item_string(g);
-            }
-            w.end_array();
-        }
-        if let Some(p) = &prefix {
-            w.array("prefix");
-            w.item_string(p);
-            w.end_array();
-        }
-        if let Some(s) = &suffix {
-            w.array("suffix");
-            w.item_string(s);
-            w.end_array();
-        }
-        w.end_object();
+        crate::dt::write_name(
+            w,
+            None,
+            family.as_deref(),
+            &[given[0].as_deref(), given[1].as_deref()],
+            &[prefix.as_deref()],
+            &[suffix.as_deref()],
+        );
         w.end_array();
     }
 }

@@ -347,36 +347,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
         if family.is_none() && given.is_none() && middle.is_none() {
             return false;
         }
-        w.begin_object();
-        if let Some(u) = self
+        let use_ = self
             .comp(xpn, 7)
             .and_then(|c| vocab::lookup("NameType", &c))
-        {
-            w.string("use", u.code);
-        }
-        if let Some(f) = &family {
-            w.string("family", f);
-        }
-        if given.is_some() || middle.is_some() {
-            w.array("given");
-            for g in [&given, &middle].into_iter().flatten() {
-                w.item_string(g);
-            }
-            w.end_array();
-        }
-        if let Some(p) = &prefix {
-            w.array("prefix");
-            w.item_string(p);
-            w.end_array();
-        }
-        if suffix.is_some() || degree.is_some() {
-            w.array("suffix");
-            for s in [&suffix, &degree].into_iter().flatten() {
-                w.item_string(s);
-            }
-            w.end_array();
-        }
-        w.end_object();
+            .map(|u| u.code);
+        write_name(
+            w,
+            use_,
+            family.as_deref(),
+            &[given.as_deref(), middle.as_deref()],
+            &[prefix.as_deref()],
+            &[suffix.as_deref(), degree.as_deref()],
+        );
         true
     }
 
@@ -726,6 +708,49 @@ pub(crate) fn period(w: &mut Writer<'_>, key: &str, start: Option<&str>, end: Op
         w.string("end", e);
     }
     w.end_object();
+}
+
+/// A HumanName object (an array item): `use`, `family`, and the `given`, `prefix` and `suffix` parts that
+/// have a value.
+pub(crate) fn write_name(
+    w: &mut Writer<'_>,
+    use_: Option<&str>,
+    family: Option<&str>,
+    given: &[Option<&str>],
+    prefix: &[Option<&str>],
+    suffix: &[Option<&str>],
+) {
+    w.begin_object();
+    if let Some(u) = use_ {
+        w.string("use", u);
+    }
+    if let Some(f) = family {
+        w.string("family", f);
+    }
+    for (key, parts) in [("given", given), ("prefix", prefix), ("suffix", suffix)] {
+        if parts.iter().any(Option::is_some) {
+            w.array(key);
+            for p in parts.iter().flatten() {
+                w.item_string(p);
+            }
+            w.end_array();
+        }
+    }
+    w.end_object();
+}
+
+/// A time under `single` (`effectiveDateTime`) when only the start is known, else a Period under `period`.
+pub(crate) fn date_or_period(
+    w: &mut Writer<'_>,
+    single: &str,
+    period_key: &str,
+    start: Option<&str>,
+    end: Option<&str>,
+) {
+    match (start, end) {
+        (Some(s), None) => w.string(single, s),
+        _ => period(w, period_key, start, end),
+    }
 }
 
 /// True for an OID FHIR accepts: `[0-2]` and at least two more arcs, each a number without leading zeros.

@@ -994,20 +994,13 @@ fn report_body(
                 cx.dropped(obr, n);
             }
         }
-        match (&start, &end) {
-            (Some(s), None) => w.string("effectiveDateTime", s),
-            (None, None) => {}
-            _ => {
-                w.object("effectivePeriod");
-                if let Some(s) = &start {
-                    w.string("start", s);
-                }
-                if let Some(e) = &end {
-                    w.string("end", e);
-                }
-                w.end_object();
-            }
-        }
+        crate::dt::date_or_period(
+            w,
+            "effectiveDateTime",
+            "effectivePeriod",
+            start.as_deref(),
+            end.as_deref(),
+        );
         if let Some(i) = cx.field(obr, 22).and_then(|d| cx.instant(&d)) {
             mapped.push(22);
             w.string("issued", &i);
@@ -1103,20 +1096,13 @@ fn specimen_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, spm: &Segment<'_>, patien
         || site.is_some_and(|s| cx.cwe_valued(s))
     {
         w.object("collection");
-        match (&start, &end) {
-            (Some(s), None) => w.string("collectedDateTime", s),
-            (None, None) => {}
-            _ => {
-                w.object("collectedPeriod");
-                if let Some(s) = &start {
-                    w.string("start", s);
-                }
-                if let Some(e) = &end {
-                    w.string("end", e);
-                }
-                w.end_object();
-            }
-        }
+        crate::dt::date_or_period(
+            w,
+            "collectedDateTime",
+            "collectedPeriod",
+            start.as_deref(),
+            end.as_deref(),
+        );
         if let (Some(a), Some(v)) = (amount, &amount_value) {
             w.object("quantity");
             w.number("value", &normalise_decimal(v));
