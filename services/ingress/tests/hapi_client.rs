@@ -15,7 +15,7 @@ use hl7gw_testkit as support;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use support::*;
 
 /// HAPI's Initiator timeout in the tests (its default is 10 s and more).
@@ -25,33 +25,13 @@ const HAPI_TIMEOUT_MS: u64 = 2000;
 fn probe_classpath() -> &'static str {
     static CP: OnceLock<String> = OnceLock::new();
     CP.get_or_init(|| {
-        let src = repo_root().join("services/ingress/tests/hapi");
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hapi-probe");
-        let jar = out.join("hapi-probe-1.jar");
-        let mtime = |p: PathBuf| {
-            std::fs::metadata(p)
-                .and_then(|m| m.modified())
-                .unwrap_or(SystemTime::UNIX_EPOCH)
-        };
-        let newest_source = mtime(src.join("pom.xml")).max(mtime(
-            src.join("src/main/java/io/hl7gw/hapi/HapiProbe.java"),
-        ));
-        if mtime(jar.clone()) <= newest_source || !out.join("libs").is_dir() {
-            let status = Command::new("mvn")
-                .args([
-                    "-q",
-                    "-B",
-                    "-Dstyle.color=never",
-                    "--no-transfer-progress",
-                    "-f",
-                ])
-                .arg(src.join("pom.xml"))
-                .arg(format!("-Dprobe.out={}", out.display()))
-                .arg("package")
-                .status()
-                .expect("running mvn (Maven and Java 17 are needed for the HAPI client tests)");
-            assert!(status.success(), "building tests/hapi with Maven failed");
-        }
+        let jar = support::fhir::maven_package(
+            &repo_root().join("services/ingress/tests/hapi"),
+            &out,
+            "hapi-probe-1.jar",
+            "probe.out",
+        );
         format!("{}:{}/*", jar.display(), out.join("libs").display())
     })
 }

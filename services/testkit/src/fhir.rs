@@ -1,4 +1,4 @@
-//! The FHIR test harness (`services/egress/tests/fhir`, HAPI FHIR 8.8.1): its validator, run on files, and
+//! Maven-built test programs, and the FHIR test harness (`services/egress/tests/fhir`, HAPI FHIR 8.8.1): its validator, run on files, and
 //! (for the HTTP destination's tests) its in-memory server. Built by `scripts/test.sh` with Maven; built here
 //! when missing or older than its sources.
 
@@ -17,31 +17,42 @@ fn repo_root() -> PathBuf {
 pub fn harness_jar() -> &'static Path {
     static JAR: OnceLock<PathBuf> = OnceLock::new();
     JAR.get_or_init(|| {
-        let src = repo_root().join("services/egress/tests/fhir");
-        let out = repo_root().join("target/tmp/fhir-harness");
-        let jar = out.join("fhir-harness-1.jar");
-        let newest_source = walk_newest(&src.join("src")).max(mtime(&src.join("pom.xml")));
-        if mtime(&jar) <= newest_source || !out.join("libs").is_dir() {
-            let status = Command::new("mvn")
-                .args([
-                    "-q",
-                    "-B",
-                    "-Dstyle.color=never",
-                    "--no-transfer-progress",
-                    "-f",
-                ])
-                .arg(src.join("pom.xml"))
-                .arg(format!("-Dharness.out={}", out.display()))
-                .arg("package")
-                .status()
-                .expect("running mvn (Maven and Java 17 are needed for the FHIR tests)");
-            assert!(
-                status.success(),
-                "building the FHIR harness with Maven failed"
-            );
-        }
-        jar
+        maven_package(
+            &repo_root().join("services/egress/tests/fhir"),
+            &repo_root().join("target/tmp/fhir-harness"),
+            "fhir-harness-1.jar",
+            "harness.out",
+        )
     })
+}
+
+/// A test's Maven project at `src` packaged into `out` (`-D<out_property>=<out>`), unless `out/<jar>` and
+/// `out/libs` are newer than its pom.xml and every file under its `src/`; returns the jar's path. Its jars come
+/// from Maven Central once and stay in ~/.m2.
+pub fn maven_package(src: &Path, out: &Path, jar: &str, out_property: &str) -> PathBuf {
+    let jar = out.join(jar);
+    let newest_source = walk_newest(&src.join("src")).max(mtime(&src.join("pom.xml")));
+    if mtime(&jar) <= newest_source || !out.join("libs").is_dir() {
+        let status = Command::new("mvn")
+            .args([
+                "-q",
+                "-B",
+                "-Dstyle.color=never",
+                "--no-transfer-progress",
+                "-f",
+            ])
+            .arg(src.join("pom.xml"))
+            .arg(format!("-D{out_property}={}", out.display()))
+            .arg("package")
+            .status()
+            .expect("running mvn (Maven and Java 17 are needed for this test)");
+        assert!(
+            status.success(),
+            "building {} with Maven failed",
+            src.display()
+        );
+    }
+    jar
 }
 
 fn mtime(p: &Path) -> std::time::SystemTime {
@@ -50,6 +61,7 @@ fn mtime(p: &Path) -> std::time::SystemTime {
         .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
 }
 
+/// The newest modification time of the files under `dir`.
 fn walk_newest(dir: &Path) -> std::time::SystemTime {
     let mut newest = std::time::SystemTime::UNIX_EPOCH;
     if let Ok(entries) = std::fs::read_dir(dir) {
