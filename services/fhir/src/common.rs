@@ -576,13 +576,15 @@ pub(crate) fn practitioner_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, p: Person<
 #[derive(Debug, Default)]
 pub(crate) struct Practitioners<'a> {
     list: Vec<(Target, Person<'a>)>,
+    seen: std::collections::HashSet<String>,
 }
 
 impl<'a> Practitioners<'a> {
     /// Adds the practitioner `p` names (if it names one) and returns its target.
     pub fn add(&mut self, cx: &Ctx<'a, '_>, p: Person<'a>) -> Option<Target> {
         let t = practitioner_target(cx, p)?;
-        if !self.list.iter().any(|(s, _)| s.id == t.id) {
+        // A set beside the list: a message naming thousands of people costs linear time, not quadratic.
+        if self.seen.insert(t.id.clone()) {
             self.list.push((t.clone(), p));
         }
         Some(t)
