@@ -262,9 +262,8 @@ pub(crate) fn message_header(
 /// phone numbers none of whose values had anything to write.
 pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'_>) -> Vec<usize> {
     // Extensions first (FHIR JSON orders nothing, but readers expect them near the top).
-    let maiden = pid
-        .field(6)
-        .and_then(|f| f.repetition(1))
+    let maiden = cx
+        .rep1(pid, 6)
         .and_then(|x| cx.text(x.component(1).and_then(|c| c.subcomponent(1))));
     let birth = cx.field(pid, 7);
     let birth_time = birth
@@ -272,7 +271,7 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         .filter(|b| b.len() > 8)
         .and_then(|b| cx.date_time(b))
         .filter(|d| d.len() > 10);
-    let religion = pid.field(17).and_then(|f| f.repetition(1));
+    let religion = cx.rep1(pid, 17);
     let has_religion = religion.is_some_and(|r| cx.cwe_valued(r));
     if maiden.is_some() || has_religion {
         w.array("extension");
@@ -401,7 +400,7 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
     cx.codeable_concept(
         w,
         "maritalStatus",
-        pid.field(16).and_then(|f| f.repetition(1)),
+        cx.rep1(pid, 16),
         Some(Table::new("MaritalStatus", "HL70002")),
     );
     if let Some(n) = cx
@@ -417,7 +416,7 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         cx.dropped(pid, 24);
         cx.dropped(pid, 25);
     }
-    let language = pid.field(15).and_then(|f| f.repetition(1));
+    let language = cx.rep1(pid, 15);
     if language.is_some_and(|l| cx.cwe_valued(l)) {
         w.array("communication");
         w.begin_object();
@@ -681,7 +680,7 @@ pub(crate) fn encounter_body(
         }
     }
     w.end_object();
-    let admission = pv1.field(4).and_then(|f| f.repetition(1));
+    let admission = cx.rep1(pv1, 4);
     if admission.is_some_and(|a| cx.cwe_valued(a)) {
         w.array("type");
         cx.codeable_concept_item(
@@ -694,7 +693,7 @@ pub(crate) fn encounter_body(
     cx.codeable_concept(
         w,
         "serviceType",
-        pv1.field(10).and_then(|f| f.repetition(1)),
+        cx.rep1(pv1, 10),
         Some(Table::new("HospitalService", "HL70069")),
     );
     reference(w, "subject", patient);
@@ -735,8 +734,8 @@ pub(crate) fn encounter_body(
             cx.codeable_concept_item(w, *v, None)
         });
     }
-    let admit_source = pv1.field(14).and_then(|f| f.repetition(1));
-    let disposition = pv1.field(36).and_then(|f| f.repetition(1));
+    let admit_source = cx.rep1(pv1, 14);
+    let disposition = cx.rep1(pv1, 36);
     if admit_source.is_some_and(|a| cx.cwe_valued(a))
         || disposition.is_some_and(|d| cx.cwe_valued(d))
     {
@@ -750,11 +749,7 @@ pub(crate) fn encounter_body(
         );
         w.end_object();
     }
-    if let Some(place) = pv1
-        .field(3)
-        .and_then(|f| f.repetition(1))
-        .and_then(|pl| cx.location_text(pl))
-    {
+    if let Some(place) = cx.rep1(pv1, 3).and_then(|pl| cx.location_text(pl)) {
         w.array("location");
         w.begin_object();
         w.object("location");
@@ -772,8 +767,8 @@ pub(crate) fn related_person_body(
     patient: &Target,
 ) {
     reference(w, "patient", patient);
-    let rel = nk1.field(3).and_then(|f| f.repetition(1));
-    let role = nk1.field(7).and_then(|f| f.repetition(1));
+    let rel = cx.rep1(nk1, 3);
+    let role = cx.rep1(nk1, 7);
     let rels: Vec<(Value<'_>, Table)> = rel
         .into_iter()
         .map(|v| (v, Table::new("Relationship", "HL70063")))
@@ -851,7 +846,7 @@ pub(crate) fn allergy_body(
     {
         w.string("criticality", c.code);
     }
-    cx.codeable_concept(w, "code", al1.field(3).and_then(|f| f.repetition(1)), None);
+    cx.codeable_concept(w, "code", cx.rep1(al1, 3), None);
     reference(w, "patient", patient);
     if let Some(d) = cx.field(al1, 6).and_then(|d| cx.date_time(&d)) {
         w.string("onsetDateTime", &d);
@@ -888,7 +883,7 @@ pub(crate) fn condition_body(
     dg1: &Segment<'_>,
     patient: &Target,
 ) {
-    if let Some(ei) = dg1.field(20).and_then(|f| f.repetition(1))
+    if let Some(ei) = cx.rep1(dg1, 20)
         && let Some((system, value)) = ei_key(cx, ei, false)
     {
         w.array("identifier");
@@ -898,7 +893,7 @@ pub(crate) fn condition_body(
         w.end_object();
         w.end_array();
     }
-    let code = dg1.field(3).and_then(|f| f.repetition(1));
+    let code = cx.rep1(dg1, 3);
     if code.is_some_and(|c| cx.cwe_valued(c)) {
         cx.codeable_concept(w, "code", code, None);
     } else if let Some(text) = cx.field(dg1, 4) {
@@ -921,7 +916,7 @@ pub(crate) fn coverage_body(
     in1: &Segment<'_>,
     patient: &Target,
 ) {
-    let plan = in1.field(2).and_then(|f| f.repetition(1));
+    let plan = cx.rep1(in1, 2);
     if let Some(plan_id) = plan.and_then(|p| cx.comp(p, 1)) {
         w.array("identifier");
         w.begin_object();
@@ -933,14 +928,14 @@ pub(crate) fn coverage_body(
     cx.codeable_concept(
         w,
         "type",
-        in1.field(15).and_then(|f| f.repetition(1)),
+        cx.rep1(in1, 15),
         Some(Table::new("PlanId", "HL70086")),
     );
     reference(w, "beneficiary", patient);
     cx.codeable_concept(
         w,
         "relationship",
-        in1.field(17).and_then(|f| f.repetition(1)),
+        cx.rep1(in1, 17),
         Some(Table::new("Relationship", "HL70063")),
     );
     let start = cx.field(in1, 12).and_then(|d| cx.date(&d));
@@ -952,14 +947,8 @@ pub(crate) fn coverage_body(
     }
     crate::dt::period(w, "period", start.as_deref(), end.as_deref());
     // payor (1..*): the insurance company by its id (IN1-3) and name (IN1-4).
-    let company = in1
-        .field(3)
-        .and_then(|f| f.repetition(1))
-        .and_then(|c| cx.cx_key(c));
-    let name = in1
-        .field(4)
-        .and_then(|f| f.repetition(1))
-        .and_then(|x| cx.comp(x, 1));
+    let company = cx.rep1(in1, 3).and_then(|c| cx.cx_key(c));
+    let name = cx.rep1(in1, 4).and_then(|x| cx.comp(x, 1));
     w.array("payor");
     w.begin_object();
     if let Some((system, value)) = &company {
@@ -1008,7 +997,7 @@ pub(crate) fn note_author<'a>(
         .reps(nte, 3)
         .into_iter()
         .any(|r| cx.text(Some(r)).is_some())
-        && let Some(x) = nte.field(5).and_then(|f| f.repetition(1))
+        && let Some(x) = cx.rep1(nte, 5)
     {
         practitioners.add(cx, Person::Xcn(x));
     }
@@ -1024,7 +1013,7 @@ pub(crate) fn observation_body(
 ) -> Vec<usize> {
     let mut mapped = vec![1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20, 21];
     // OBX-4 (OG, or ST before v2.8.2): the Extensions Pack's observation-v2-subid, as the IG's OG map says.
-    if let Some(sub) = obx.field(4).and_then(|f| f.repetition(1))
+    if let Some(sub) = cx.rep1(obx, 4)
         && !sub.is_empty()
     {
         let parts: Vec<(&str, bool, Option<std::borrow::Cow<'_, str>>)> = [
@@ -1060,7 +1049,7 @@ pub(crate) fn observation_body(
             w.end_array();
         }
     }
-    if let Some(ei) = obx.field(21).and_then(|f| f.repetition(1))
+    if let Some(ei) = cx.rep1(obx, 21)
         && let Some(key) = ei_key(cx, ei, false)
     {
         w.array("identifier");
@@ -1072,7 +1061,7 @@ pub(crate) fn observation_body(
         .and_then(|s| vocab::lookup("ObservationResultStatusCodesInterpretation", &s))
         .map_or("unknown", |c| c.code);
     w.string("status", status);
-    let code = obx.field(3).and_then(|f| f.repetition(1));
+    let code = cx.rep1(obx, 3);
     observation_code(cx, w, code);
     if let Some(p) = links.patient {
         reference(w, "subject", p);
@@ -1114,18 +1103,8 @@ pub(crate) fn observation_body(
         true
     });
     notes_items(cx, w, links.notes);
-    cx.codeable_concept(
-        w,
-        "bodySite",
-        obx.field(20).and_then(|f| f.repetition(1)),
-        None,
-    );
-    cx.codeable_concept(
-        w,
-        "method",
-        obx.field(17).and_then(|f| f.repetition(1)),
-        None,
-    );
+    cx.codeable_concept(w, "bodySite", cx.rep1(obx, 20), None);
+    cx.codeable_concept(w, "method", cx.rep1(obx, 17), None);
     if let Some(range) = cx.field(obx, 7) {
         w.array("referenceRange");
         w.begin_object();
@@ -1161,9 +1140,8 @@ pub(crate) fn notes_items(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, notes: &[Segment
             return false;
         }
         w.begin_object();
-        if let Some(t) = nte
-            .field(5)
-            .and_then(|f| f.repetition(1))
+        if let Some(t) = cx
+            .rep1(nte, 5)
             .and_then(|x| practitioner_target(cx, Person::Xcn(x)))
         {
             reference(w, "authorReference", &t);
@@ -1201,7 +1179,7 @@ pub(crate) fn observation_value(
     code: Option<Value<'_>>,
 ) -> ValueUse {
     let ty = cx.field(obx, 2).unwrap_or_default();
-    let Some(value) = obx.field(5) else {
+    let Some(value) = cx.seg_field(obx, 5) else {
         return ValueUse::default();
     };
     let reps: Vec<Value<'_>> = value.repetitions().filter(|r| !r.is_empty()).collect();
@@ -1261,7 +1239,7 @@ fn value_x(
     };
     let with_units = ValueUse {
         value: true,
-        units: obx.field(6).is_some_and(|f| !f.is_empty()),
+        units: cx.seg_field(obx, 6).is_some_and(|f| !f.is_empty()),
     };
     match ty {
         "NM" => match cx.text(Some(v)) {
@@ -1390,7 +1368,7 @@ fn structured_numeric(
     let n1 = cx.comp(sn, 2).filter(|n| is_decimal(n));
     let sep = cx.comp(sn, 3);
     let n2 = cx.comp(sn, 4).filter(|n| is_decimal(n));
-    let units = obx.field(6).is_some_and(|f| !f.is_empty());
+    let units = cx.seg_field(obx, 6).is_some_and(|f| !f.is_empty());
     let cmp = match comparator.as_deref() {
         None | Some("=") => Some(None),
         Some(c @ ("<" | "<=" | ">=" | ">")) => Some(Some(c)),
@@ -1420,9 +1398,8 @@ fn structured_numeric(
             if text.is_empty() {
                 return ValueUse::default();
             }
-            if let Some(u) = obx
-                .field(6)
-                .and_then(|f| f.repetition(1))
+            if let Some(u) = cx
+                .rep1(obx, 6)
                 .and_then(|u| cx.comp(u, 2).or_else(|| cx.comp(u, 1)))
             {
                 text.push(u.into_owned());
@@ -1472,7 +1449,7 @@ fn quantity(
     if let Some(c) = comparator {
         w.string("comparator", c);
     }
-    if let Some(units) = obx.field(6).and_then(|f| f.repetition(1)) {
+    if let Some(units) = cx.rep1(obx, 6) {
         let code = cx.comp(units, 1);
         let text = cx.comp(units, 2).or_else(|| code.clone());
         if let Some(t) = &text {
@@ -1547,7 +1524,7 @@ pub(crate) fn provenance_body(
         .or_else(|| timestamp.map(str::to_owned))
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned());
     w.string("recorded", &recorded);
-    if let Some(reason) = evn.and_then(|e| e.field(4)).and_then(|f| f.repetition(1))
+    if let Some(reason) = evn.and_then(|e| cx.rep1(e, 4))
         && cx.cwe_valued(reason)
     {
         w.array("reason");
@@ -1596,10 +1573,7 @@ pub(crate) fn condition_target(
     patient_key: &str,
     position: &str,
 ) -> Target {
-    let by = dg1
-        .field(20)
-        .and_then(|f| f.repetition(1))
-        .and_then(|ei| ei_key(cx, ei, false));
+    let by = cx.rep1(dg1, 20).and_then(|ei| ei_key(cx, ei, false));
     let code = cx.field(dg1, 3).unwrap_or_default();
     match by {
         Some((s, v)) => cx.target("Condition", &[&s, &v], Some((s.clone(), v.clone()))),

@@ -24,6 +24,62 @@ pub(crate) struct Ctx<'a, 'm> {
     /// Fields a map meant to write but could not (a date that is not one, a code with no row, a person with
     /// neither id nor name): reported like unmapped ones, by [`Ctx::dropped`], which needs only `&self`.
     dropped: std::cell::RefCell<Vec<(String, String)>>,
+    /// Every segment's fields, split once: the maps ask for fields by number many times over.
+    index: FieldIndex<'a>,
+}
+
+/// The fields of each segment of the message, split once per conversion ([`Segment::field`] splits the
+/// segment again on every call, which cost a fifth of a conversion).
+struct FieldIndex<'a> {
+    /// Per segment in wire order: the address of its first byte, its length, where its fields start in
+    /// `fields`.
+    segs: Vec<(usize, usize, usize)>,
+    /// The fields of all segments, field 1 first (for MSH, the field separator, as [`Segment::field`] has it).
+    fields: Vec<Value<'a>>,
+    /// The segment looked up last (the maps read one segment at a time).
+    last: std::cell::Cell<usize>,
+}
+
+impl<'a> FieldIndex<'a> {
+    fn new(msg: &Message<'a>) -> Self {
+        let mut segs = Vec::with_capacity(msg.segment_count());
+        let mut fields = Vec::with_capacity(msg.as_bytes().len() / 8 + 16);
+        for seg in msg.segments() {
+            let raw = seg.raw();
+            segs.push((raw.as_ptr() as usize, raw.len(), fields.len()));
+            fields.extend(seg.fields().map(|(_, v)| v));
+        }
+        Self {
+            segs,
+            fields,
+            last: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The fields of `seg`, when it is one of the message's segments.
+    fn of(&self, seg: &Segment<'a>) -> Option<&[Value<'a>]> {
+        let raw = seg.raw();
+        let addr = raw.as_ptr() as usize;
+        let last = self.last.get();
+        let i = match self.segs.get(last) {
+            Some(s) if s.0 == addr => last,
+            _ => self.segs.binary_search_by_key(&addr, |s| s.0).ok()?,
+        };
+        let (_, len, start) = self.segs[i];
+        if len != raw.len() {
+            return None;
+        }
+        self.last.set(i);
+        let end = self.segs.get(i + 1).map_or(self.fields.len(), |s| s.2);
+        self.fields.get(start..end)
+    }
+
+    /// Field `n` of the segment at wire position `i`.
+    fn at(&self, i: usize, n: usize) -> Option<Value<'a>> {
+        let (_, _, start) = *self.segs.get(i)?;
+        let end = self.segs.get(i + 1).map_or(self.fields.len(), |s| s.2);
+        self.fields.get(start..end)?.get(n.checked_sub(1)?).copied()
+    }
 }
 
 impl std::fmt::Debug for Ctx<'_, '_> {
@@ -84,6 +140,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             resources: 0,
             received_at: opts.received_at.as_deref(),
             dropped: std::cell::RefCell::new(Vec::new()),
+            index: FieldIndex::new(msg),
         }
     }
 
@@ -116,7 +173,20 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// Field `n` of the MSH segment.
     pub fn msh(&self, n: usize) -> Option<Value<'a>> {
-        self.msg.segment_at(0).and_then(|s| s.field(n))
+        self.index.at(0, n)
+    }
+
+    /// Field `n` of a segment (as [`Segment::field`], from the fields split once per message).
+    pub fn seg_field(&self, seg: &Segment<'a>, n: usize) -> Option<Value<'a>> {
+        match self.index.of(seg) {
+            Some(fields) => fields.get(n.checked_sub(1)?).copied(),
+            None => seg.field(n),
+        }
+    }
+
+    /// The first repetition of field `n` of a segment.
+    pub fn rep1(&self, seg: &Segment<'a>, n: usize) -> Option<Value<'a>> {
+        self.seg_field(seg, n).and_then(|f| f.repetition(1))
     }
 
     /// Component `n` of a field repetition as text.
@@ -126,28 +196,41 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// Field `n` of a segment as text (the whole field, first repetition).
     pub fn field(&self, seg: &Segment<'a>, n: usize) -> Option<Cow<'a, str>> {
-        self.text(seg.field(n).and_then(|f| f.repetition(1)))
+        self.text(self.rep1(seg, n))
     }
 
     /// The repetitions of field `n` that have a value.
     pub fn reps(&self, seg: &Segment<'a>, n: usize) -> Vec<Value<'a>> {
-        seg.field(n)
+        self.seg_field(seg, n)
             .map(|f| f.repetitions().filter(|r| !r.is_empty()).collect())
             .unwrap_or_default()
     }
 
     /// Records the fields of `seg` with a value that are not in `mapped` (and, for `Extension`, their values).
     pub fn note_unmapped(&mut self, seg: &Segment<'a>, mapped: &[usize]) {
-        let name = String::from_utf8_lossy(seg.name()).into_owned();
+        let name = String::from_utf8_lossy(seg.name());
         let header = seg.is_header();
-        for (n, v) in seg.fields() {
+        let (charset, keep) = (self.charset, self.opts.unmapped == Unmapped::Extension);
+        let fallback: Vec<Value<'a>>;
+        let fields = match self.index.of(seg) {
+            Some(f) => f,
+            None => {
+                fallback = seg.fields().map(|(_, v)| v).collect();
+                &fallback
+            }
+        };
+        for (i, v) in fields.iter().enumerate() {
+            let n = i + 1;
             if v.is_empty() || mapped.contains(&n) || (header && n <= 2) {
                 continue;
             }
-            let id = format!("{name}-{n}");
-            if self.opts.unmapped == Unmapped::Extension {
-                let raw = self.charset_text(v.raw());
-                self.unmapped_values.push((id.clone(), raw));
+            let mut id = String::with_capacity(name.len() + 4);
+            id.push_str(&name);
+            id.push('-');
+            id.push_str(itoa::Buffer::new().format(n));
+            if keep {
+                self.unmapped_values
+                    .push((id.clone(), charset_text(charset, v.raw())));
             }
             self.unmapped.push(id);
         }
@@ -156,7 +239,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
     /// Field `n` of `seg` had a value the map could not write: it is reported as unmapped (with its value when
     /// the route keeps them), never dropped silently.
     pub fn dropped(&self, seg: &Segment<'a>, n: usize) {
-        let Some(v) = seg.field(n).filter(|v| !v.is_empty()) else {
+        let Some(v) = self.seg_field(seg, n).filter(|v| !v.is_empty()) else {
             return;
         };
         let id = format!("{}-{n}", String::from_utf8_lossy(seg.name()));
@@ -192,10 +275,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
     }
 
     fn charset_text(&self, b: &[u8]) -> String {
-        match self.charset.decode(b) {
-            Ok(s) => s.into_owned(),
-            Err(_) => b.iter().map(|&c| char::from(c)).collect(),
-        }
+        charset_text(self.charset, b)
     }
 
     /// A target whose id derives from `key` (the resource type is part of it).
@@ -656,8 +736,9 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// DTM → FHIR `date` (the date part).
     pub fn date(&self, v2: &str) -> Option<String> {
-        let d = dtm(v2, None, false)?;
-        Some(d[..d.len().min(10)].to_owned())
+        let mut d = dtm(v2, None, false)?;
+        d.truncate(10);
+        Some(d)
     }
 
     /// DTM → FHIR `instant` (to the second, with an offset), when the value allows it.
@@ -672,6 +753,14 @@ impl<'a, 'm> Ctx<'a, 'm> {
         parts.extend(self.text(pl.component(4).and_then(|c| c.subcomponent(1))));
         parts.extend([7, 8].iter().filter_map(|&n| self.comp(pl, n)));
         (!parts.is_empty()).then(|| parts.join(" "))
+    }
+}
+
+/// Bytes as text in `charset` (each byte as its Latin-1 character when they are not valid in it).
+fn charset_text(charset: Charset, b: &[u8]) -> String {
+    match charset.decode(b) {
+        Ok(s) => s.into_owned(),
+        Err(_) => b.iter().map(|&c| char::from(c)).collect(),
     }
 }
 
@@ -767,6 +856,12 @@ pub(crate) fn is_oid(s: &str) -> bool {
 
 /// v2 DTM (`YYYY[MM[DD[HH[MM[SS[.S+]]]]]][+/-ZZZZ]`) as FHIR dateTime (or instant: seconds and offset required).
 pub(crate) fn dtm(v2: &str, default_tz: Option<&str>, instant: bool) -> Option<String> {
+    let mut s = String::with_capacity(32);
+    dtm_into(&mut s, v2, default_tz, instant).then_some(s)
+}
+
+/// [`dtm`] appended to `s` (nothing appended when it gives `None`), without a String of its own.
+pub(crate) fn dtm_into(s: &mut String, v2: &str, default_tz: Option<&str>, instant: bool) -> bool {
     let (body, tz) = match v2.find(['+', '-']) {
         Some(i) if i >= 4 => (&v2[..i], Some(&v2[i..])),
         _ => (v2, None),
@@ -775,31 +870,21 @@ pub(crate) fn dtm(v2: &str, default_tz: Option<&str>, instant: bool) -> Option<S
         Some(i) => (&body[..i], Some(&body[i + 1..])),
         None => (body, None),
     };
-    if digits.len() < 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
     let n = digits.len();
-    if !matches!(n, 4 | 6 | 8 | 10 | 12 | 14) {
-        return None;
+    if !matches!(n, 4 | 6 | 8 | 10 | 12 | 14) || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
     }
     let d = digits;
-    let tz = tz.and_then(|z| {
+    // The message's offset (`+HHMM`), else the route's time zone.
+    let own = tz.filter(|z| {
         let z = z.as_bytes();
-        (z.len() == 5 && z[1..].iter().all(u8::is_ascii_digit)).then(|| {
-            format!(
-                "{}{}:{}",
-                char::from(z[0]),
-                std::str::from_utf8(&z[1..3]).unwrap_or("00"),
-                std::str::from_utf8(&z[3..5]).unwrap_or("00")
-            )
-        })
+        z.len() == 5 && z[1..].iter().all(u8::is_ascii_digit)
     });
-    let tz = tz.or_else(|| default_tz.map(str::to_owned));
-    if n <= 8 || tz.is_none() {
+    if n <= 8 || (own.is_none() && default_tz.is_none()) {
         if instant {
-            return None;
+            return false;
         }
-        let mut s = d[..4].to_owned();
+        s.push_str(&d[..4]);
         if n >= 6 {
             s.push('-');
             s.push_str(&d[4..6]);
@@ -808,19 +893,33 @@ pub(crate) fn dtm(v2: &str, default_tz: Option<&str>, instant: bool) -> Option<S
             s.push('-');
             s.push_str(&d[6..8]);
         }
-        return Some(s);
+        return true;
     }
-    let tz = tz?;
-    let hh = &d[8..10];
-    let mm = if n >= 12 { &d[10..12] } else { "00" };
-    let ss = if n >= 14 { &d[12..14] } else { "00" };
-    let mut s = format!("{}-{}-{}T{hh}:{mm}:{ss}", &d[..4], &d[4..6], &d[6..8]);
+    s.push_str(&d[..4]);
+    s.push('-');
+    s.push_str(&d[4..6]);
+    s.push('-');
+    s.push_str(&d[6..8]);
+    s.push('T');
+    s.push_str(&d[8..10]);
+    s.push(':');
+    s.push_str(if n >= 12 { &d[10..12] } else { "00" });
+    s.push(':');
+    s.push_str(if n >= 14 { &d[12..14] } else { "00" });
     if let Some(f) = frac.filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit())) {
         s.push('.');
         s.push_str(f);
     }
-    s.push_str(&tz);
-    Some(s)
+    match (own, default_tz) {
+        (Some(z), _) => {
+            s.push_str(&z[..3]);
+            s.push(':');
+            s.push_str(&z[3..5]);
+        }
+        (None, Some(z)) => s.push_str(z),
+        (None, None) => {}
+    }
+    true
 }
 
 /// A UUID (version 5 layout) from the SHA-256 of the resource type and key: stable across conversions.

@@ -40,17 +40,30 @@ impl<'o> Writer<'o> {
         self.stack.last().copied().unwrap_or(false)
     }
 
-    fn comma(&mut self) {
-        if let Some(top) = self.stack.last_mut() {
-            if *top {
-                self.out.push(b',');
-            }
-            *top = true;
+    /// Whether the next member needs a comma before it (and marks the innermost container as having one).
+    #[inline]
+    fn needs_comma(&mut self) -> bool {
+        match self.stack.last_mut() {
+            Some(top) => std::mem::replace(top, true),
+            None => false,
         }
     }
 
+    #[inline]
+    fn comma(&mut self) {
+        if self.needs_comma() {
+            self.out.push(b',');
+        }
+    }
+
+    /// `,"key":` (the comma when needed), reserving room for a short value too.
+    #[inline]
     fn key(&mut self, key: &str) {
-        self.comma();
+        let comma = self.needs_comma();
+        self.out.reserve(key.len() + 32);
+        if comma {
+            self.out.push(b',');
+        }
         self.out.push(b'"');
         self.out.extend_from_slice(key.as_bytes());
         self.out.extend_from_slice(b"\":");
@@ -151,12 +164,47 @@ static NEEDS_ESCAPE: [bool; 256] = {
     t
 };
 
-/// `s` JSON-escaped onto `out` (quotes, backslashes, control characters; the rest as UTF-8). Runs without an
-/// escape (nearly all of them) are copied whole.
+/// The index of the first byte of `bytes` that JSON needs escaped, or its length: eight bytes at a time
+/// (a quote, a backslash or a control character in a word sets its byte's high bit), the tail one by one.
+#[inline]
+fn first_escape(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    let mut words = bytes.chunks_exact(8);
+    for chunk in &mut words {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        // A byte below 0x20; a byte equal to `"`; to `\\` (each: a zero byte test, exact for "any").
+        let ctrl = x.wrapping_sub(ONES * 0x20) & !x;
+        let q = x ^ (ONES * u64::from(b'"'));
+        let q = q.wrapping_sub(ONES) & !q;
+        let b = x ^ (ONES * u64::from(b'\\'));
+        let b = b.wrapping_sub(ONES) & !b;
+        if (ctrl | q | b) & HIGH != 0 {
+            break;
+        }
+        i += 8;
+    }
+    i + bytes[i..]
+        .iter()
+        .position(|&b| NEEDS_ESCAPE[b as usize])
+        .unwrap_or(bytes.len() - i)
+}
+
+/// `s` JSON-escaped onto `out` (quotes, backslashes, control characters; the rest as UTF-8). Text without an
+/// escape (nearly all of it) is found so a word at a time and copied whole.
 pub fn escape_into(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
-    let mut start = 0;
-    let mut i = 0;
+    let first = first_escape(bytes);
+    if first == bytes.len() {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    out.extend_from_slice(&bytes[..first]);
+    let mut start = first;
+    let mut i = first;
     while i < bytes.len() {
         let b = bytes[i];
         if !NEEDS_ESCAPE[b as usize] {
@@ -205,5 +253,27 @@ mod tests {
         assert_eq!(v["a"], "x\"y\\z\n\u{1}é");
         assert_eq!(v["b"][1]["n"], 7);
         assert_eq!(v["c"], true);
+    }
+
+    #[test]
+    fn the_word_scan_finds_every_byte_to_escape() {
+        for special in [b'"', b'\\', b'\n', 0x00, 0x1f] {
+            for at in 0..20 {
+                let mut text = vec![b'a'; 20];
+                text.extend_from_slice("é~\x7f".as_bytes());
+                text[at] = special;
+                let s = std::str::from_utf8(&text).expect("utf-8");
+                assert_eq!(first_escape(s.as_bytes()), at, "{s:?}");
+                let mut out = Vec::new();
+                escape_into(&mut out, s);
+                let back: String =
+                    serde_json::from_slice(&[b"\"", &out[..], b"\""].concat()).expect("JSON");
+                assert_eq!(back, s);
+            }
+        }
+        assert_eq!(
+            first_escape("plain text, no escapes: é ~ \x7f".as_bytes()),
+            30
+        );
     }
 }

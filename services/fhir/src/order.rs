@@ -490,12 +490,8 @@ fn by_identifier(cx: &Ctx<'_, '_>, rtype: &'static str, key: (String, String)) -
 fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
     let mut ranks: HashMap<String, usize> = HashMap::new();
     for o in obs {
-        let by = o
-            .obx
-            .field(21)
-            .and_then(|f| f.repetition(1))
-            .and_then(|ei| ei_key(cx, ei, false));
-        let code = o.obx.field(3).and_then(|f| f.repetition(1));
+        let by = cx.rep1(&o.obx, 21).and_then(|ei| ei_key(cx, ei, false));
+        let code = cx.rep1(&o.obx, 3);
         let code_key = format!(
             "{}^{}^{}",
             code.and_then(|c| cx.comp(c, 1)).unwrap_or_default(),
@@ -579,10 +575,7 @@ fn filler_ids(cx: &Ctx<'_, '_>, o: &Order<'_>) -> Vec<(String, String)> {
 fn order_ids(cx: &Ctx<'_, '_>, o: &Order<'_>, n: usize) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for seg in [&o.orc, &o.obr].into_iter().flatten() {
-        if let Some(k) = seg
-            .field(n)
-            .and_then(|f| f.repetition(1))
-            .and_then(|ei| ei_key(cx, ei, false))
+        if let Some(k) = cx.rep1(seg, n).and_then(|ei| ei_key(cx, ei, false))
             && !out.contains(&k)
         {
             out.push(k);
@@ -596,7 +589,7 @@ fn specimen_ids(
     cx: &Ctx<'_, '_>,
     spm: &Segment<'_>,
 ) -> Vec<(Option<(String, String)>, &'static str)> {
-    let Some(eip) = spm.field(2).and_then(|f| f.repetition(1)) else {
+    let Some(eip) = cx.rep1(spm, 2) else {
         return Vec::new();
     };
     [(1, "PLAC"), (2, "FILL")]
@@ -815,10 +808,7 @@ fn service_request_body(
         .collect();
     identifiers(w, &ids);
     if let Some(orc) = &o.orc
-        && let Some((system, value)) = orc
-            .field(4)
-            .and_then(|f| f.repetition(1))
-            .and_then(|ei| ei_key(cx, ei, false))
+        && let Some((system, value)) = cx.rep1(orc, 4).and_then(|ei| ei_key(cx, ei, false))
     {
         orc_mapped.push(4);
         // The IG's type, PGN, is not a code of v2-0203 (terminology.hl7.org): as text.
@@ -870,7 +860,7 @@ fn service_request_body(
     cx.codeable_concept(
         w,
         "code",
-        obr.and_then(|obr| obr.field(4))
+        obr.and_then(|obr| cx.seg_field(obr, 4))
             .and_then(|f| f.repetition(1)),
         None,
     );
@@ -899,7 +889,7 @@ fn service_request_body(
         orc_mapped.push(12);
         // OBR-16 is written when ORC-12 names no one, or names the same practitioner.
         let obr16 = obr
-            .and_then(|obr| obr.field(16))
+            .and_then(|obr| cx.seg_field(obr, 16))
             .and_then(|f| f.repetition(1))
             .and_then(|x| practitioner_target(cx, Person::Xcn(x)));
         if obr16.is_none_or(|o| o.id == t.id) {
@@ -907,7 +897,7 @@ fn service_request_body(
         }
     }
     if let Some(order_type) = orc
-        .and_then(|orc| orc.field(29))
+        .and_then(|orc| cx.seg_field(orc, 29))
         .and_then(|f| f.repetition(1))
         .filter(|t| cx.cwe_valued(*t))
     {
@@ -974,7 +964,7 @@ fn report_body(
     if !cx.codeable_concept(
         w,
         "code",
-        obr.and_then(|obr| obr.field(4))
+        obr.and_then(|obr| cx.seg_field(obr, 4))
             .and_then(|f| f.repetition(1)),
         None,
     ) {
@@ -1030,7 +1020,7 @@ fn reference_array(w: &mut Writer<'_>, key: &str, t: &Target) {
 
 /// The SPM fields [`specimen_body`] writes: SPM-12 when it is a number, SPM-20 when the IG maps its code.
 fn specimen_mapped(cx: &Ctx<'_, '_>, spm: &Segment<'_>) -> Vec<usize> {
-    let amount = spm.field(12).and_then(|f| f.repetition(1));
+    let amount = cx.rep1(spm, 12);
     let availability = cx.field(spm, 20);
     SPM_MAPPED
         .iter()
@@ -1054,7 +1044,7 @@ fn specimen_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, spm: &Segment<'_>, patien
         .filter_map(|(k, ty)| Some((k?, ty)))
         .collect();
     identifiers(w, &ids);
-    if let Some(accession) = spm.field(30).and_then(|f| f.repetition(1))
+    if let Some(accession) = cx.rep1(spm, 30)
         && let Some((system, value)) = cx.cx_key(accession)
     {
         w.object("accessionIdentifier");
@@ -1071,24 +1061,24 @@ fn specimen_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, spm: &Segment<'_>, patien
     cx.codeable_concept(
         w,
         "type",
-        spm.field(4).and_then(|f| f.repetition(1)),
+        cx.rep1(spm, 4),
         Some(Table::new("SpecimenType", "HL70487")),
     );
     reference(w, "subject", patient);
     if let Some(d) = cx.field(spm, 18).and_then(|d| cx.date_time(&d)) {
         w.string("receivedTime", &d);
     }
-    let collected = spm.field(17).and_then(|f| f.repetition(1));
+    let collected = cx.rep1(spm, 17);
     let start = collected
         .and_then(|c| cx.comp(c, 1))
         .and_then(|d| cx.date_time(&d));
     let end = collected
         .and_then(|c| cx.comp(c, 2))
         .and_then(|d| cx.date_time(&d));
-    let amount = spm.field(12).and_then(|f| f.repetition(1));
+    let amount = cx.rep1(spm, 12);
     let amount_value = amount.and_then(|a| cx.comp(a, 1)).filter(|n| is_decimal(n));
-    let method = spm.field(7).and_then(|f| f.repetition(1));
-    let site = spm.field(8).and_then(|f| f.repetition(1));
+    let method = cx.rep1(spm, 7);
+    let site = cx.rep1(spm, 8);
     if start.is_some()
         || end.is_some()
         || amount_value.is_some()
@@ -1133,7 +1123,7 @@ fn specimen_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, spm: &Segment<'_>, patien
         w.end_object();
     }
     let additives = cx.reps(spm, 6);
-    let container = spm.field(27).and_then(|f| f.repetition(1));
+    let container = cx.rep1(spm, 27);
     if !additives.is_empty() || container.is_some_and(|c| cx.cwe_valued(c)) {
         w.array("container");
         w.begin_object();
