@@ -10,9 +10,12 @@
 mod adt;
 mod common;
 mod dt;
+mod extra;
 pub mod json;
+mod mdm;
 mod order;
 pub mod vocab;
+mod vxu;
 
 use hl7v2::{Charset, Message};
 use std::collections::BTreeMap;
@@ -90,7 +93,8 @@ pub enum FhirError {
 /// The message types and triggers [`convert`] maps.
 pub const SUPPORTED: &[&str] = &[
     "ADT^A01", "ADT^A02", "ADT^A03", "ADT^A04", "ADT^A05", "ADT^A06", "ADT^A07", "ADT^A08",
-    "ADT^A11", "ADT^A13", "ADT^A28", "ADT^A31", "ORU^R01", "ORM^O01", "OML^O21",
+    "ADT^A11", "ADT^A13", "ADT^A28", "ADT^A31", "ORU^R01", "ORM^O01", "OML^O21", "VXU^V04",
+    "MDM^T02", "MDM^T04", "MDM^T06", "MDM^T08", "MDM^T10",
 ];
 
 /// Converts `msg` (its text in `charset`) into a FHIR R4 Bundle appended to `out` as JSON.
@@ -126,6 +130,8 @@ pub fn convert_received(
     match h.message_type {
         b"ADT" => adt::convert(&mut cx, &kind, out),
         b"ORU" | b"ORM" | b"OML" => order::convert(&mut cx, &kind, out),
+        b"VXU" => vxu::convert(&mut cx, &kind, out),
+        b"MDM" => mdm::convert(&mut cx, &kind, out),
         _ => Err(FhirError::Unsupported(kind)),
     }
 }

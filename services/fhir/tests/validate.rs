@@ -18,12 +18,19 @@ fn corpus_dir() -> PathBuf {
 /// every OBX value type, notes, specimens and the NDL fields.
 const SAMPLE: &[u8] = include_bytes!("data/adt_a01.hl7");
 const SAMPLE_ORU: &[u8] = include_bytes!("data/oru_r01.hl7");
+/// A VXU_V04 with every RXA/RXR/ORC field the Immunization map writes, a refusal, and OBX in and out of the
+/// order group.
+const SAMPLE_VXU: &[u8] = include_bytes!("data/vxu_v04.hl7");
+/// An MDM_T02 whose document is text lines (TX, FT), a note, a PDF (ED, base64) and a reference pointer (RP).
+const SAMPLE_MDM: &[u8] = include_bytes!("data/mdm_t02.hl7");
 
 /// The messages to convert: (name, bytes) of the corpus's files of a supported type, and the samples.
 fn messages() -> Vec<(String, Vec<u8>)> {
     let mut out = vec![
         ("sample-adt_a01".to_owned(), SAMPLE.to_vec()),
         ("sample-oru_r01".to_owned(), SAMPLE_ORU.to_vec()),
+        ("sample-vxu_v04".to_owned(), SAMPLE_VXU.to_vec()),
+        ("sample-mdm_t02".to_owned(), SAMPLE_MDM.to_vec()),
     ];
     let Ok(dir) = std::fs::read_dir(corpus_dir()) else {
         println!(

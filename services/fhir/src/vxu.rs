@@ -1,0 +1,610 @@
+//! VXU_V04 (unsolicited vaccination record update), after the IG's message map: PID → Patient, NK1 →
+//! RelatedPerson, PV1/PV2 → Encounter, OBX before any order → Observation of the patient, and per ORDER
+//! group ORC + RXA + RXR → Immunization (ORC[Immunization], RXA[Immunization], RXR[Immunization]), RXA-17 →
+//! Organization (the manufacturer), RXA-27/28 → Location, RXA-10 and ORC-12 → Practitioner (performer
+//! functions AP and OP), OBX after the RXA → Observation `partOf` the Immunization, NTE after an OBX → its
+//! notes. MessageHeader (message Bundles) and the Provenance of the transformation as for ADT.
+//!
+//! Conditional updates: Immunization by the filler order number (ORC-3), else the placer's (ORC-2); without
+//! either, an id derived from the patient, the vaccine (RXA-5), the time (RXA-3) and the group's position.
+//! Organization by its code in its coding system (MVX), Location by its name.
+
+use crate::common::*;
+use crate::dt::{Ctx, Table, Target};
+use crate::extra::{self, Unique};
+use crate::json::Writer;
+use crate::vocab;
+use crate::{BundleType, FhirError, Outcome};
+use hl7v2::message::Segment;
+
+/// The fields of the segments the ORC[Immunization], RXA[Immunization] and RXR[Immunization] maps write.
+const ORC_MAPPED: &[usize] = &[2, 3, 4, 9, 12];
+const RXA_MAPPED: &[usize] = &[3, 5, 6, 7, 10, 15, 16, 17, 18, 19, 20, 21, 27, 28];
+const RXR_MAPPED: &[usize] = &[1, 2];
+const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
+
+/// An OBX and the NTE segments after it.
+#[derive(Debug)]
+struct Obs<'a> {
+    obx: Segment<'a>,
+    notes: Vec<Segment<'a>>,
+}
+
+/// An ORDER group: ORC, RXA, RXR and the OBX after the RXA.
+#[derive(Debug, Default)]
+struct Order<'a> {
+    orc: Option<Segment<'a>>,
+    rxa: Option<Segment<'a>>,
+    rxr: Option<Segment<'a>>,
+    obs: Vec<Obs<'a>>,
+}
+
+/// Where the last OBX went (for the NTE segments after it).
+#[derive(Debug, Clone, Copy)]
+enum Last {
+    None,
+    Patient,
+    Order,
+}
+
+pub(crate) fn convert(
+    cx: &mut Ctx<'_, '_>,
+    kind: &str,
+    out: &mut Vec<u8>,
+) -> Result<Outcome, FhirError> {
+    let msg = cx.msg;
+    let pid = msg.segment("PID", 1).ok_or(FhirError::Missing {
+        message: kind.to_owned(),
+        segment: "PID",
+    })?;
+    let pv1 = msg.segment("PV1", 1);
+    let key = cx.message_key();
+    let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
+
+    // The groups, in message order; what belongs to none is reported.
+    let mut patient_obs: Vec<Obs<'_>> = Vec::new();
+    let mut orders: Vec<Order<'_>> = Vec::new();
+    let mut nk1s = Vec::new();
+    let mut evn = None;
+    let mut last = Last::None;
+    for seg in msg.segments() {
+        match seg.name() {
+            b"MSH" => cx.note_unmapped(&seg, MSH_MAPPED),
+            b"PID" | b"PV1" | b"PV2" => {}
+            b"EVN" => evn = Some(seg),
+            b"NK1" => nk1s.push(seg),
+            b"ORC" => {
+                orders.push(Order {
+                    orc: Some(seg),
+                    ..Order::default()
+                });
+                last = Last::None;
+            }
+            b"RXA" => {
+                match orders.last_mut() {
+                    Some(o) if o.rxa.is_none() => o.rxa = Some(seg),
+                    // An RXA without its ORC (allowed before v2.5): a group of its own.
+                    _ => orders.push(Order {
+                        rxa: Some(seg),
+                        ..Order::default()
+                    }),
+                }
+                last = Last::None;
+            }
+            b"RXR" => match orders.last_mut() {
+                Some(o) if o.rxa.is_some() && o.rxr.is_none() => o.rxr = Some(seg),
+                _ => cx.note_unmapped_segment(&seg),
+            },
+            b"OBX" => {
+                let obs = Obs {
+                    obx: seg,
+                    notes: Vec::new(),
+                };
+                match orders.last_mut() {
+                    Some(o) => {
+                        o.obs.push(obs);
+                        last = Last::Order;
+                    }
+                    None => {
+                        patient_obs.push(obs);
+                        last = Last::Patient;
+                    }
+                }
+            }
+            b"NTE" => {
+                let target = match last {
+                    Last::Patient => patient_obs.last_mut(),
+                    Last::Order => orders.last_mut().and_then(|o| o.obs.last_mut()),
+                    Last::None => None,
+                };
+                match target {
+                    Some(o) => o.notes.push(seg),
+                    None => cx.note_unmapped_segment(&seg),
+                }
+            }
+            _ => cx.note_unmapped_segment(&seg),
+        }
+    }
+    if orders.iter().any(|o| o.rxa.is_none()) {
+        // An ORC without its RXA: nothing to make an Immunization of.
+        return Err(FhirError::Missing {
+            message: kind.to_owned(),
+            segment: "RXA",
+        });
+    }
+
+    let patient = patient_target(cx, &pid, &msg_key);
+    let encounter = pv1.as_ref().map(|pv1| encounter_target(cx, pv1, &msg_key));
+    let participants = match &pv1 {
+        Some(pv1) => pv1_participants(cx, pv1),
+        None => Vec::new(),
+    };
+    let mut practitioners = Practitioners::default();
+    for (_, _, _, _, xcn) in &participants {
+        practitioners.add(cx, Person::Xcn(*xcn));
+    }
+    let mut unique = Unique::default();
+    let mut immunizations: Vec<Target> = Vec::new();
+    let mut orgs: Vec<extra::Org> = Vec::new();
+    let mut locations: Vec<Option<Target>> = Vec::new();
+    for (i, o) in orders.iter().enumerate() {
+        let rxa = o.rxa.as_ref().ok_or(FhirError::Required("RXA"))?;
+        practitioners.add_xcn_field(cx, rxa, 10);
+        if let Some(orc) = &o.orc {
+            practitioners.add_xcn_field(cx, orc, 12);
+        }
+        let t = immunization_target(cx, o, &patient.id, i);
+        immunizations.push(unique.check(cx, t, &i.to_string()));
+        if let Some(org) = rxa
+            .field(17)
+            .and_then(|f| f.repetition(1))
+            .and_then(|c| extra::organization(cx, c))
+            && !orgs.iter().any(|x| x.target.id == org.target.id)
+        {
+            orgs.push(org);
+        }
+        locations.push(location_target(cx, rxa));
+    }
+    for obs in patient_obs.iter().chain(orders.iter().flat_map(|o| &o.obs)) {
+        observation_people(cx, &mut practitioners, &obs.obx, &obs.notes);
+    }
+
+    let mut w = Writer::new(out);
+    let frame = begin_bundle(cx, &mut w, &key);
+    let mut targets: Vec<String> = Vec::new();
+    if cx.opts.bundle_type == BundleType::Message {
+        let focus: Vec<&Target> = std::iter::once(&patient)
+            .chain(immunizations.iter())
+            .collect();
+        message_header(cx, &mut w, &msg_key, &focus)?;
+    }
+
+    cx.begin_entry(&mut w, &patient);
+    let pid_mapped = patient_body(cx, &mut w, &pid);
+    cx.end_entry(&mut w, &patient);
+    targets.push(patient.full_url());
+    cx.note_unmapped(&pid, &pid_mapped);
+
+    practitioners.write(cx, &mut w, &mut targets);
+    for org in &orgs {
+        extra::organization_entry(cx, &mut w, org);
+        targets.push(org.target.full_url());
+    }
+    let mut written_locations: Vec<String> = Vec::new();
+    for (o, loc) in orders.iter().zip(&locations) {
+        if let (Some(rxa), Some(loc)) = (&o.rxa, loc)
+            && !written_locations.contains(&loc.id)
+        {
+            written_locations.push(loc.id.clone());
+            cx.begin_entry(&mut w, loc);
+            location_body(cx, &mut w, rxa);
+            cx.end_entry(&mut w, loc);
+            targets.push(loc.full_url());
+        }
+    }
+
+    if let (Some(pv1), Some(enc)) = (&pv1, &encounter) {
+        let pv2 = msg.segment("PV2", 1);
+        cx.begin_entry(&mut w, enc);
+        encounter_body(cx, &mut w, None, pv1, pv2.as_ref(), &patient, &participants);
+        cx.end_entry(&mut w, enc);
+        targets.push(enc.full_url());
+        cx.note_unmapped(pv1, PV1_MAPPED);
+        if let Some(pv2) = &pv2 {
+            cx.note_unmapped(pv2, PV2_MAPPED);
+        }
+    }
+
+    for (i, nk1) in nk1s.iter().enumerate() {
+        let t = cx.target(
+            "RelatedPerson",
+            &[&patient.id, "NK1", &n_key(cx, nk1, &i.to_string())],
+            None,
+        );
+        cx.begin_entry(&mut w, &t);
+        related_person_body(cx, &mut w, nk1, &patient);
+        cx.end_entry(&mut w, &t);
+        targets.push(t.full_url());
+        cx.note_unmapped(nk1, NK1_MAPPED);
+    }
+
+    let links = ObsLinks {
+        patient: Some(&patient),
+        encounter: encounter.as_ref(),
+        ..ObsLinks::default()
+    };
+    write_observations(
+        cx,
+        &mut w,
+        &patient_obs,
+        &patient.id,
+        None,
+        links,
+        &mut targets,
+    );
+
+    for (i, o) in orders.iter().enumerate() {
+        let Some(rxa) = &o.rxa else { continue };
+        let imm = &immunizations[i];
+        let org = rxa
+            .field(17)
+            .and_then(|f| f.repetition(1))
+            .and_then(|c| extra::organization(cx, c));
+        cx.begin_entry(&mut w, imm);
+        let mut rxa_mapped = RXA_MAPPED.to_vec();
+        let orc_mapped = immunization_body(
+            cx,
+            &mut w,
+            o,
+            rxa,
+            ImmLinks {
+                patient: &patient,
+                encounter: encounter.as_ref(),
+                manufacturer: org.as_ref().map(|o| &o.target),
+                location: locations[i].as_ref(),
+            },
+            &mut rxa_mapped,
+        )?;
+        cx.end_entry(&mut w, imm);
+        targets.push(imm.full_url());
+        cx.note_unmapped(rxa, &rxa_mapped);
+        if let Some(orc) = &o.orc {
+            cx.note_unmapped(orc, &orc_mapped);
+        }
+        if let Some(rxr) = &o.rxr {
+            cx.note_unmapped(rxr, RXR_MAPPED);
+        }
+        write_observations(cx, &mut w, &o.obs, &imm.id, Some(imm), links, &mut targets);
+    }
+
+    let prov = cx.target("Provenance", &msg_key, None);
+    cx.begin_entry(&mut w, &prov);
+    provenance_body(
+        cx,
+        &mut w,
+        &targets,
+        evn.as_ref(),
+        frame.timestamp.as_deref(),
+    );
+    cx.end_entry(&mut w, &prov);
+    if let Some(evn) = &evn {
+        cx.note_unmapped(evn, EVN_MAPPED);
+    }
+    Ok(end_bundle(cx, &mut w, &frame))
+}
+
+/// OBX (and their NTE) as Observations of the patient, `partOf` an Immunization when in its group.
+fn write_observations<'a>(
+    cx: &mut Ctx<'a, '_>,
+    w: &mut Writer<'_>,
+    obs: &[Obs<'a>],
+    parent: &str,
+    part_of: Option<&Target>,
+    links: ObsLinks<'_, '_>,
+    targets: &mut Vec<String>,
+) {
+    for (n, o) in obs.iter().enumerate() {
+        let code = cx.field(&o.obx, 3).unwrap_or_default();
+        let sub = cx.field(&o.obx, 4).unwrap_or_default();
+        let t = cx.target(
+            "Observation",
+            &[parent, "OBX", &code, &sub, &n.to_string()],
+            None,
+        );
+        cx.begin_entry(w, &t);
+        let mapped = observation_body(
+            cx,
+            w,
+            &o.obx,
+            ObsLinks {
+                notes: &o.notes,
+                ..links
+            },
+        );
+        if let Some(p) = part_of {
+            w.array("partOf");
+            w.begin_object();
+            w.string_parts("reference", &["urn:uuid:", &p.id]);
+            w.end_object();
+            w.end_array();
+        }
+        cx.end_entry(w, &t);
+        targets.push(t.full_url());
+        cx.note_unmapped(&o.obx, &mapped);
+        for nte in &o.notes {
+            cx.note_unmapped(nte, NTE_MAPPED);
+        }
+    }
+}
+
+/// The Immunization of an ORDER group: by ORC-3, else ORC-2; else derived from the patient, RXA-5, RXA-3 and
+/// the group's position.
+fn immunization_target(cx: &Ctx<'_, '_>, o: &Order<'_>, patient: &str, position: usize) -> Target {
+    let by = o.orc.as_ref().and_then(|orc| {
+        [3, 2].iter().find_map(|&n| {
+            orc.field(n)
+                .and_then(|f| f.repetition(1))
+                .and_then(|ei| ei_key(cx, ei, false))
+        })
+    });
+    match by {
+        Some((s, v)) => cx.target("Immunization", &[&s, &v], Some((s.clone(), v.clone()))),
+        None => {
+            let rxa = o.rxa.as_ref();
+            let code = rxa
+                .and_then(|r| r.field(5).and_then(|f| f.repetition(1)))
+                .and_then(|c| cx.comp(c, 1))
+                .unwrap_or_default();
+            let when = rxa.and_then(|r| cx.field(r, 3)).unwrap_or_default();
+            cx.target(
+                "Immunization",
+                &[patient, "RXA", &code, &when, &position.to_string()],
+                None,
+            )
+        }
+    }
+}
+
+/// The Location of RXA-27 (PL) and RXA-28 (XAD), by its name, else its address.
+fn location_target(cx: &Ctx<'_, '_>, rxa: &Segment<'_>) -> Option<Target> {
+    let name = rxa
+        .field(27)
+        .and_then(|f| f.repetition(1))
+        .and_then(|pl| cx.location_text(pl));
+    let address = cx.field(rxa, 28);
+    if name.is_none() && address.is_none() {
+        return None;
+    }
+    Some(cx.target(
+        "Location",
+        &[
+            name.as_deref().unwrap_or_default(),
+            address.as_deref().unwrap_or_default(),
+        ],
+        None,
+    ))
+}
+
+fn location_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, rxa: &Segment<'_>) {
+    if let Some(name) = rxa
+        .field(27)
+        .and_then(|f| f.repetition(1))
+        .and_then(|pl| cx.location_text(pl))
+    {
+        w.string("name", &name);
+    }
+    if let Some(xad) = rxa.field(28).and_then(|f| f.repetition(1))
+        && !extra::address_object(cx, w, "address", xad)
+    {
+        cx.dropped(rxa, 28);
+    }
+}
+
+/// What an Immunization refers to.
+#[derive(Debug, Clone, Copy)]
+struct ImmLinks<'x> {
+    patient: &'x Target,
+    encounter: Option<&'x Target>,
+    manufacturer: Option<&'x Target>,
+    location: Option<&'x Target>,
+}
+
+/// The ORC[Immunization], RXA[Immunization] and RXR[Immunization] maps. Returns the ORC fields mapped;
+/// adds RXA-22 to `rxa_mapped` when it is the record time.
+fn immunization_body(
+    cx: &Ctx<'_, '_>,
+    w: &mut Writer<'_>,
+    o: &Order<'_>,
+    rxa: &Segment<'_>,
+    links: ImmLinks<'_>,
+    rxa_mapped: &mut Vec<usize>,
+) -> Result<Vec<usize>, FhirError> {
+    let orc_mapped = ORC_MAPPED.to_vec();
+    // identifier: ORC-2 (PLAC), ORC-3 (FILL), ORC-4 (the placer group, PGN).
+    if let Some(orc) = &o.orc {
+        let mut ids: Vec<((String, String), &str)> = Vec::new();
+        for (n, ty) in [(2, "PLAC"), (3, "FILL")] {
+            if let Some(k) = orc
+                .field(n)
+                .and_then(|f| f.repetition(1))
+                .and_then(|ei| ei_key(cx, ei, false))
+            {
+                ids.push((k, ty));
+            }
+        }
+        if let Some(k) = orc
+            .field(4)
+            .and_then(|f| f.repetition(1))
+            .and_then(|eip| ei_key(cx, eip.component(1).unwrap_or(eip), true))
+        {
+            ids.push((k, "PGN"));
+        } else if orc.field(4).is_some_and(|f| !f.is_empty()) {
+            cx.dropped(orc, 4);
+        }
+        if !ids.is_empty() {
+            w.array("identifier");
+            for (k, ty) in &ids {
+                if *ty == "PGN" {
+                    // PGN is not in the validator's v2-0203 (2.9): the type as text.
+                    w.begin_object();
+                    w.object("type");
+                    w.string("text", "Placer Group Number");
+                    w.end_object();
+                    w.string("system", &k.0);
+                    w.string("value", &k.1);
+                    w.end_object();
+                } else {
+                    identifier_item(w, k, Some(ty));
+                }
+            }
+            w.end_array();
+        }
+    }
+    // status (1..1): RXA-21 D → entered-in-error; else RXA-20 through CompletionStatus (empty: completed).
+    let action = cx.field(rxa, 21);
+    let status = if action.as_deref() == Some("D") {
+        "entered-in-error"
+    } else {
+        match cx.field(rxa, 20) {
+            None => "completed",
+            Some(c) => {
+                vocab::lookup("CompletionStatus", &c)
+                    .ok_or(FhirError::Required("RXA-20 (a code of HL7 table 0322)"))?
+                    .code
+            }
+        }
+    };
+    w.string("status", status);
+    cx.codeable_concept(
+        w,
+        "statusReason",
+        rxa.field(18).and_then(|f| f.repetition(1)),
+        None,
+    );
+    // vaccineCode (1..1).
+    if !cx.codeable_concept(
+        w,
+        "vaccineCode",
+        rxa.field(5).and_then(|f| f.repetition(1)),
+        None,
+    ) {
+        return Err(FhirError::Required("RXA-5"));
+    }
+    reference(w, "patient", links.patient);
+    if let Some(e) = links.encounter {
+        reference(w, "encounter", e);
+    }
+    // occurrence[x] (1..1): RXA-3.
+    let Some(when) = cx.field(rxa, 3).and_then(|d| cx.date_time(&d)) else {
+        return Err(FhirError::Required("RXA-3"));
+    };
+    w.string("occurrenceDateTime", &when);
+    // recorded: RXA-22 when RXA-21 is A, else ORC-9.
+    let entered = (action.as_deref() == Some("A"))
+        .then(|| cx.field(rxa, 22).and_then(|d| cx.date_time(&d)))
+        .flatten();
+    let ordered = o
+        .orc
+        .as_ref()
+        .and_then(|orc| cx.field(orc, 9))
+        .and_then(|d| cx.date_time(&d));
+    if let Some(r) = &entered {
+        rxa_mapped.push(22);
+        w.string("recorded", r);
+        if let Some(orc) = &o.orc {
+            cx.dropped(orc, 9);
+        }
+    } else if let Some(r) = &ordered {
+        w.string("recorded", r);
+    } else if let Some(orc) = &o.orc {
+        cx.dropped(orc, 9);
+    }
+    if let Some(l) = links.location {
+        reference(w, "location", l);
+    }
+    if let Some(m) = links.manufacturer {
+        reference(w, "manufacturer", m);
+    }
+    if let Some(lot) = cx.field(rxa, 15) {
+        w.string("lotNumber", &lot);
+    }
+    match cx.field(rxa, 16).and_then(|d| cx.date(&d)) {
+        Some(d) => w.string("expirationDate", &d),
+        None => cx.dropped(rxa, 16),
+    }
+    if let Some(rxr) = &o.rxr {
+        cx.codeable_concept(
+            w,
+            "site",
+            rxr.field(2).and_then(|f| f.repetition(1)),
+            Some(Table::new("BodySite", "HL70163")),
+        );
+        cx.codeable_concept(
+            w,
+            "route",
+            rxr.field(1).and_then(|f| f.repetition(1)),
+            Some(Table::new("RouteOfAdministration", "HL70162")),
+        );
+    }
+    // doseQuantity: RXA-6 with the unit of RXA-7.
+    match cx.field(rxa, 6).filter(|n| is_decimal(n)) {
+        Some(n) => {
+            w.object("doseQuantity");
+            w.number("value", &normalise_decimal(&n));
+            if let Some(u) = rxa.field(7).and_then(|f| f.repetition(1)) {
+                let code = cx.comp(u, 1);
+                if let Some(t) = cx.comp(u, 2).or_else(|| code.clone()) {
+                    w.string("unit", &t);
+                }
+                if let (Some(s), Some(c)) =
+                    (cx.comp(u, 3).and_then(|s| cx.coding_system(&s)), &code)
+                {
+                    w.string("system", &s);
+                    w.string("code", c);
+                }
+            }
+            w.end_object();
+        }
+        None => {
+            cx.dropped(rxa, 6);
+            cx.dropped(rxa, 7);
+        }
+    }
+    // performer: RXA-10 (administering, AP), ORC-12 (ordering, OP).
+    let mut performers: Vec<(Target, &str, &str)> = Vec::new();
+    for x in cx.reps(rxa, 10) {
+        match practitioner_target(cx, Person::Xcn(x)) {
+            Some(t) => performers.push((t, "AP", "Administering Provider")),
+            None => cx.dropped(rxa, 10),
+        }
+    }
+    if let Some(orc) = &o.orc {
+        for x in cx.reps(orc, 12) {
+            match practitioner_target(cx, Person::Xcn(x)) {
+                Some(t) => performers.push((t, "OP", "Ordering Provider")),
+                None => cx.dropped(orc, 12),
+            }
+        }
+    }
+    if !performers.is_empty() {
+        w.array("performer");
+        for (t, code, display) in &performers {
+            w.begin_object();
+            extra::coded(
+                w,
+                "function",
+                "http://terminology.hl7.org/CodeSystem/v2-0443",
+                code,
+                Some(display),
+            );
+            reference(w, "actor", t);
+            w.end_object();
+        }
+        w.end_array();
+    }
+    let reasons = cx.reps(rxa, 19);
+    write_items(w, "reasonCode", &reasons, |w, v| {
+        cx.codeable_concept_item(w, *v, None)
+    });
+    Ok(orc_mapped)
+}
