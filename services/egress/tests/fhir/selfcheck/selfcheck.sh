@@ -2,7 +2,9 @@
 # By hand, after `mvn package` (README.md): the validator on a valid and an invalid resource, then a server on a
 # free port: a transaction Bundle (Patient with ifNoneExist + Encounter by conditional PUT, referencing the
 # Patient by urn:uuid) delivered twice and once changed leaves 1 Patient and 1 Encounter; an invalid resource
-# is refused with 422; injected 503s with Retry-After; a failing Bundle changes nothing. Prints the timings.
+# is refused with 422; injected 503s with Retry-After; a failing Bundle changes nothing. Then a second server
+# with HTTPS, mutual TLS, a static bearer token and SMART Backend Services (certificates and keys made with
+# openssl, assertions signed by jwt-assertion.sh). Prints the timings.
 #   selfcheck.sh [--bench N]   also validates N ADT-like Bundles in one JVM and delivers each twice.
 # FHIR_HARNESS: the build directory (default: the repository's target/tmp/fhir-harness).
 set -euo pipefail
@@ -16,8 +18,10 @@ bench=0
 [ "${1:-}" = "--bench" ] && bench="${2:-100}"
 tmp="$(mktemp -d)"
 server_pid=
+server2_pid=
 cleanup() {
   [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || true
+  [ -z "$server2_pid" ] || kill "$server2_pid" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -113,5 +117,84 @@ print("     validate: %d Bundles in %d ms: first %.0f ms (loading the definition
     "$bench $bench $((5 * bench)) $bench" \
     "$(echo "$counts" | field '"%d %d %d %d" % (d["Patient"], d["Encounter"], d["Observation"], d["Provenance"])')"
 fi
+
+# 3. HTTPS, mutual TLS, bearer tokens: a second server (one type, to start faster).
+kill "$server_pid" 2>/dev/null || true
+server_pid=
+k="$tmp/keys"
+mkdir -p "$k"
+(
+  cd "$k"
+  ec() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1.key" -out "$1.csr" -subj "/CN=$2"; }
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 1 \
+    -subj /CN=selfcheck-ca
+  ec server localhost
+  openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 \
+    -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost')
+  ec client selfcheck-client
+  openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 1 \
+    -extfile <(printf 'extendedKeyUsage=clientAuth')
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out rsa.key
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out ec.key
+  openssl pkey -in rsa.key -pubout -out rsa.pub
+  openssl pkey -in ec.key -pubout -out ec.pub
+  echo ' static-selfcheck-token ' >token.txt
+) 2>/dev/null
+t0=$(ms)
+java "${java_opts[@]}" -jar "$jar" serve --port 0 --types Patient --tls-cert "$k/server.pem" --tls-key "$k/server.key" \
+  --client-ca "$k/ca.pem" --bearer-token-file "$k/token.txt" --smart-client "selfcheck=$k/rsa.pub" \
+  --smart-client "selfcheck=$k/ec.pub" --token-ttl-seconds 3 >"$tmp/serve2.out" 2>"$tmp/serve2.err" &
+server2_pid=$!
+for _ in $(seq 240); do
+  grep -q '^fhir-server listening port=' "$tmp/serve2.out" && break
+  kill -0 "$server2_pid" 2>/dev/null || { cat "$tmp/serve2.err" >&2; exit 1; }
+  sleep 0.5
+done
+t1=$(ms)
+check "TLS: the listening line ends with scheme=https" https "$(sed -n 's/^fhir-server listening port=[0-9]* scheme=//p' "$tmp/serve2.out")"
+port=$(sed -n 's/^fhir-server listening port=\([0-9]*\).*/\1/p' "$tmp/serve2.out")
+echo "     serve (TLS, auth): listening on $port after $((t1 - t0)) ms"
+origin="https://127.0.0.1:$port"
+tls=(--cacert "$k/ca.pem" --cert "$k/client.pem" --key "$k/client.key")
+code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+check "mTLS: no client certificate, no exchange" 000 "$(code --cacert "$k/ca.pem" "$origin/fhir/metadata")"
+check "mTLS: the failed handshake is counted" 1 "$(curl -s "${tls[@]}" "$origin/admin/auth" | field 'd["tlsHandshakeFailures"]')"
+check "no token: 401 WWW-Authenticate Bearer, OperationOutcome login" "401 Bearer login" \
+  "$(curl -s "${tls[@]}" -o "$tmp/body" -w '%{http_code} %header{www-authenticate}' "$origin/fhir/metadata" | cut -d' ' -f1,2) $(field 'd["issue"][0]["code"]' <"$tmp/body")"
+check "static token (file trimmed), HTTP/2 by ALPN" "200 2" \
+  "$(curl -s "${tls[@]}" -o /dev/null -w '%{http_code} %{http_version}' -H 'Authorization: Bearer static-selfcheck-token' "$origin/fhir/metadata")"
+check "static token, HTTP/1.1" "200 1.1" \
+  "$(curl -s --http1.1 "${tls[@]}" -o /dev/null -w '%{http_code} %{http_version}' -H 'Authorization: Bearer static-selfcheck-token' "$origin/fhir/metadata")"
+check "smart-configuration names the token endpoint" "$origin/auth/token" \
+  "$(curl -s "${tls[@]}" "$origin/fhir/.well-known/smart-configuration" | field 'd["token_endpoint"]')"
+token() { # token ASSERTION -> status; body in $tmp/body
+  code "${tls[@]}" "$origin/auth/token" -d grant_type=client_credentials -d scope=system/Patient.write \
+    --data-urlencode client_assertion_type=urn:ietf:params:oauth:client-assertion-type:jwt-bearer \
+    --data-urlencode "client_assertion=$1"
+}
+jwt="$here/jwt-assertion.sh"
+check "SMART: an RS384 assertion gets a token" 200 "$(token "$("$jwt" RS384 "$k/rsa.key" selfcheck "$origin/auth/token")")"
+check "  expires_in from --token-ttl-seconds, scope echoed" "3 system/Patient.write" "$(field '"%d %s" % (d["expires_in"], d["scope"])' <"$tmp/body")"
+a=$("$jwt" ES384 "$k/ec.key" selfcheck "$origin/auth/token")
+check "SMART: an ES384 assertion gets a token" 200 "$(token "$a")"
+t=$(field 'd["access_token"]' <"$tmp/body")
+check "  which /fhir accepts" 200 "$(code "${tls[@]}" -H "Authorization: Bearer $t" "$origin/fhir/Patient")"
+check "the same assertion again: 400 invalid_grant (replay)" "400 invalid_grant" "$(token "$a") $(field 'd["error"]' <"$tmp/body")"
+check "aud not the endpoint: 400 invalid_grant" "400 invalid_grant" "$(token "$("$jwt" RS384 "$k/rsa.key" selfcheck "https://localhost:$port/auth/token")") $(field 'd["error"]' <"$tmp/body")"
+check "exp 400 s ahead: 400 invalid_grant" "400 invalid_grant" "$(token "$("$jwt" RS384 "$k/rsa.key" selfcheck "$origin/auth/token" 400)") $(field 'd["error"]' <"$tmp/body")"
+check "signed by another key: 401 invalid_client" "401 invalid_client" "$(token "$("$jwt" ES384 "$k/server.key" selfcheck "$origin/auth/token")") $(field 'd["error"]' <"$tmp/body")"
+check "unknown client: 401 invalid_client" "401 invalid_client" "$(token "$("$jwt" RS384 "$k/rsa.key" someone "$origin/auth/token")") $(field 'd["error"]' <"$tmp/body")"
+curl -s -X POST "${tls[@]}" "$origin/admin/revoke" >/dev/null
+check "after POST /admin/revoke the token is refused" 401 "$(code "${tls[@]}" -H "Authorization: Bearer $t" "$origin/fhir/Patient")"
+token "$("$jwt" RS384 "$k/rsa.key" selfcheck "$origin/auth/token")" >/dev/null
+t=$(field 'd["access_token"]' <"$tmp/body")
+sleep 3.2
+check "a token past expires_in is refused" 401 "$(code "${tls[@]}" -H "Authorization: Bearer $t" "$origin/fhir/Patient")"
+r='d["tokenRequestsRefusedBy"]'; u='d["fhirUnauthorizedBy"]'
+check "/admin/auth: issued; refused client/grant/request/grant_type; 401 expired/revoked/missing/unknown; 200s; CN" \
+  "3; 2 3 0 0; 1 1 1 0; 3; selfcheck-client" \
+  "$(curl -s "${tls[@]}" "$origin/admin/auth" | field "'%d; %d %d %d %d; %d %d %d %d; %d; %s' % (d['tokensIssued'],
+    $r['invalid_client'], $r['invalid_grant'], $r['invalid_request'], $r['unsupported_grant_type'],
+    $u['expired'], $u['revoked'], $u['missing'], $u['unknown'], d['fhirAuthorized'], d['lastClientCertificateCn'])")"
 echo "selfcheck: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -23,6 +23,7 @@ final class Admin {
     static final int LOG_LIMIT = 10_000;
 
     private final Store store;
+    private final Auth auth;
     private final ObjectMapper json = new ObjectMapper();
     private final ArrayDeque<ObjectNode> log = new ArrayDeque<>();
     private long logged;
@@ -31,13 +32,21 @@ final class Admin {
     private int failStatus;
     private String failRetryAfter;
     private long failDelayMs;
+    /** False during the warm-up: its requests are not logged (read when a request starts: no race with reset). */
+    private volatile boolean logging;
 
-    Admin(Store store) {
+    Admin(Store store, Auth auth) {
         this.store = store;
+        this.auth = auth;
+    }
+
+    void startLogging() {
+        logging = true;
     }
 
     synchronized void reset() {
         store.reset();
+        auth.resetCounters();
         log.clear();
         logged = 0;
         failCount = 0;
@@ -59,6 +68,10 @@ final class Admin {
                         }
                         case "POST /fail" -> fail(req);
                         case "GET /requests" -> requests();
+                        case "GET /auth" -> auth.status();
+                        case "POST /revoke" -> auth.revoke();
+                        case "POST /token-fail" -> auth.failTokens(intParam(req, "status", 503),
+                                intParam(req, "count", 1));
                         default -> null;
                     };
                 } catch (IllegalArgumentException e) {
@@ -67,7 +80,8 @@ final class Admin {
                 }
                 if (body == null) {
                     send(resp, 404, json.createObjectNode().put("error", "no such control: " + method + " /admin" + path
-                            + " (GET counts, GET requests, POST fail?status=&count=&retryAfter=&delayMs=, POST reset)"));
+                            + " (GET counts, GET requests, GET auth, POST fail?status=&count=&retryAfter=&delayMs=, POST reset,"
+                            + " POST revoke, POST token-fail?status=&count=)"));
                     return;
                 }
                 send(resp, 200, body);
@@ -127,6 +141,10 @@ final class Admin {
                     throws IOException, ServletException {
                 HttpServletRequest req = (HttpServletRequest) sreq;
                 HttpServletResponse resp = (HttpServletResponse) sresp;
+                if (!logging) {
+                    chain.doFilter(sreq, sresp);
+                    return;
+                }
                 long t0 = System.nanoTime();
                 long at = System.currentTimeMillis();
                 int status = 500;
@@ -146,6 +164,7 @@ final class Admin {
                     e.put("bytes", req.getContentLengthLong());
                     e.put("ifNoneExist", req.getHeader("If-None-Exist"));
                     e.put("authorization", req.getHeader("Authorization"));
+                    e.put("clientCn", Auth.clientCn(req));
                     synchronized (Admin.this) {
                         logged++;
                         log.addLast(e);

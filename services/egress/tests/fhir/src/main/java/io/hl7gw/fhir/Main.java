@@ -2,7 +2,7 @@ package io.hl7gw.fhir;
 
 import java.util.Arrays;
 
-/** The harness's entry point: `validate <file-or-dir>...` or `serve --port P [--bind 127.0.0.1]`. */
+/** The harness's entry point: `validate <file-or-dir>...` or `serve --port P [--bind 127.0.0.1] [TLS, auth]`. */
 public final class Main {
     private Main() {}
 
@@ -39,7 +39,10 @@ public final class Main {
     static void usage() {
         System.err.println("usage: fhir-harness validate <file-or-dir>...\n"
                 + "       fhir-harness serve --port P [--bind 127.0.0.1] [--types default|all|T1,T2,...]\n"
-                + "         (P = 0: any free port; the line `fhir-server listening port=P` says which)");
+                + "         [--tls-cert CHAIN.pem --tls-key PKCS8-KEY.pem [--client-ca CA.pem]]\n"
+                + "         [--bearer-token-file FILE] [--smart-client CLIENT_ID=PUBLIC-KEY.pem]... [--token-ttl-seconds 300]\n"
+                + "         (P = 0: any free port; the line `fhir-server listening port=P` says which,\n"
+                + "          followed by ` scheme=https` with --tls-cert)");
         System.exit(2);
     }
 }
