@@ -208,16 +208,6 @@ impl Unique {
     }
 }
 
-/// Writes the Reference under `key` to `t`, with a display.
-pub(crate) fn reference_display(w: &mut Writer<'_>, key: &str, t: &Target, display: Option<&str>) {
-    w.object(key);
-    w.string_parts("reference", &["urn:uuid:", &t.id]);
-    if let Some(d) = display {
-        w.string("display", d);
-    }
-    w.end_object();
-}
-
 /// A CodeableConcept under `key` with one coding (system, code, display).
 pub(crate) fn coded(
     w: &mut Writer<'_>,

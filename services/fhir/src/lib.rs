@@ -14,6 +14,7 @@ mod extra;
 pub mod json;
 mod mdm;
 mod order;
+mod siu;
 pub mod vocab;
 mod vxu;
 
@@ -94,7 +95,8 @@ pub enum FhirError {
 pub const SUPPORTED: &[&str] = &[
     "ADT^A01", "ADT^A02", "ADT^A03", "ADT^A04", "ADT^A05", "ADT^A06", "ADT^A07", "ADT^A08",
     "ADT^A11", "ADT^A13", "ADT^A28", "ADT^A31", "ORU^R01", "ORM^O01", "OML^O21", "VXU^V04",
-    "MDM^T02", "MDM^T04", "MDM^T06", "MDM^T08", "MDM^T10",
+    "MDM^T02", "MDM^T04", "MDM^T06", "MDM^T08", "MDM^T10", "SIU^S12", "SIU^S13", "SIU^S14",
+    "SIU^S15", "SIU^S16", "SIU^S17", "SIU^S26",
 ];
 
 /// Converts `msg` (its text in `charset`) into a FHIR R4 Bundle appended to `out` as JSON.
@@ -132,6 +134,7 @@ pub fn convert_received(
         b"ORU" | b"ORM" | b"OML" => order::convert(&mut cx, &kind, out),
         b"VXU" => vxu::convert(&mut cx, &kind, out),
         b"MDM" => mdm::convert(&mut cx, &kind, out),
+        b"SIU" => siu::convert(&mut cx, &kind, out),
         _ => Err(FhirError::Unsupported(kind)),
     }
 }

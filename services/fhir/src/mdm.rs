@@ -303,7 +303,7 @@ fn valid_mime(m: &str) -> Option<String> {
 
 fn is_base64(s: &str) -> bool {
     !s.is_empty()
-        && s.len() % 4 == 0
+        && s.len().is_multiple_of(4)
         && s.trim_end_matches('=')
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || c == b'+' || c == b'/')
@@ -312,7 +312,7 @@ fn is_base64(s: &str) -> bool {
 
 fn hex(s: &str) -> Option<Vec<u8>> {
     let s: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     s.chunks(2)

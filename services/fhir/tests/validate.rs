@@ -23,6 +23,8 @@ const SAMPLE_ORU: &[u8] = include_bytes!("data/oru_r01.hl7");
 const SAMPLE_VXU: &[u8] = include_bytes!("data/vxu_v04.hl7");
 /// An MDM_T02 whose document is text lines (TX, FT), a note, a PDF (ED, base64) and a reference pointer (RP).
 const SAMPLE_MDM: &[u8] = include_bytes!("data/mdm_t02.hl7");
+/// An SIU_S12 with every SCH field the Appointment map writes, comments, and one AIS, AIG, AIL and AIP.
+const SAMPLE_SIU: &[u8] = include_bytes!("data/siu_s12.hl7");
 
 /// The messages to convert: (name, bytes) of the corpus's files of a supported type, and the samples.
 fn messages() -> Vec<(String, Vec<u8>)> {
@@ -31,6 +33,7 @@ fn messages() -> Vec<(String, Vec<u8>)> {
         ("sample-oru_r01".to_owned(), SAMPLE_ORU.to_vec()),
         ("sample-vxu_v04".to_owned(), SAMPLE_VXU.to_vec()),
         ("sample-mdm_t02".to_owned(), SAMPLE_MDM.to_vec()),
+        ("sample-siu_s12".to_owned(), SAMPLE_SIU.to_vec()),
     ];
     let Ok(dir) = std::fs::read_dir(corpus_dir()) else {
         println!(
@@ -76,14 +79,23 @@ fn every_bundle_passes_hapis_r4_validator() {
     for (name, bytes) in messages() {
         let msg = Message::parse(&bytes).expect("parse");
         let charset = Charset::from_msh18(msg.header().charset).unwrap_or(Charset::Utf8);
+        // An Appointment's start and end are instants: SIU routes give the offset of times without one.
+        let timezone = (msg.header().message_type == b"SIU").then(|| "+01:00".to_owned());
         for (suffix, opts) in [
-            ("transaction", Options::default()),
+            (
+                "transaction",
+                Options {
+                    timezone: timezone.clone(),
+                    ..Options::default()
+                },
+            ),
             (
                 "message",
                 Options {
                     bundle_type: BundleType::Message,
                     unmapped: Unmapped::Extension,
                     received_at: Some("2026-11-27T10:00:00Z".into()),
+                    timezone: timezone.clone(),
                     ..Options::default()
                 },
             ),
