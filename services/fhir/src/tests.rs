@@ -470,3 +470,228 @@ OBX|1|NM|3141-9^Body weight^LN||72.5|kg^kg^UCUM|||||F\r";
     );
     assert!(outcome.unmapped.is_empty(), "{:?}", outcome.unmapped);
 }
+
+const VXU_V04: &[u8] = include_bytes!("../tests/data/vxu_v04.hl7");
+const MDM_T02: &[u8] = include_bytes!("../tests/data/mdm_t02.hl7");
+const SIU_S12: &[u8] = include_bytes!("../tests/data/siu_s12.hl7");
+
+/// The transaction request of the entry holding `resource`.
+fn request_url<'j>(b: &'j Json, resource: &Json) -> &'j Json {
+    &entries(b)
+        .iter()
+        .find(|e| e["resource"] == *resource)
+        .expect("entry")["request"]["url"]
+}
+
+#[test]
+fn a_vxu_v04_becomes_immunizations_with_their_observations() {
+    let (b, outcome) = convert_json(VXU_V04, &Options::default());
+    let imm = resources(&b, "Immunization");
+    assert_eq!(imm.len(), 2);
+    let given = imm[0];
+    assert_eq!(given["status"], "completed");
+    assert_eq!(
+        given["vaccineCode"]["coding"][0]["system"],
+        "http://hl7.org/fhir/sid/cvx"
+    );
+    assert_eq!(given["vaccineCode"]["coding"][0]["code"], "08");
+    assert_eq!(given["occurrenceDateTime"], "2025-03-01T10:05:00+01:00");
+    // RXA-22 is the record time when RXA-21 is A (ORC-9 is then reported).
+    assert_eq!(given["recorded"], "2025-03-01T10:10:00+01:00");
+    assert!(outcome.unmapped.contains(&"ORC-9".to_owned()));
+    assert_eq!(given["doseQuantity"]["value"], 0.5);
+    assert_eq!(given["doseQuantity"]["code"], "mL");
+    assert_eq!(given["doseQuantity"]["system"], "http://unitsofmeasure.org");
+    assert_eq!(given["lotNumber"], "LOT123");
+    assert_eq!(given["expirationDate"], "2026-12-31");
+    assert_eq!(
+        resolve(&b, &given["manufacturer"])["name"],
+        "Merck and Co., Inc."
+    );
+    let place = resolve(&b, &given["location"]);
+    assert_eq!(place["name"], "CLINIC R1 CLINIC");
+    assert_eq!(place["address"]["city"], "SAMPLETON");
+    assert_eq!(given["site"]["coding"][0]["code"], "LD");
+    assert_eq!(
+        given["route"]["coding"][0]["system"],
+        "http://terminology.hl7.org/CodeSystem/v3-RouteOfAdministration"
+    );
+    assert_eq!(given["performer"][0]["function"]["coding"][0]["code"], "AP");
+    assert_eq!(
+        resolve(&b, &given["performer"][0]["actor"])["name"][0]["family"],
+        "DOCTOR"
+    );
+    assert_eq!(given["performer"][1]["function"]["coding"][0]["code"], "OP");
+    let types: Vec<&Json> = given["identifier"]
+        .as_array()
+        .expect("identifiers")
+        .iter()
+        .map(|i| &i["value"])
+        .collect();
+    assert_eq!(types, ["PL100", "FL200", "PG300"]);
+    assert_eq!(
+        request_url(&b, given),
+        "Immunization?identifier=urn:hl7gw:id:IIS%7CFL200"
+    );
+    // A refusal: RXA-20 RE through CompletionStatus, RXA-18 its reason.
+    assert_eq!(imm[1]["status"], "not-done");
+    assert_eq!(imm[1]["statusReason"]["coding"][0]["code"], "00");
+    // OBX before the order: the patient's; after the RXA: partOf the Immunization, NTE as its note.
+    let obs = resources(&b, "Observation");
+    assert_eq!(obs.len(), 3);
+    assert!(obs[0].get("partOf").is_none());
+    assert_eq!(resolve(&b, &obs[1]["partOf"][0])["lotNumber"], "LOT123");
+    assert_eq!(obs[1]["note"][0]["text"], "Eligibility checked at the desk");
+    assert_eq!(resources(&b, "RelatedPerson").len(), 1);
+    assert_eq!(resources(&b, "Encounter").len(), 1);
+    // Delivered again: the same Bundle.
+    assert_eq!(b, convert_json(VXU_V04, &Options::default()).0);
+}
+
+#[test]
+fn a_vxu_without_a_vaccine_is_refused() {
+    let msg = b"MSH|^~\\&|A|B|C|D|20250301||VXU^V04^VXU_V04|1|P|2.5.1\rPID|1||1^^^X^MR\rORC|RE||F1^X\rRXA|0|1|20250301||\r";
+    let m = hl7v2::Message::parse(msg).expect("parse");
+    let err =
+        convert(&m, Charset::Utf8, &Options::default(), &mut Vec::new()).expect_err("no RXA-5");
+    assert_eq!(err, FhirError::Required("RXA-5"));
+}
+
+#[test]
+fn an_mdm_t02_becomes_a_document_reference_with_its_attachments() {
+    let (b, _) = convert_json(MDM_T02, &Options::default());
+    let docs = resources(&b, "DocumentReference");
+    assert_eq!(docs.len(), 1);
+    let doc = docs[0];
+    assert_eq!(doc["masterIdentifier"]["value"], "DOC-0001");
+    assert_eq!(doc["masterIdentifier"]["system"], "urn:hl7gw:id:CLINIC");
+    assert_eq!(doc["identifier"][0]["value"], "discharge-0001.pdf");
+    assert_eq!(doc["status"], "current");
+    assert_eq!(doc["docStatus"], "final");
+    assert_eq!(doc["type"]["coding"][0]["code"], "DS");
+    assert_eq!(doc["date"], "2025-03-02T09:30:00+01:00");
+    assert_eq!(doc["description"], "Discharge summary (sample)");
+    assert_eq!(doc["securityLabel"][0]["coding"][0]["code"], "R");
+    assert_eq!(
+        resolve(&b, &doc["author"][0])["name"][0]["family"],
+        "WRITER"
+    );
+    assert_eq!(
+        resolve(&b, &doc["authenticator"])["name"][0]["family"],
+        "CHECKER"
+    );
+    assert_eq!(resolve(&b, &doc["subject"])["resourceType"], "Patient");
+    assert_eq!(
+        resolve(&b, &doc["context"]["encounter"][0])["resourceType"],
+        "Encounter"
+    );
+    let content = doc["content"].as_array().expect("content");
+    assert_eq!(content.len(), 4);
+    // The TX and FT lines, one text attachment.
+    assert_eq!(
+        content[0]["attachment"]["contentType"],
+        "text/plain; charset=utf-8"
+    );
+    assert_eq!(
+        content[0]["attachment"]["data"],
+        crate::mdm::base64(
+            b"Admitted for observation.\nDischarged home in good condition.\nFollow-up in \ntwo weeks."
+        )
+    );
+    // The NTE after the FT.
+    assert_eq!(
+        content[1]["attachment"]["data"],
+        crate::mdm::base64(b"Dictated, then reviewed")
+    );
+    // ED: base64 as sent, the type from ED-2/ED-3.
+    assert_eq!(content[2]["attachment"]["contentType"], "application/pdf");
+    assert_eq!(
+        content[2]["attachment"]["data"],
+        crate::mdm::base64(b"%PDF-1.4\n% hl7gw sample, no patient data\n%%EOF\n")
+    );
+    // RP: by url.
+    assert_eq!(
+        content[3]["attachment"]["url"],
+        "https://documents.example/discharge-0001"
+    );
+    assert_eq!(
+        request_url(&b, doc),
+        "DocumentReference?identifier=urn:hl7gw:id:CLINIC%7CDOC-0001"
+    );
+}
+
+#[test]
+fn an_mdm_without_content_is_refused() {
+    let msg =
+        b"MSH|^~\\&|A|B|C|D|20250301||MDM^T02^MDM_T02|1|P|2.5.1\rPID|1||1^^^X^MR\rTXA|1|DS|TX\r";
+    let m = hl7v2::Message::parse(msg).expect("parse");
+    let err = convert(&m, Charset::Utf8, &Options::default(), &mut Vec::new()).expect_err("no OBX");
+    assert!(matches!(err, FhirError::Required(_)), "{err:?}");
+}
+
+#[test]
+fn an_siu_s12_becomes_an_appointment_with_its_participants() {
+    let (b, outcome) = convert_json(SIU_S12, &Options::default());
+    let app = resources(&b, "Appointment")[0];
+    assert_eq!(app["status"], "booked");
+    assert_eq!(app["identifier"][0]["value"], "PA100");
+    assert_eq!(app["identifier"][1]["value"], "FA200");
+    assert_eq!(
+        request_url(&b, app),
+        "Appointment?identifier=urn:hl7gw:id:SCHED%7CFA200"
+    );
+    assert_eq!(app["start"], "2025-03-10T09:00:00+01:00");
+    assert_eq!(app["end"], "2025-03-10T09:30:00+01:00");
+    assert_eq!(app["minutesDuration"], 30);
+    assert_eq!(app["serviceType"][0]["coding"][0]["code"], "90471");
+    assert_eq!(app["appointmentType"]["coding"][0]["code"], "Normal");
+    assert_eq!(
+        app["reasonCode"][0]["coding"][0]["system"],
+        "http://snomed.info/sct"
+    );
+    assert_eq!(app["comment"], "Bring the vaccination card\n\nSecond dose");
+    let parts = app["participant"].as_array().expect("participants");
+    assert_eq!(parts.len(), 7);
+    assert!(parts.iter().all(|p| p["status"] == "accepted"));
+    assert_eq!(resolve(&b, &parts[0]["actor"])["resourceType"], "Patient");
+    assert_eq!(parts[1]["type"][0]["text"], "placer contact");
+    assert_eq!(parts[3]["type"][0]["coding"][0]["code"], "enterer");
+    let kinds: Vec<&Json> = parts[4..]
+        .iter()
+        .map(|p| &resolve(&b, &p["actor"])["resourceType"])
+        .collect();
+    assert_eq!(kinds, ["Device", "Location", "Practitioner"]);
+    assert_eq!(parts[6]["period"]["end"], "2025-03-10T09:30:00+01:00");
+    assert_eq!(parts[6]["type"][0]["coding"][0]["code"], "NUR");
+    assert_eq!(resources(&b, "Observation").len(), 1);
+    assert_eq!(resources(&b, "Condition").len(), 1);
+    assert!(outcome.unmapped.contains(&"RGS".to_owned()));
+}
+
+#[test]
+fn an_siu_status_without_a_row_follows_the_trigger() {
+    let msg = b"MSH|^~\\&|A|B|C|D|20250301||SIU^S15|1|P|2.3\rSCH|1|2|||||||60|m|^^60^20250310090000^20250310100000||||||||||||||Scheduled\rPID|1||1^^^X^MR\rAIP|1|A|7^DOC^A|||||||||Scheduled\r";
+    let m = hl7v2::Message::parse(msg).expect("parse");
+    // Times without an offset: the route's timezone, or the Appointment cannot have its instants.
+    let err = convert(&m, Charset::Utf8, &Options::default(), &mut Vec::new());
+    assert!(
+        err.is_ok(),
+        "a cancelled Appointment needs no times: {err:?}"
+    );
+    let opts = Options {
+        timezone: Some("+01:00".into()),
+        ..Options::default()
+    };
+    let (b, outcome) = convert_json(msg, &opts);
+    let app = resources(&b, "Appointment")[0];
+    assert_eq!(app["status"], "cancelled");
+    assert_eq!(app["start"], "2025-03-10T09:00:00+01:00");
+    assert_eq!(app["participant"][1]["status"], "declined");
+    assert!(outcome.unmapped.contains(&"SCH-25".to_owned()));
+    assert!(outcome.unmapped.contains(&"AIP-12".to_owned()));
+    let booked = String::from_utf8_lossy(msg).replace("SIU^S15", "SIU^S12");
+    let m = hl7v2::Message::parse(booked.as_bytes()).expect("parse");
+    let err =
+        convert(&m, Charset::Utf8, &Options::default(), &mut Vec::new()).expect_err("no instants");
+    assert!(matches!(err, FhirError::Required(_)), "{err:?}");
+}

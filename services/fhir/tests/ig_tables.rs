@@ -23,6 +23,16 @@ const MAPS: &[(&str, &str)] = &[
     ("OBX[Observation] - OBX", "Observation"),
     // A repeating OBX-5 makes components (the IG's OBX[Observation-Component]): the same resource.
     ("OBX[Observation-Component] - OBX", "Observation"),
+    ("ORC[Immunization] - ORC", "Immunization"),
+    ("RXA[Immunization]", "Immunization"),
+    ("RXR[Immunization]", "Immunization"),
+    ("TXA[DocumentReference]", "DocumentReference"),
+    ("OBX[DocumentReference]", "DocumentReference"),
+    ("SCH[Appointment]", "Appointment"),
+    ("AIS[Appointment]", "Appointment"),
+    ("AIG[Appointment]", "Appointment"),
+    ("AIL[Appointment]", "Appointment"),
+    ("AIP[Appointment]", "Appointment"),
 ];
 
 /// One map: v2 field number → the top-level elements the IG sends it to (in any of its rows: a row's condition
@@ -104,10 +114,24 @@ fn corpus_dir() -> PathBuf {
 }
 
 fn messages() -> Vec<(String, Vec<u8>)> {
-    let mut out = vec![(
-        "sample-adt_a01".to_owned(),
-        include_bytes!("data/adt_a01.hl7").to_vec(),
-    )];
+    let mut out = vec![
+        (
+            "sample-adt_a01".to_owned(),
+            include_bytes!("data/adt_a01.hl7").to_vec(),
+        ),
+        (
+            "sample-vxu_v04".to_owned(),
+            include_bytes!("data/vxu_v04.hl7").to_vec(),
+        ),
+        (
+            "sample-mdm_t02".to_owned(),
+            include_bytes!("data/mdm_t02.hl7").to_vec(),
+        ),
+        (
+            "sample-siu_s12".to_owned(),
+            include_bytes!("data/siu_s12.hl7").to_vec(),
+        ),
+    ];
     if let Ok(dir) = std::fs::read_dir(corpus_dir()) {
         let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
         files.sort();
@@ -158,8 +182,10 @@ fn every_valued_field_is_where_the_ig_says_or_reported() {
     for (name, bytes) in messages() {
         let msg = Message::parse(&bytes).expect("parse");
         let charset = Charset::from_msh18(msg.header().charset).unwrap_or(Charset::Utf8);
+        // An Appointment's start and end are instants: SIU routes give the offset of times without one.
         let opts = Options {
             bundle_type: BundleType::Message,
+            timezone: (msg.header().message_type == b"SIU").then(|| "+01:00".to_owned()),
             ..Options::default()
         };
         let mut out = Vec::new();
