@@ -1455,7 +1455,7 @@ fn quantity(
         if let Some(t) = &text {
             w.string("unit", t);
         }
-        let system = cx.comp(units, 3).and_then(|s| cx.coding_system(&s));
+        let system = cx.comp(units, 3).and_then(|s| cx.coding_system_ref(&s));
         if let (Some(system), Some(code)) = (system, &code) {
             w.string("system", &system);
             w.string("code", code);
@@ -1475,7 +1475,22 @@ pub(crate) fn is_decimal(s: &str) -> bool {
 
 /// A v2 NM (checked by [`is_decimal`]) as a JSON number: no `+`, no leading zeros, a digit on each side of
 /// the point.
-pub(crate) fn normalise_decimal(s: &str) -> String {
+pub(crate) fn normalise_decimal(s: &str) -> std::borrow::Cow<'_, str> {
+    // Most values are written so already: borrowed as they are.
+    let unsigned = s.strip_prefix('-').unwrap_or(s);
+    let (int, frac) = unsigned
+        .split_once('.')
+        .map_or((unsigned, None), |(i, f)| (i, Some(f)));
+    if !int.is_empty()
+        && (int == "0" || !int.starts_with('0'))
+        && frac.is_none_or(|f| !f.is_empty())
+        && int
+            .bytes()
+            .chain(frac.unwrap_or_default().bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return std::borrow::Cow::Borrowed(s);
+    }
     let (neg, digits) = match s.strip_prefix('-') {
         Some(d) => (true, d),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
@@ -1491,7 +1506,7 @@ pub(crate) fn normalise_decimal(s: &str) -> String {
         out.push('.');
         out.push_str(frac);
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 pub(crate) fn provenance_body(

@@ -26,6 +26,8 @@ pub(crate) struct Ctx<'a, 'm> {
     dropped: std::cell::RefCell<Vec<(String, String)>>,
     /// Every segment's fields, split once: the maps ask for fields by number many times over.
     index: FieldIndex<'a>,
+    /// The message's escape character.
+    escape: u8,
 }
 
 /// The fields of each segment of the message, split once per conversion ([`Segment::field`] splits the
@@ -125,7 +127,10 @@ pub(crate) struct Target {
 impl Target {
     /// `urn:uuid:<id>`: what other entries reference.
     pub fn full_url(&self) -> String {
-        format!("urn:uuid:{}", self.id)
+        let mut s = String::with_capacity(9 + self.id.len());
+        s.push_str("urn:uuid:");
+        s.push_str(&self.id);
+        s
     }
 }
 
@@ -141,6 +146,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             received_at: opts.received_at.as_deref(),
             dropped: std::cell::RefCell::new(Vec::new()),
             index: FieldIndex::new(msg),
+            escape: msg.delimiters().escape,
         }
     }
 
@@ -150,6 +156,21 @@ impl<'a, 'm> Ctx<'a, 'm> {
         let v = v?;
         if v.is_empty() || v.raw() == b"\"\"" {
             return None;
+        }
+        let raw = v.raw();
+        // Without the escape character, in UTF-8 (no BOM) or ASCII text in ASCII or Latin-1 (nearly every
+        // value): the text is the bytes, borrowed as they are.
+        let plain = match self.charset {
+            Charset::Utf8 => !raw.starts_with(b"\xEF\xBB\xBF"),
+            Charset::Ascii | Charset::Latin1 => raw.is_ascii(),
+            _ => false,
+        };
+        if plain
+            && !raw.contains(&self.escape)
+            && let Ok(s) = std::str::from_utf8(raw)
+        {
+            let t = s.trim();
+            return (!t.is_empty()).then_some(Cow::Borrowed(t));
         }
         let s: Cow<'a, str> = match v.decoded() {
             Cow::Borrowed(b) => match self.charset.decode(b) {
@@ -161,13 +182,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
                 Err(_) => b.iter().map(|&c| char::from(c)).collect(),
             }),
         };
-        let t = s.trim();
-        if t.is_empty() {
-            None
-        } else if t.len() == s.len() {
-            Some(s)
-        } else {
-            Some(Cow::Owned(t.to_owned()))
+        match s {
+            Cow::Borrowed(b) => Some(b.trim()).filter(|t| !t.is_empty()).map(Cow::Borrowed),
+            Cow::Owned(o) => {
+                let t = o.trim();
+                if t.is_empty() {
+                    None
+                } else if t.len() == o.len() {
+                    Some(Cow::Owned(o))
+                } else {
+                    Some(Cow::Owned(t.to_owned()))
+                }
+            }
         }
     }
 
@@ -347,14 +373,12 @@ impl<'a, 'm> Ctx<'a, 'm> {
     /// through `identifier_systems`, else the configured prefix and the namespace id.
     pub fn hd_system(&self, hd: Option<Value<'a>>, sub: bool) -> Option<String> {
         let hd = hd?;
-        let part = |n: usize| {
-            if sub {
-                self.text(hd.subcomponent(n))
-            } else {
-                self.text(hd.component(n))
-            }
+        let p: [Option<Value<'a>>; 3] = if sub {
+            first_n(hd.subcomponents())
+        } else {
+            first_n(hd.components())
         };
-        self.hd_system_of(part(1), part(2), part(3))
+        self.hd_system_of(self.text(p[0]), self.text(p[1]), self.text(p[2]))
     }
 
     /// The system of an assigning authority given as its parts: namespace id, universal id and its type (HD,
@@ -388,20 +412,26 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// CX → Identifier (system and value), if CX-1 has a value.
     pub fn cx_key(&self, cx: Value<'a>) -> Option<(String, String)> {
-        let value = self.comp(cx, 1)?;
+        self.cx_key_of(&components::<4>(cx))
+    }
+
+    /// [`Ctx::cx_key`] of a CX's components.
+    fn cx_key_of(&self, c: &[Option<Value<'a>>]) -> Option<(String, String)> {
+        let value = self.text(c[0])?;
         let system = self
-            .hd_system(cx.component(4), true)
+            .hd_system(c[3], true)
             .unwrap_or_else(|| "urn:hl7gw:id:unknown".to_owned());
         Some((system, value.into_owned()))
     }
 
     /// CX → Identifier, written as an array item. `type_code` is the v2-0203 code when CX-5 is empty.
     pub fn identifier(&self, w: &mut Writer<'_>, cx: Value<'a>, type_code: Option<&str>) -> bool {
-        let Some((system, value)) = self.cx_key(cx) else {
+        let c = components::<8>(cx);
+        let Some((system, value)) = self.cx_key_of(&c) else {
             return false;
         };
         w.begin_object();
-        let ty = self.comp(cx, 5);
+        let ty = self.text(c[4]);
         match (ty.as_deref(), type_code) {
             (Some(sent), _) => identifier_type(w, sent, false),
             (None, Some(ours)) => identifier_type(w, ours, true),
@@ -409,8 +439,8 @@ impl<'a, 'm> Ctx<'a, 'm> {
         }
         w.string("system", &system);
         w.string("value", &value);
-        let start = self.comp(cx, 7).and_then(|d| self.date_time(&d));
-        let end = self.comp(cx, 8).and_then(|d| self.date_time(&d));
+        let start = self.text(c[6]).and_then(|d| self.date_time(&d));
+        let end = self.text(c[7]).and_then(|d| self.date_time(&d));
         period(w, "period", start.as_deref(), end.as_deref());
         w.end_object();
         true
@@ -418,17 +448,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// XPN → HumanName (array item).
     pub fn human_name(&self, w: &mut Writer<'_>, xpn: Value<'a>) -> bool {
-        let family = self.text(xpn.component(1).and_then(|c| c.subcomponent(1)));
-        let given = self.comp(xpn, 2);
-        let middle = self.comp(xpn, 3);
-        let suffix = self.comp(xpn, 4);
-        let prefix = self.comp(xpn, 5);
-        let degree = self.comp(xpn, 6);
+        let c = components::<7>(xpn);
+        let family = self.text(c[0].and_then(|c| c.subcomponent(1)));
+        let given = self.text(c[1]);
+        let middle = self.text(c[2]);
+        let suffix = self.text(c[3]);
+        let prefix = self.text(c[4]);
+        let degree = self.text(c[5]);
         if family.is_none() && given.is_none() && middle.is_none() {
             return false;
         }
         let use_ = self
-            .comp(xpn, 7)
+            .text(c[6])
             .and_then(|c| vocab::lookup("NameType", &c))
             .map(|u| u.code);
         write_name(
@@ -444,13 +475,14 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// XAD → Address (array item).
     pub fn address(&self, w: &mut Writer<'_>, xad: Value<'a>) -> bool {
-        let street = self.text(xad.component(1).and_then(|c| c.subcomponent(1)));
-        let other = self.comp(xad, 2);
-        let city = self.comp(xad, 3);
-        let state = self.comp(xad, 4);
-        let zip = self.comp(xad, 5);
-        let country = self.comp(xad, 6);
-        let district = self.comp(xad, 9);
+        let c = components::<9>(xad);
+        let street = self.text(c[0].and_then(|c| c.subcomponent(1)));
+        let other = self.text(c[1]);
+        let city = self.text(c[2]);
+        let state = self.text(c[3]);
+        let zip = self.text(c[4]);
+        let country = self.text(c[5]);
+        let district = self.text(c[8]);
         if [&street, &other, &city, &state, &zip, &country, &district]
             .iter()
             .all(|x| x.is_none())
@@ -458,7 +490,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             return false;
         }
         w.begin_object();
-        if let Some(kind) = self.comp(xad, 7) {
+        if let Some(kind) = self.text(c[6]) {
             if let Some(u) = vocab::lookup("AddressType[Use]", &kind) {
                 w.string("use", u.code);
             }
@@ -495,21 +527,22 @@ impl<'a, 'm> Ctx<'a, 'm> {
         xtn: Value<'a>,
         default_use: Option<&str>,
     ) -> bool {
-        let equipment = self.comp(xtn, 3);
+        let c = components::<12>(xtn);
+        let equipment = self.text(c[2]);
         let email = matches!(equipment.as_deref(), Some("Internet" | "X.400"));
         let value = if email {
-            self.comp(xtn, 4)
+            self.text(c[3])
         } else {
-            self.comp(xtn, 12).or_else(|| {
+            self.text(c[11]).or_else(|| {
                 let parts: Vec<Cow<'_, str>> = [5, 6, 7]
                     .iter()
-                    .filter_map(|&n| self.comp(xtn, n))
+                    .filter_map(|&n| self.text(c[n - 1]))
                     .collect();
                 if parts.is_empty() {
-                    self.comp(xtn, 1)
+                    self.text(c[0])
                 } else {
                     let mut s = parts.join(" ");
-                    if let Some(ext) = self.comp(xtn, 8) {
+                    if let Some(ext) = self.text(c[7]) {
                         s.push_str(" ext. ");
                         s.push_str(&ext);
                     }
@@ -534,7 +567,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         w.string("system", system);
         w.string("value", &value);
         let use_ = self
-            .comp(xtn, 2)
+            .text(c[1])
             .and_then(|u| vocab::lookup("TelecommunicationUseCode", &u).map(|c| c.code))
             .filter(|u| matches!(*u, "home" | "work" | "temp" | "old" | "mobile"))
             .or(equipment_use)
@@ -548,13 +581,20 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// The URI of a v2 coding system name (CWE-3): an HL7 table, a well-known system, or the route's own.
     pub fn coding_system(&self, name: &str) -> Option<String> {
+        self.coding_system_ref(name).map(Cow::into_owned)
+    }
+
+    /// [`Ctx::coding_system`], borrowed when the URI is the route's or a well-known one (most of them).
+    pub fn coding_system_ref(&self, name: &str) -> Option<Cow<'m, str>> {
         if let Some(s) = self.opts.code_systems.get(name) {
-            return Some(s.clone());
+            return Some(Cow::Borrowed(s.as_str()));
         }
         if let Some(s) = vocab::coding_system(name) {
-            return Some(s.to_owned());
+            return Some(Cow::Borrowed(s));
         }
-        vocab::v2_table_system(name).or_else(|| vocab::oid_system(name))
+        vocab::v2_table_system(name)
+            .or_else(|| vocab::oid_system(name))
+            .map(Cow::Owned)
     }
 
     /// CWE/CE/CNE → CodeableConcept written under `key`, through `table`'s IG concept map when the field has
@@ -577,9 +617,10 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// True when a CWE has a code or a text to write.
     pub fn cwe_valued(&self, cwe: Value<'a>) -> bool {
+        let c = components::<10>(cwe);
         [1, 2, 4, 9, 10]
             .iter()
-            .any(|&n| self.comp(cwe, n).is_some())
+            .any(|&n| self.text(c[n - 1]).is_some())
     }
 
     /// CWE → CodeableConcept as an array item.
@@ -609,18 +650,20 @@ impl<'a, 'm> Ctx<'a, 'm> {
         table: Option<Table>,
     ) -> bool {
         let triples = [(1, 2, 3), (4, 5, 6), (10, 11, 12)];
+        let comps = components::<12>(cwe);
+        let comp = |n: usize| self.text(comps[n - 1]);
         let mut any = false;
         let mut first_display = None;
         for (i, (c, d, s)) in triples.into_iter().enumerate() {
-            let code = self.comp(cwe, c);
-            let display = self.comp(cwe, d);
+            let code = comp(c);
+            let display = comp(d);
             let Some(code) = code else {
                 if i == 0 {
                     first_display = display;
                 }
                 continue;
             };
-            let named = self.comp(cwe, s);
+            let named = comp(s);
             let in_table = |t: &Table| vocab::has_code(t.map, &code);
             let fhir_only = table.is_some_and(|t| t.fhir_only);
             let mapped = if i == 0 || fhir_only {
@@ -656,14 +699,17 @@ impl<'a, 'm> Ctx<'a, 'm> {
             // of its codes; else the field's table when the code is one of its codes.
             let system = match named.as_deref() {
                 Some(n) => match table {
-                    Some(t) if i == 0 && (n == t.id || n == &t.id[3..]) && !in_table(&t) => {
-                        self.opts.code_systems.get(n).cloned()
-                    }
-                    _ => self.coding_system(n),
+                    Some(t) if i == 0 && (n == t.id || n == &t.id[3..]) && !in_table(&t) => self
+                        .opts
+                        .code_systems
+                        .get(n)
+                        .map(|s| Cow::Borrowed(s.as_str())),
+                    _ => self.coding_system_ref(n),
                 },
                 None if i == 0 => table
                     .filter(in_table)
-                    .and_then(|t| vocab::v2_table_system(t.id)),
+                    .and_then(|t| vocab::v2_table_system(t.id))
+                    .map(Cow::Owned),
                 None => None,
             };
             let system = system.filter(|s| vocab::fits(s, &code));
@@ -695,7 +741,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         if any {
             w.end_array();
         }
-        let text = self.comp(cwe, 9).or(first_display);
+        let text = comp(9).or(first_display);
         if let Some(t) = &text {
             w.string("text", t);
         }
@@ -748,12 +794,29 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// PL → a location's display text: point of care, room, bed, facility, building, floor.
     pub fn location_text(&self, pl: Value<'a>) -> Option<String> {
-        let mut parts: Vec<Cow<'_, str>> =
-            [1, 2, 3].iter().filter_map(|&n| self.comp(pl, n)).collect();
-        parts.extend(self.text(pl.component(4).and_then(|c| c.subcomponent(1))));
-        parts.extend([7, 8].iter().filter_map(|&n| self.comp(pl, n)));
+        let c = components::<8>(pl);
+        let mut parts: Vec<Cow<'_, str>> = [1, 2, 3]
+            .iter()
+            .filter_map(|&n| self.text(c[n - 1]))
+            .collect();
+        parts.extend(self.text(c[3].and_then(|c| c.subcomponent(1))));
+        parts.extend([7, 8].iter().filter_map(|&n| self.text(c[n - 1])));
         (!parts.is_empty()).then(|| parts.join(" "))
     }
+}
+
+/// The first `N` components of a value, split once ([`Value::component`] splits it again on every call).
+fn components<const N: usize>(v: Value<'_>) -> [Option<Value<'_>>; N] {
+    first_n(v.components())
+}
+
+/// The first `N` items of `parts` (components or subcomponents), the rest `None`.
+fn first_n<'v, const N: usize>(parts: impl Iterator<Item = Value<'v>>) -> [Option<Value<'v>>; N] {
+    let mut out = [None; N];
+    for (slot, c) in out.iter_mut().zip(parts) {
+        *slot = Some(c);
+    }
+    out
 }
 
 /// Bytes as text in `charset` (each byte as its Latin-1 character when they are not valid in it).
@@ -949,13 +1012,35 @@ pub(crate) fn uuid_of(rtype: &str, key: &[&str]) -> String {
 /// Appends `s` percent-encoded for a URL query value (unreserved characters kept).
 pub(crate) fn percent_encode(out: &mut String, s: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'/') {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[(b >> 4) as usize]));
-            out.push(char::from(HEX[(b & 0xf) as usize]));
-        }
+    let keep =
+        |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'/');
+    let mut rest = s;
+    while !rest.is_empty() {
+        // A run of kept characters (ASCII, so a char boundary where it ends) in one piece.
+        let run = rest.bytes().position(|b| !keep(b)).unwrap_or(rest.len());
+        out.push_str(&rest[..run]);
+        let Some(&b) = rest.as_bytes().get(run) else {
+            break;
+        };
+        out.push('%');
+        out.push(char::from(HEX[(b >> 4) as usize]));
+        out.push(char::from(HEX[(b & 0xf) as usize]));
+        // Past the one byte (a multi-byte character's bytes are encoded one by one).
+        rest = match rest.get(run + 1..) {
+            Some(r) => r,
+            None => {
+                // Inside a multi-byte character: its remaining bytes, each encoded.
+                for &b in &rest.as_bytes()[run + 1..] {
+                    if keep(b) {
+                        out.push(char::from(b));
+                    } else {
+                        out.push('%');
+                        out.push(char::from(HEX[(b >> 4) as usize]));
+                        out.push(char::from(HEX[(b & 0xf) as usize]));
+                    }
+                }
+                break;
+            }
+        };
     }
 }

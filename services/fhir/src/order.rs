@@ -492,23 +492,39 @@ fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
     for o in obs {
         let by = cx.rep1(&o.obx, 21).and_then(|ei| ei_key(cx, ei, false));
         let code = cx.rep1(&o.obx, 3);
-        let code_key = format!(
-            "{}^{}^{}",
-            code.and_then(|c| cx.comp(c, 1)).unwrap_or_default(),
-            code.and_then(|c| cx.comp(c, 3)).unwrap_or_default(),
-            cx.field(&o.obx, 4).unwrap_or_default()
-        );
-        let rank = ranks.entry(code_key.clone()).or_default();
-        *rank += 1;
+        // `<code>^<system>^<sub-id>`.
+        let mut code_key = String::with_capacity(32);
+        for (i, part) in [
+            code.and_then(|c| cx.comp(c, 1)),
+            code.and_then(|c| cx.comp(c, 3)),
+            cx.field(&o.obx, 4),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if i > 0 {
+                code_key.push('^');
+            }
+            code_key.push_str(part.as_deref().unwrap_or_default());
+        }
+        let rank = match ranks.get_mut(&code_key) {
+            Some(r) => {
+                *r += 1;
+                *r
+            }
+            None => {
+                ranks.insert(code_key.clone(), 1);
+                1
+            }
+        };
         o.target = Some(match by {
             Some((s, v)) => by_identifier(cx, "Observation", (s, v)),
             None => {
-                let r = rank.to_string();
-                let key: Vec<&str> = parent
-                    .iter()
-                    .copied()
-                    .chain(["OBX", code_key.as_str(), r.as_str()])
-                    .collect();
+                let mut r = itoa::Buffer::new();
+                let r = r.format(rank);
+                let mut key: Vec<&str> = Vec::with_capacity(parent.len() + 3);
+                key.extend_from_slice(parent);
+                key.extend(["OBX", code_key.as_str(), r]);
                 cx.target("Observation", &key, None)
             }
         });
@@ -1106,7 +1122,7 @@ fn specimen_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, spm: &Segment<'_>, patien
             }
             let system = units
                 .and_then(|u| cx.text(u.subcomponent(3)))
-                .and_then(|s| cx.coding_system(&s));
+                .and_then(|s| cx.coding_system_ref(&s));
             if let (Some(system), Some(code)) = (system, &code) {
                 w.string("system", &system);
                 w.string("code", code);
