@@ -56,11 +56,13 @@ pub(crate) fn convert(
     let mut text_at: Option<usize> = None;
     let mut evn = None;
     let mut after_obx = false;
-    let mut txa_seen = false;
+    // The first PID, PV1 and TXA are the document's; a second one is reported.
+    let (mut pid_seen, mut pv1_seen, mut txa_seen) = (false, false, false);
     for seg in msg.segments() {
         match seg.name() {
             b"MSH" => cx.note_unmapped(&seg, MSH_MAPPED),
-            b"PID" | b"PV1" => {}
+            b"PID" if !pid_seen => pid_seen = true,
+            b"PV1" if !pv1_seen => pv1_seen = true,
             b"TXA" if !txa_seen => txa_seen = true,
             b"EVN" => evn = Some(seg),
             b"OBX" => {

@@ -267,8 +267,11 @@ pub(crate) fn convert(
         if let Some(pv2) = &pv2 {
             cx.note_unmapped(pv2, PV2_MAPPED);
         }
-    } else if let Some(pv1) = &pv1 {
-        cx.note_unmapped_segment(pv1);
+    } else {
+        // A visit without a patient: no Encounter to make of it.
+        for seg in [pv1, msg.segment("PV2", 1)].iter().flatten() {
+            cx.note_unmapped_segment(seg);
+        }
     }
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();

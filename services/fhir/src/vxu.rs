@@ -67,10 +67,15 @@ pub(crate) fn convert(
     let mut nk1s = Vec::new();
     let mut evn = None;
     let mut last = Last::None;
+    // The first PID, PV1 and PV2 are the patient's and the visit's; a second one is reported.
+    let mut seen = [false; 3];
     for seg in msg.segments() {
+        let mut first = |i: usize| !std::mem::replace(&mut seen[i], true);
         match seg.name() {
             b"MSH" => cx.note_unmapped(&seg, MSH_MAPPED),
-            b"PID" | b"PV1" | b"PV2" => {}
+            b"PID" if first(0) => {}
+            b"PV1" if first(1) => {}
+            b"PV2" if first(2) => {}
             b"EVN" => evn = Some(seg),
             b"NK1" => nk1s.push(seg),
             b"ORC" => {
