@@ -56,11 +56,13 @@ pub(crate) fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>, sub: bool) -> Option<(Stri
                 .get(ns.as_ref())
                 .cloned()
                 .unwrap_or_else(|| {
-                    let mut s = cx
+                    let prefix = cx
                         .opts
                         .identifier_system_prefix
-                        .clone()
-                        .unwrap_or_else(|| "urn:hl7gw:id:".to_owned());
+                        .as_deref()
+                        .unwrap_or("urn:hl7gw:id:");
+                    let mut s = String::with_capacity(prefix.len() + ns.len() + 8);
+                    s.push_str(prefix);
                     crate::dt::percent_encode(&mut s, &ns);
                     s
                 }),
@@ -1011,7 +1013,8 @@ pub(crate) fn observation_body(
     obx: &Segment<'_>,
     links: ObsLinks<'_, '_>,
 ) -> Vec<usize> {
-    let mut mapped = vec![1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20, 21];
+    let mut mapped = Vec::with_capacity(14);
+    mapped.extend_from_slice(&[1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20, 21]);
     // OBX-4 (OG, or ST before v2.8.2): the Extensions Pack's observation-v2-subid, as the IG's OG map says.
     if let Some(sub) = cx.rep1(obx, 4)
         && !sub.is_empty()

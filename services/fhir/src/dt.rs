@@ -401,11 +401,13 @@ impl<'a, 'm> Ctx<'a, 'm> {
         if let Some(s) = self.opts.identifier_systems.get(ns.as_ref()) {
             return Some(s.clone());
         }
-        let mut s = self
+        let prefix = self
             .opts
             .identifier_system_prefix
-            .clone()
-            .unwrap_or_else(|| "urn:hl7gw:id:".to_owned());
+            .as_deref()
+            .unwrap_or("urn:hl7gw:id:");
+        let mut s = String::with_capacity(prefix.len() + ns.len() + 8);
+        s.push_str(prefix);
         percent_encode(&mut s, &ns);
         Some(s)
     }
