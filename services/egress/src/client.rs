@@ -251,6 +251,8 @@ mod tests {
     fn client(address: String) -> (MllpClient, Counter) {
         let dest = Destination {
             address,
+            url: None,
+            http: Default::default(),
             tls: None,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),

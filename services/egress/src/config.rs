@@ -108,14 +108,122 @@ impl AckPolicy {
     }
 }
 
-/// One receiving system.
+/// The HTTP method of an HTTP(S) destination.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpMethod {
+    /// POST to `url` (a FHIR server's base takes transaction and batch Bundles this way).
+    #[default]
+    Post,
+    /// PUT to `url`.
+    Put,
+}
+
+/// The HTTP versions an HTTP(S) destination may speak.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpVersion {
+    /// HTTP/2 when the server offers it in the TLS handshake (ALPN), else HTTP/1.1 with keep-alive; plain
+    /// `http://` is HTTP/1.1.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only (keep-alive).
+    Http1,
+    /// HTTP/2 only (over plain `http://`: prior knowledge, h2c).
+    Http2,
+}
+
+/// SMART Backend Services (OAuth2 client credentials with a signed JWT assertion), the way FHIR servers
+/// authorise a system rather than a user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SmartBackend {
+    /// The client id registered with the authorisation server (the assertion's `iss` and `sub`).
+    pub client_id: String,
+    /// The client's private key, PKCS#8 PEM: RSA (assertions signed RS384) or EC P-384 (ES384).
+    pub private_key: PathBuf,
+    /// `kid` of the assertion's header: the key's id in the JWK set registered for the client.
+    #[serde(default)]
+    pub key_id: Option<String>,
+    /// The token endpoint. Absent: read from `<url>/.well-known/smart-configuration` on first use.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The scopes asked for.
+    #[serde(default = "default_scope")]
+    pub scope: String,
+}
+
+fn default_scope() -> String {
+    "system/*.write".into()
+}
+
+/// How an HTTP(S) destination sends and authenticates (ignored by MLLP destinations).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    pub method: HttpMethod,
+    /// The request's `Content-Type`. Absent: from what the route made (`application/fhir+json` for `toFhir`,
+    /// `application/json` for `toJson`, `application/hl7-v2` for an HL7 message).
+    pub content_type: Option<String>,
+    /// Extra request headers (not for secrets: `bearer_token_file` and `oauth2` are; `Authorization`,
+    /// `Content-Type` and `Host` are refused here).
+    pub headers: BTreeMap<String, String>,
+    pub version: HttpVersion,
+    /// A file holding a bearer token sent as `Authorization: Bearer ...` (read again every minute and after a
+    /// 401, so a rotated secret is picked up).
+    pub bearer_token_file: Option<PathBuf>,
+    /// SMART Backend Services authorisation (instead of `bearer_token_file`).
+    pub oauth2: Option<SmartBackend>,
+    /// Most bytes of a response body kept (for a dead letter's answer); the rest is not read.
+    pub max_response_bytes: usize,
+    /// The longest `Retry-After` honoured: a longer one waits this long.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
+    pub max_retry_after: Duration,
+    /// How long an idle pooled connection is kept open.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
+    pub pool_idle_timeout: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            method: HttpMethod::Post,
+            content_type: None,
+            headers: BTreeMap::new(),
+            version: HttpVersion::Auto,
+            bearer_token_file: None,
+            oauth2: None,
+            max_response_bytes: 64 << 10,
+            max_retry_after: Duration::from_secs(300),
+            pool_idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// One receiving system: an MLLP listener (`address`) or an HTTP(S) endpoint (`url`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {
-    /// `host:port` of the receiver's MLLP listener.
+    /// `host:port` of the receiver's MLLP listener (empty for an HTTP(S) destination).
+    #[serde(default)]
     pub address: String,
+    /// The `http://` or `https://` URL each message is sent to: a FHIR server's base (transaction Bundles
+    /// from `toFhir`) or any web service. Answers decide like ACKs: 2xx delivered; 408, 429 and 5xx retried
+    /// (honouring `Retry-After`) as `ack_policy.max_retries` allows; 401/403 retried like a receiver that is
+    /// down; any other status is a dead letter with the status and the response body.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// For `https://` URLs: the CA to trust (required), and a client certificate for mutual TLS.
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    #[serde(default)]
+    pub http: HttpSettings,
     /// How long the TCP connect to the receiver may take (and the TLS handshake after it, again as long).
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
@@ -200,6 +308,103 @@ impl Default for Config {
 
 hl7gw_runtime::service_config!(Config);
 
+/// Checks an HTTP(S) destination: a URL with a scheme and host, TLS exactly for `https`, one way to
+/// authenticate, and no credential sent in clear to anything but this machine.
+fn check_http(name: &str, url: &str, d: &Destination) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("destinations.{name}.url: {e}"))?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => {
+            return Err(format!(
+                "destinations.{name}.url: expected http:// or https://"
+            ));
+        }
+    };
+    let Some(host) = uri.host() else {
+        return Err(format!("destinations.{name}.url: no host"));
+    };
+    if https != d.tls.is_some() {
+        return Err(if https {
+            format!(
+                "destinations.{name}: an https:// url needs tls.ca (the CA or CA bundle to trust)"
+            )
+        } else {
+            format!("destinations.{name}: tls is for https:// urls")
+        });
+    }
+    let h = &d.http;
+    if h.bearer_token_file.is_some() && h.oauth2.is_some() {
+        return Err(format!(
+            "destinations.{name}.http: bearer_token_file or oauth2, not both"
+        ));
+    }
+    let loopback = matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1");
+    if !https && !loopback && (h.bearer_token_file.is_some() || h.oauth2.is_some()) {
+        return Err(format!(
+            "destinations.{name}: credentials are sent over https only (or to this machine)"
+        ));
+    }
+    if let Some(f) = &h.bearer_token_file
+        && !f.is_file()
+    {
+        return Err(format!(
+            "destinations.{name}.http.bearer_token_file: {} is not a file",
+            f.display()
+        ));
+    }
+    if let Some(o) = &h.oauth2 {
+        if o.client_id.is_empty() {
+            return Err(format!(
+                "destinations.{name}.http.oauth2.client_id is empty"
+            ));
+        }
+        if !o.private_key.is_file() {
+            return Err(format!(
+                "destinations.{name}.http.oauth2.private_key: {} is not a file",
+                o.private_key.display()
+            ));
+        }
+        if let Some(t) = &o.token_url {
+            let t: http::Uri = t
+                .parse()
+                .map_err(|e| format!("destinations.{name}.http.oauth2.token_url: {e}"))?;
+            let local = matches!(t.host(), Some("localhost" | "127.0.0.1" | "[::1]" | "::1"));
+            if t.scheme_str() != Some("https") && !(t.scheme_str() == Some("http") && local) {
+                return Err(format!(
+                    "destinations.{name}.http.oauth2.token_url: expected https:// (or http:// to this machine)"
+                ));
+            }
+        }
+    }
+    for (k, v) in &h.headers {
+        let n = http::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("destinations.{name}.http.headers: {k:?} is not a header name"))?;
+        if matches!(
+            n,
+            http::header::AUTHORIZATION | http::header::CONTENT_TYPE | http::header::HOST
+        ) {
+            return Err(format!(
+                "destinations.{name}.http.headers: {k} is set by the egress"
+            ));
+        }
+        http::HeaderValue::from_str(v)
+            .map_err(|_| format!("destinations.{name}.http.headers.{k}: not a header value"))?;
+    }
+    if let Some(c) = &h.content_type {
+        http::HeaderValue::from_str(c)
+            .map_err(|_| format!("destinations.{name}.http.content_type: not a header value"))?;
+    }
+    if h.max_response_bytes == 0 {
+        return Err(format!(
+            "destinations.{name}.http.max_response_bytes must be at least 1"
+        ));
+    }
+    Ok(())
+}
+
 impl Config {
     /// The gRPC methods of this service, as named in `grpc.allow`.
     pub const GRPC_METHODS: &'static [&'static str] =
@@ -221,8 +426,21 @@ impl Config {
         }
         for (name, d) in &self.destinations {
             hl7gw_runtime::config::check_destination_name(name).map_err(ConfigError::Rule)?;
-            if !d.address.contains(':') {
-                return rule(format!("destinations.{name}.address: expected host:port"));
+            match &d.url {
+                Some(url) => {
+                    if !d.address.is_empty() {
+                        return rule(format!(
+                            "destinations.{name}: set address (MLLP) or url (HTTP), not both"
+                        ));
+                    }
+                    check_http(name, url, d).map_err(ConfigError::Rule)?;
+                }
+                None if !d.address.contains(':') => {
+                    return rule(format!(
+                        "destinations.{name}: expected address (host:port, MLLP) or url (HTTP)"
+                    ));
+                }
+                None => {}
             }
             if d.connect_timeout.is_zero() || d.response_timeout.is_zero() {
                 return rule(format!("destinations.{name}: timeouts must be more than 0"));
@@ -320,6 +538,8 @@ mod tests {
             "lab".into(),
             Destination {
                 address: "127.0.0.1:2576".into(),
+                url: None,
+                http: HttpSettings::default(),
                 tls: None,
                 connect_timeout: default_connect_timeout(),
                 response_timeout: default_response_timeout(),

@@ -189,6 +189,8 @@ pub struct DestCtx {
     pub topic: String,
     pub dest: Arc<Destination>,
     pub tls: Option<Tls>,
+    /// The pooled HTTP(S) client of a destination with a `url` (shared by its partition workers).
+    pub http: Option<Arc<crate::http::HttpClient>>,
     pub cfg: Arc<Config>,
     pub consumer: Arc<DestConsumer>,
     pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
@@ -633,7 +635,7 @@ impl DestCtx {
                         env,
                         "bad_envelope",
                         e.to_string(),
-                        None,
+                        Answer::default(),
                         &tracing::Span::none(),
                         stop,
                     )
@@ -663,6 +665,7 @@ impl DestCtx {
             hl7.trigger_event = %h.trigger_event,
             hl7.control_id = %h.control_id,
             hl7.ack_code = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
             hl7.attempts = tracing::field::Empty,
         );
         if let Some(tc) = &env.trace {
@@ -678,6 +681,17 @@ impl DestCtx {
             self.m.duplicate_suppressed(&span);
             return Done::Settled(None);
         }
+        if let Some(http) = &self.http {
+            let delivery = Delivery {
+                m,
+                key,
+                generation,
+                head,
+                span: &span,
+                stop,
+            };
+            return self.deliver_http(http, env, delivery).await;
+        }
         let out = outgoing(&env.raw, &self.dest.ack_policy);
         // The receiver answers the control id it reads in the message sent (a route may have changed it).
         let sent_id = hl7v2::Header::salvage(&out).control_id;
@@ -687,7 +701,7 @@ impl DestCtx {
             let detail =
                 "the message as sent has no MSH-10: no answer could be matched to it".into();
             return self
-                .dead_letter(env, "no_control_id", detail, None, &span, stop)
+                .dead_letter(env, "no_control_id", detail, Answer::default(), &span, stop)
                 .await;
         }
         let retry = &self.dest.retry;
@@ -715,32 +729,9 @@ impl DestCtx {
                         span.record("hl7.attempts", attempt);
                         match code {
                             AckCode::AA | AckCode::CA => {
-                                self.accepted(&env, started);
-                                let event = self.cfg.ledger.enabled().then(|| {
-                                    let mut e = Box::new(ledger::event(
-                                        ledger::kind::DELIVERED,
-                                        STAGE,
-                                        &env,
-                                    ));
-                                    e.ack_code = code_str.to_owned();
-                                    e.attempts = attempt;
-                                    e.latency_ms = ledger::latency_ms(&env);
-                                    e.topic.clone_from(&self.topic);
-                                    e.offset = m.offset();
-                                    e
-                                });
-                                if let Some(key) = key {
-                                    self.dedup.remember(
-                                        key,
-                                        0,
-                                        bytes::Bytes::new(),
-                                        Instant::now(),
-                                    );
-                                }
-                                if tries > 1 {
-                                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                                }
-                                return Done::Settled(event);
+                                let answer = (code_str, 0);
+                                return self
+                                    .delivered(&env, m, started, attempt, tries, key, answer);
                             }
                             negative_code => {
                                 let error = err_code(&frame);
@@ -761,7 +752,7 @@ impl DestCtx {
                                             env,
                                             "rejected",
                                             detail,
-                                            Some(frame.freeze()),
+                                            Answer::ack(frame.freeze()),
                                             &span,
                                             stop,
                                         )
@@ -799,37 +790,210 @@ impl DestCtx {
                         env,
                         "gave_up",
                         format!("{tries} attempts, last: {reason}"),
-                        last_ack,
+                        last_ack.map(Answer::ack).unwrap_or_default(),
                         &span,
                         stop,
                     )
                     .await;
             }
-            if tries == 1 {
-                self.state.retrying.fetch_add(1, Ordering::Relaxed);
-                head.retrying_ms
-                    .store(epoch_ms(SystemTime::now()), Ordering::Relaxed);
-            }
-            self.m.retrying(reason);
             let wait = retry.backoff(tries, fastrand::f64());
-            let moved = self.consumer.context().changed();
-            if generation != self.consumer.context().generation() {
-                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                return Done::Abandoned;
-            }
-            tokio::select! {
-                _ = moved => {}
-                _ = stop.cancelled() => {
-                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                    return Done::Abandoned;
-                }
-                _ = tokio::time::sleep(wait) => {}
-            }
-            if generation != self.consumer.context().generation() {
-                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+            if !self
+                .pause_before_retry(tries, reason, wait, generation, head, stop)
+                .await
+            {
                 return Done::Abandoned;
             }
         }
+    }
+
+    /// Sends an output to an HTTP(S) destination until its answer settles it: 2xx delivered; 408, 429 and 5xx
+    /// retried (waiting at least `Retry-After`, up to `http.max_retry_after`) as `ack_policy.max_retries`
+    /// allows, then `gave_up`; 401/403 and no answer at all retried as `retry` says (forever by default: the
+    /// patient's later messages wait behind it); any other status dead-lettered (`rejected`) with the status
+    /// and the response body.
+    async fn deliver_http(
+        &self,
+        http: &crate::http::HttpClient,
+        mut env: Envelope,
+        d: Delivery<'_>,
+    ) -> Done {
+        let Delivery {
+            m,
+            key,
+            generation,
+            head,
+            span,
+            stop,
+        } = d;
+        let content_type = match env.content_type.as_str() {
+            "" => "application/hl7-v2",
+            c => c,
+        }
+        .to_owned();
+        let traceparent = hl7gw_runtime::telemetry::trace_context(span).0;
+        let retry = &self.dest.retry;
+        let policy = &self.dest.ack_policy;
+        let mut attempt = env.attempts;
+        let mut tries = 0u32;
+        let mut negative = 0u32;
+        loop {
+            attempt += 1;
+            tries += 1;
+            let started = Instant::now();
+            let mut wait = retry.backoff(tries, fastrand::f64());
+            let mut last = None;
+            let reason: &'static str = match http
+                .send(env.raw.clone(), &content_type, &traceparent)
+                .await
+            {
+                Ok(a) => {
+                    let status = a.status.as_u16();
+                    self.m.http_answered(status);
+                    set(&self.state.last_ack_code, a.status.as_str());
+                    if let Ok(mut t) = self.state.last_ack_at.lock() {
+                        *t = Some(SystemTime::now());
+                    }
+                    span.record("http.response.status_code", status);
+                    span.record("hl7.attempts", attempt);
+                    match http_verdict(status) {
+                        HttpVerdict::Delivered => {
+                            let answer = ("", u32::from(status));
+                            return self.delivered(&env, m, started, attempt, tries, key, answer);
+                        }
+                        HttpVerdict::Refused => {
+                            if tries > 1 {
+                                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                            }
+                            env.attempts = attempt;
+                            self.m.http_refused(span, status);
+                            let detail = http_detail(status, &a.content_type, &a.body);
+                            return self
+                                .dead_letter(
+                                    env,
+                                    "rejected",
+                                    detail,
+                                    Answer::http(a.body, status),
+                                    span,
+                                    stop,
+                                )
+                                .await;
+                        }
+                        HttpVerdict::RetryLater(reason) => {
+                            negative += 1;
+                            if let Some(after) = a.retry_after {
+                                wait = wait.max(after.min(self.dest.http.max_retry_after));
+                            }
+                            last = Some(Answer::http(a.body, status));
+                            reason
+                        }
+                        HttpVerdict::Unauthorized => "unauthorized",
+                    }
+                }
+                Err(e) => {
+                    if !matches!(e, crate::http::HttpError::Connect(_)) {
+                        self.m.attempt_failed(span, &e);
+                    }
+                    e.kind()
+                }
+            };
+            set(&self.state.last_error, reason);
+            if (retry.max_attempts > 0 && tries >= retry.max_attempts)
+                || (policy.max_retries > 0 && negative > policy.max_retries)
+            {
+                if tries > 1 {
+                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                }
+                env.attempts = attempt;
+                self.m.gave_up(span, reason, tries);
+                return self
+                    .dead_letter(
+                        env,
+                        "gave_up",
+                        format!("{tries} attempts, last: {reason}"),
+                        last.unwrap_or_default(),
+                        span,
+                        stop,
+                    )
+                    .await;
+            }
+            if !self
+                .pause_before_retry(tries, reason, wait, generation, head, stop)
+                .await
+            {
+                return Done::Abandoned;
+            }
+        }
+    }
+
+    /// Counts a retry for `reason` and waits `wait` before attempt `tries + 1`. False when the partition moved
+    /// or shutdown came meanwhile (the record is abandoned: read again by its next owner).
+    async fn pause_before_retry(
+        &self,
+        tries: u32,
+        reason: &'static str,
+        wait: Duration,
+        generation: u64,
+        head: &Head,
+        stop: &CancellationToken,
+    ) -> bool {
+        if tries == 1 {
+            self.state.retrying.fetch_add(1, Ordering::Relaxed);
+            head.retrying_ms
+                .store(epoch_ms(SystemTime::now()), Ordering::Relaxed);
+        }
+        self.m.retrying(reason);
+        let moved = self.consumer.context().changed();
+        if generation != self.consumer.context().generation() {
+            self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        tokio::select! {
+            _ = moved => {}
+            _ = stop.cancelled() => {
+                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+                return false;
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+        if generation != self.consumer.context().generation() {
+            self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// The receiver took the output (`answer`: the MSA-1 code, or an HTTP status): counted, remembered for
+    /// the duplicate window, and its ledger event made.
+    #[allow(clippy::too_many_arguments)]
+    fn delivered(
+        &self,
+        env: &Envelope,
+        m: &OwnedMessage,
+        started: Instant,
+        attempt: u32,
+        tries: u32,
+        key: Option<hl7gw_runtime::dedup::Key>,
+        answer: (&str, u32),
+    ) -> Done {
+        self.accepted(env, started);
+        let event = self.cfg.ledger.enabled().then(|| {
+            let mut e = Box::new(ledger::event(ledger::kind::DELIVERED, STAGE, env));
+            answer.0.clone_into(&mut e.ack_code);
+            e.http_status = answer.1;
+            e.attempts = attempt;
+            e.latency_ms = ledger::latency_ms(env);
+            e.topic.clone_from(&self.topic);
+            e.offset = m.offset();
+            e
+        });
+        if let Some(key) = key {
+            self.dedup
+                .remember(key, 0, bytes::Bytes::new(), Instant::now());
+        }
+        if tries > 1 {
+            self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+        }
+        Done::Settled(event)
     }
 
     fn accepted(&self, env: &Envelope, started: Instant) {
@@ -853,7 +1017,7 @@ impl DestCtx {
         mut env: Envelope,
         reason: &'static str,
         detail: String,
-        ack: Option<bytes::Bytes>,
+        answer: Answer,
         parent: &tracing::Span,
         stop: &CancellationToken,
     ) -> Done {
@@ -886,8 +1050,9 @@ impl DestCtx {
             stage: "egress".into(),
             reason: reason.into(),
             detail,
-            ack: ack.unwrap_or_default(),
+            ack: answer.body,
             hl7_error_code: 0,
+            http_status: answer.http_status,
         });
         envelope::push_stage(&mut env, "egress");
         let traceparent = envelope::traceparent(&env);
@@ -940,6 +1105,7 @@ impl DestCtx {
             let mut e = Box::new(ledger::event(ledger::kind::DEAD_LETTERED, STAGE, &env));
             e.reason = reason.to_owned();
             e.attempts = env.attempts;
+            e.http_status = env.rejection.as_ref().map_or(0, |r| r.http_status);
             e.ack_code = env
                 .rejection
                 .as_ref()
@@ -952,6 +1118,97 @@ impl DestCtx {
         });
         Done::Settled(event)
     }
+}
+
+/// The receiver's last answer kept in a dead letter: its bytes (an ACK, or an HTTP response body) and, for
+/// HTTP, the status.
+#[derive(Debug, Default)]
+struct Answer {
+    body: bytes::Bytes,
+    http_status: u32,
+}
+
+impl Answer {
+    fn ack(frame: bytes::Bytes) -> Self {
+        Self {
+            body: frame,
+            http_status: 0,
+        }
+    }
+
+    fn http(body: bytes::Bytes, status: u16) -> Self {
+        Self {
+            body,
+            http_status: u32::from(status),
+        }
+    }
+}
+
+/// What a delivery carries into its destination's send loop besides the envelope.
+struct Delivery<'a> {
+    m: &'a OwnedMessage,
+    key: Option<hl7gw_runtime::dedup::Key>,
+    generation: u64,
+    head: &'a Head,
+    span: &'a tracing::Span,
+    stop: &'a CancellationToken,
+}
+
+/// What an HTTP status makes of a delivery.
+#[derive(Debug, PartialEq, Eq)]
+enum HttpVerdict {
+    /// 2xx.
+    Delivered,
+    /// 408, 429, 5xx: the server cannot take it now (the label says which).
+    RetryLater(&'static str),
+    /// 401, 403: our credentials, not the message: retried like a receiver that is down.
+    Unauthorized,
+    /// Any other status (a 4xx, or a redirect, which is not followed): sending it again cannot help.
+    Refused,
+}
+
+fn http_verdict(status: u16) -> HttpVerdict {
+    match status {
+        200..=299 => HttpVerdict::Delivered,
+        408 => HttpVerdict::RetryLater("http_408"),
+        429 => HttpVerdict::RetryLater("http_429"),
+        500..=599 => HttpVerdict::RetryLater("http_5xx"),
+        401 | 403 => HttpVerdict::Unauthorized,
+        _ => HttpVerdict::Refused,
+    }
+}
+
+/// A dead letter's detail for an HTTP refusal: the status and, for a FHIR OperationOutcome, its issues'
+/// severities and codes (not their diagnostics, which may quote the message).
+fn http_detail(status: u16, content_type: &str, body: &[u8]) -> String {
+    let mut detail = format!("receiver answered HTTP {status}");
+    if !content_type.contains("json") {
+        return detail;
+    }
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return detail;
+    };
+    if v.get("resourceType").and_then(|t| t.as_str()) != Some("OperationOutcome") {
+        return detail;
+    }
+    let issues = v.get("issue").and_then(|i| i.as_array());
+    let n = issues.map_or(0, Vec::len);
+    let codes: Vec<String> = issues
+        .into_iter()
+        .flatten()
+        .take(5)
+        .map(|i| {
+            let field = |k: &str| i.get(k).and_then(|x| x.as_str()).unwrap_or("?").to_owned();
+            format!("{}/{}", field("severity"), field("code"))
+        })
+        .collect();
+    detail.push_str(&format!(
+        " (OperationOutcome, {n} issue{}: {}{})",
+        if n == 1 { "" } else { "s" },
+        codes.join(", "),
+        if n > 5 { ", ..." } else { "" }
+    ));
+    detail
 }
 
 /// A record over librdkafka's or the topic's size limit.
@@ -1045,9 +1302,41 @@ mod tests {
                 detail: "receiver answered AE".into(),
                 ack: vec![b'A'; ack].into(),
                 hl7_error_code: 0,
+                http_status: 0,
             }),
             ..Envelope::default()
         }
+    }
+
+    #[test]
+    fn http_statuses_settle_like_acks() {
+        assert_eq!(http_verdict(200), HttpVerdict::Delivered);
+        assert_eq!(http_verdict(201), HttpVerdict::Delivered);
+        assert_eq!(http_verdict(429), HttpVerdict::RetryLater("http_429"));
+        assert_eq!(http_verdict(408), HttpVerdict::RetryLater("http_408"));
+        assert_eq!(http_verdict(503), HttpVerdict::RetryLater("http_5xx"));
+        assert_eq!(http_verdict(401), HttpVerdict::Unauthorized);
+        assert_eq!(http_verdict(400), HttpVerdict::Refused);
+        assert_eq!(http_verdict(422), HttpVerdict::Refused);
+        assert_eq!(http_verdict(302), HttpVerdict::Refused);
+    }
+
+    #[test]
+    fn an_operation_outcome_is_summarised_without_its_diagnostics() {
+        let body = br#"{"resourceType":"OperationOutcome","issue":[{"severity":"error","code":"processing","diagnostics":"Patient Jane Doe: bad birthDate"},{"severity":"warning","code":"invalid"}]}"#;
+        let d = http_detail(422, "application/fhir+json;charset=utf-8", body);
+        assert_eq!(
+            d,
+            "receiver answered HTTP 422 (OperationOutcome, 2 issues: error/processing, warning/invalid)"
+        );
+        assert_eq!(
+            http_detail(400, "text/html", b"<html>"),
+            "receiver answered HTTP 400"
+        );
+        assert_eq!(
+            http_detail(400, "application/json", b"{"),
+            "receiver answered HTTP 400"
+        );
     }
 
     /// Issue 24, item 6: a dead letter over the record limit loses the receiver's answer first, then the

@@ -48,6 +48,21 @@ impl DestMetrics {
         );
     }
 
+    /// An HTTP destination answered with `status` (whatever comes next).
+    pub fn http_answered(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.http_responses[class].inc();
+    }
+
+    /// An HTTP destination refused the message for good (`status`): it goes to the DLQ.
+    pub fn http_refused(&self, span: &Span, status: u16) {
+        tracing::warn!(
+            parent: span,
+            status,
+            "receiver refused the message for good: DLQ"
+        );
+    }
+
     /// The message as sent has no MSH-10, so no answer could ever be matched to it: DLQ, not sent.
     pub fn unanswerable(&self, span: &Span) {
         tracing::warn!(parent: span, "the message has no MSH-10 (control id): DLQ");

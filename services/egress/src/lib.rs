@@ -8,6 +8,7 @@ pub mod deadletters;
 pub mod deliver;
 pub mod events;
 pub mod grpc;
+pub mod http;
 pub mod metrics;
 pub mod trace;
 
@@ -33,6 +34,12 @@ pub enum EgressError {
         destination: String,
         #[source]
         source: hl7gw_tls::TlsError,
+    },
+    #[error("destination {destination}: {source}")]
+    Http {
+        destination: String,
+        #[source]
+        source: http::SetupError,
     },
     /// A delivery worker died; the process exits so its messages are read again from committed offsets.
     #[error("a delivery worker failed; see the log")]
@@ -74,10 +81,15 @@ impl hl7gw_runtime::service::Service for App {
         )?);
         let mut dests = Vec::new();
         for (name, d) in &cfg.destinations {
-            let tls = client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
-                destination: name.clone(),
-                source,
-            })?;
+            // An HTTP destination's TLS is its client's (below); MLLP's is a connector per destination.
+            let tls = if d.url.is_some() {
+                None
+            } else {
+                client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
+                    destination: name.clone(),
+                    source,
+                })?
+            };
             // Offsets are stored after each ACK and committed in the background every 500 ms and on close.
             let consumer: deliver::DestConsumer = consumer_config(
                 &cfg.group(name),
@@ -86,11 +98,18 @@ impl hl7gw_runtime::service::Service for App {
                 Commit::StoredEvery(Duration::from_millis(500)),
             )?
             .create_with_context(hl7gw_runtime::kafka::Assignment::default())?;
+            let http = http::HttpClient::new(name, d)
+                .map_err(|source| EgressError::Http {
+                    destination: name.clone(),
+                    source,
+                })?
+                .map(Arc::new);
             dests.push(Arc::new(deliver::DestCtx {
                 name: name.clone(),
                 topic: cfg.topic(name),
                 dest: Arc::new(d.clone()),
                 tls,
+                http,
                 cfg: cfg.clone(),
                 consumer: Arc::new(consumer),
                 producer: producer.clone(),

@@ -9,6 +9,7 @@ hl7gw_runtime::label_sets! {
     pub struct DestLabels { pub destination: String }
     pub struct AckLabels { pub destination: String, pub code: &'static str }
     pub struct ReasonLabels { pub destination: String, pub reason: &'static str }
+    pub struct StatusLabels { pub destination: String, pub class: &'static str }
 }
 
 hl7gw_runtime::metric_set! {
@@ -16,6 +17,8 @@ hl7gw_runtime::metric_set! {
     pub struct EgressMetrics under "egress" {
         pub delivered: Family<DestLabels, Counter> = "Messages the receiver accepted (AA/CA)";
         pub acks: Family<AckLabels, Counter> = "Receivers' answers by MSA-1 code";
+        pub http_responses: Family<StatusLabels, Counter> =
+            "HTTP(S) destinations' answers by status class (1xx..5xx)";
         pub retries: Family<ReasonLabels, Counter> = "Delivery attempts that will be retried, by reason";
         pub dlq_writes: Family<ReasonLabels, Counter> =
             "Messages sent to the DLQ (rejected by the receiver or given up), by reason";
@@ -46,6 +49,9 @@ hl7gw_runtime::metric_set! {
     }
 }
 
+/// The `class` label values of `http_responses`.
+pub const HTTP_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 /// One destination's metric handles, resolved once so a delivery allocates no labels; its events (what each
 /// logs and counts) are in [`crate::events`].
 #[derive(Debug, Clone)]
@@ -60,6 +66,8 @@ pub struct DestMetrics {
     pub(crate) end_to_end: Histogram,
     /// By MSA-1, in the order of `AckCode::ALL`.
     pub(crate) acks: [Counter; 6],
+    /// HTTP answers by status class, 1xx to 5xx.
+    pub(crate) http_responses: [Counter; 5],
     pub(crate) retries: Family<ReasonLabels, Counter>,
     pub(crate) dlq_writes: Family<ReasonLabels, Counter>,
     pub(crate) oldest_undelivered_age: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -90,6 +98,14 @@ impl EgressMetrics {
             delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
             end_to_end: self.end_to_end.get_or_create(&d).clone(),
             acks: hl7v2::AckCode::ALL.map(ack),
+            http_responses: HTTP_CLASSES.map(|class| {
+                self.http_responses
+                    .get_or_create(&StatusLabels {
+                        destination: name.to_owned(),
+                        class,
+                    })
+                    .clone()
+            }),
             retries: self.retries.clone(),
             dlq_writes: self.dlq_writes.clone(),
             oldest_undelivered_age: self.oldest_undelivered_age.get_or_create(&d).clone(),

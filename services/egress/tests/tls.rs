@@ -17,6 +17,8 @@ use support::{bin, pki};
 fn destination(address: &str, tls: ClientTls) -> Destination {
     Destination {
         address: address.to_owned(),
+        url: None,
+        http: Default::default(),
         tls: Some(tls),
         connect_timeout: Duration::from_secs(5),
         response_timeout: Duration::from_secs(5),

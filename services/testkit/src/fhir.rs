@@ -118,3 +118,88 @@ pub fn validate_dir(dir: &Path) -> Vec<Validation> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
 }
+
+/// The harness's FHIR server (`serve`), killed when dropped: in memory, validating every write, with the
+/// tests' controls at `/admin`.
+pub struct FhirServer {
+    pub process: crate::KillOnDrop,
+    pub port: u16,
+}
+
+impl FhirServer {
+    /// Starts the server on `port` (0: any free one) with `extra` arguments (TLS, tokens) and waits until it
+    /// answers (HAPI's start takes 5-15 s here).
+    pub fn start(port: u16, extra: &[&str]) -> Self {
+        let mut cmd = Command::new("java");
+        cmd.args(JVM_FLAGS)
+            .arg("-jar")
+            .arg(harness_jar())
+            .args(["serve", "--port", &port.to_string()])
+            .args(extra);
+        let (process, line) = crate::spawn_listening(&mut cmd);
+        let port = crate::listening_field(&line, "port")
+            .parse()
+            .unwrap_or_else(|_| panic!("the FHIR server's listening line: {line:?}"));
+        Self { process, port }
+    }
+
+    /// The FHIR base URL (plain HTTP).
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}/fhir", self.port)
+    }
+
+    /// A request to the server (HTTP/1.0, so the answer is never chunked): (status, body as JSON, or null).
+    pub fn call(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
+        use std::io::{Read, Write};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let Ok(mut s) =
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))
+        else {
+            return (0, serde_json::Value::Null);
+        };
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+        let _ = write!(
+            s,
+            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\nContent-Length: 0\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .and_then(|(_, b)| serde_json::from_str(b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        (status, body)
+    }
+
+    /// Resources held, by type (`GET /admin/counts`).
+    pub fn counts(&self) -> std::collections::BTreeMap<String, u64> {
+        let (_, v) = self.call("GET", "/admin/counts");
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+            .collect()
+    }
+
+    /// The requests to /fhir so far, oldest first (`GET /admin/requests`).
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        let (_, v) = self.call("GET", "/admin/requests");
+        v["requests"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The next `count` requests to /fhir get `status` (with `Retry-After: retry_after` when given).
+    pub fn fail_next(&self, status: u16, count: u32, retry_after: Option<&str>) {
+        let mut q = format!("/admin/fail?status={status}&count={count}");
+        if let Some(r) = retry_after {
+            q.push_str(&format!("&retryAfter={r}"));
+        }
+        let (code, body) = self.call("POST", &q);
+        assert_eq!(code, 200, "POST {q}: {body}");
+    }
+}

@@ -135,6 +135,26 @@ impl Pipeline {
         }
     }
 
+    /// Replaces the egress's destinations (the YAML under `destinations:`, indented by four spaces), keeping
+    /// the gRPC settings the tests call with. Before `start_egress`.
+    pub fn set_destinations(&self, destinations: &str) {
+        let tokens = self.dir.path().join("grpc-tokens");
+        std::fs::write(
+            self.dir.path().join("egress.yaml"),
+            format!(
+                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], Replay: [token:ops], Trace: [token:ops]}}\n\
+                 destinations:\n{destinations}",
+                tokens.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    /// Replaces the transformer's routes. Before `start_transformer`.
+    pub fn set_routes(&self, routes: &str) {
+        std::fs::write(self.dir.path().join("routes.yaml"), routes).unwrap();
+    }
+
     /// The full name of this pipeline's topic `name` (`inbound`, `dlq`, `out.lab`).
     pub fn topic(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
@@ -511,12 +531,22 @@ pub async fn egress_status(egress: &mut Egress) -> hl7gw_runtime::proto::v1::Sta
 
 /// Every dead letter of destination `lab`, as `ListDeadLetters` returns them, page after page.
 pub async fn lab_dead_letters(egress: &mut Egress) -> Vec<hl7gw_runtime::proto::v1::DeadLetter> {
+    dead_letters(egress, "lab", false).await
+}
+
+/// Every dead letter of `destination` (with their envelopes when `envelopes`), page after page.
+pub async fn dead_letters(
+    egress: &mut Egress,
+    destination: &str,
+    envelopes: bool,
+) -> Vec<hl7gw_runtime::proto::v1::DeadLetter> {
     let mut out = Vec::new();
     let mut cursor = String::new();
     loop {
         let page = egress
             .list_dead_letters(hl7gw_runtime::proto::v1::ListDeadLettersRequest {
-                destination: "lab".into(),
+                destination: destination.into(),
+                include_envelope: envelopes,
                 cursor: cursor.clone(),
                 ..Default::default()
             })

@@ -226,6 +226,7 @@ impl Pipeline {
             hl7_error_code: u32::from(r.code.code()),
             detail: r.text.clone(),
             ack: Bytes::new(),
+            http_status: 0,
         });
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);

@@ -1,0 +1,678 @@
+//! An HTTP(S) client for one destination: hyper's pooled client (keep-alive; HTTP/2 when the server offers it
+//! over TLS), TLS from the destination's PEM files, and `Authorization` from a bearer token file or a SMART
+//! backend services token endpoint (a JWT assertion signed with the client's key). An answer is the status,
+//! `Retry-After` and at most `http.max_response_bytes` of the body; following redirects is not done (a 3xx is an
+//! answer like any other).
+
+use crate::config::{Destination, HttpMethod, HttpVersion, SmartBackend};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio_rustls::rustls;
+
+type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// How long a bearer token read from its file is used before the file is read again.
+const TOKEN_FILE_REREAD: Duration = Duration::from_secs(60);
+
+/// How long a SMART assertion is valid (the specification allows at most five minutes).
+const ASSERTION_LIFETIME: Duration = Duration::from_secs(300);
+
+/// Most bytes read of a token endpoint's or discovery document's answer.
+const MAX_AUTH_RESPONSE: usize = 64 << 10;
+
+/// Why an attempt got no answer. `kind()` is a bounded label.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("connect: {0}")]
+    Connect(String),
+    #[error("no answer within the response timeout")]
+    Timeout,
+    #[error("request: {0}")]
+    Request(String),
+    /// No token could be had (the token endpoint refused, is away, or the key cannot sign).
+    #[error("authorisation: {0}")]
+    Auth(String),
+}
+
+impl HttpError {
+    /// The label for metrics and status.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Connect(_) => "connect_failed",
+            Self::Timeout => "response_timeout",
+            Self::Request(_) => "io_error",
+            Self::Auth(_) => "auth_failed",
+        }
+    }
+}
+
+/// Why a destination's HTTP client could not be built (at start: a configuration error).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Tls(#[from] hl7gw_tls::TlsError),
+    #[error("url: {0}")]
+    Url(String),
+    #[error("oauth2.private_key: {0}")]
+    Key(String),
+}
+
+/// The receiver's answer to one request.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    /// `Retry-After` (seconds or an HTTP date), when the answer had one.
+    pub retry_after: Option<Duration>,
+    /// The body's first `max_response_bytes`.
+    pub body: Bytes,
+    pub content_type: String,
+}
+
+/// One HTTP(S) destination's client, shared by its partition workers (one connection pool).
+pub struct HttpClient {
+    pool: Pool,
+    url: Uri,
+    method: Method,
+    content_type: Option<HeaderValue>,
+    headers: HeaderMap,
+    auth: Auth,
+    response_timeout: Duration,
+    max_body: usize,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("url", &self.url)
+            .field("method", &self.method)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Auth {
+    None,
+    Bearer(BearerFile),
+    Smart(Box<Smart>),
+}
+
+impl HttpClient {
+    /// The client of destination `name` (whose `url` is set), built once at start.
+    pub fn new(name: &str, d: &Destination) -> Result<Option<Self>, SetupError> {
+        let Some(url) = &d.url else { return Ok(None) };
+        let url: Uri = url.parse().map_err(|e| SetupError::Url(format!("{e}")))?;
+        let h = &d.http;
+        let tls = match &d.tls {
+            Some(t) => {
+                let identity = t.cert.as_deref().zip(t.key.as_deref());
+                if let Some(cert) = &t.cert {
+                    hl7gw_runtime::certs::record("http-client", Some(name), cert);
+                }
+                Arc::unwrap_or_clone(hl7gw_tls::client_config(&t.ca, identity)?)
+            }
+            // Plain http://: the connector wants a TLS config all the same; this one trusts nothing.
+            None => rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| SetupError::Tls(hl7gw_tls::TlsError::Rustls(e)))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        };
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(d.connect_timeout));
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let builder = match d.tls.as_ref().and_then(|t| t.server_name.as_deref()) {
+            Some(n) => builder.with_server_name_resolver(FixedServerNameResolver::new(
+                hl7gw_tls::server_name(n)?,
+            )),
+            None => builder,
+        };
+        let connector = match h.version {
+            HttpVersion::Auto => builder.enable_http1().enable_http2().wrap_connector(http),
+            HttpVersion::Http1 => builder.enable_http1().wrap_connector(http),
+            HttpVersion::Http2 => builder.enable_http2().wrap_connector(http),
+        };
+        let pool = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(h.pool_idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            // Auto over plain HTTP is HTTP/1.1: h2c needs prior knowledge (`version: http2`).
+            .http2_only(h.version == HttpVersion::Http2)
+            .build(connector);
+        let mut headers = HeaderMap::new();
+        for (k, v) in &h.headers {
+            // Checked by the config's validation; a bad one here is skipped rather than sent.
+            if let (Ok(k), Ok(v)) = (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                headers.insert(k, v);
+            }
+        }
+        let auth = match (&h.bearer_token_file, &h.oauth2) {
+            (Some(path), _) => Auth::Bearer(BearerFile {
+                path: path.clone(),
+                cached: Mutex::new(None),
+            }),
+            (None, Some(o)) => Auth::Smart(Box::new(Smart::new(o, &url)?)),
+            (None, None) => Auth::None,
+        };
+        Ok(Some(Self {
+            pool,
+            url,
+            method: match h.method {
+                HttpMethod::Post => Method::POST,
+                HttpMethod::Put => Method::PUT,
+            },
+            content_type: h
+                .content_type
+                .as_deref()
+                .and_then(|c| HeaderValue::from_str(c).ok()),
+            headers,
+            auth,
+            response_timeout: d.response_timeout,
+            max_body: h.max_response_bytes,
+        }))
+    }
+
+    /// Sends `body` (of `content_type`, unless the destination sets one) and reads the answer, within the
+    /// response timeout. A 401 makes the token be fetched (or its file read) again and the request sent once
+    /// more.
+    pub async fn send(
+        &self,
+        body: Bytes,
+        content_type: &str,
+        traceparent: &str,
+    ) -> Result<Answer, HttpError> {
+        let mut fresh = false;
+        loop {
+            let authorization = match &self.auth {
+                Auth::None => None,
+                Auth::Bearer(b) => Some(b.header(fresh)?),
+                Auth::Smart(s) => Some(s.header(&self.pool, fresh, self.response_timeout).await?),
+            };
+            let ct = self.content_type.clone().unwrap_or_else(|| {
+                HeaderValue::from_str(content_type)
+                    .unwrap_or(HeaderValue::from_static("application/octet-stream"))
+            });
+            let accept = if content_type.starts_with("application/fhir+json") {
+                HeaderValue::from_static("application/fhir+json")
+            } else {
+                HeaderValue::from_static("*/*")
+            };
+            let mut req = Request::builder()
+                .method(self.method.clone())
+                .uri(self.url.clone())
+                .body(Full::new(body.clone()))
+                .map_err(|e| HttpError::Request(e.to_string()))?;
+            let hs = req.headers_mut();
+            hs.extend(self.headers.clone());
+            hs.insert(header::CONTENT_TYPE, ct);
+            hs.insert(header::ACCEPT, accept);
+            if let Ok(tp) = HeaderValue::from_str(traceparent)
+                && !traceparent.is_empty()
+            {
+                hs.insert(HeaderName::from_static("traceparent"), tp);
+            }
+            if let Some(a) = authorization.clone() {
+                hs.insert(header::AUTHORIZATION, a);
+            }
+            let answer = exchange(&self.pool, req, self.max_body, self.response_timeout).await?;
+            if answer.status == StatusCode::UNAUTHORIZED && authorization.is_some() && !fresh {
+                fresh = true;
+                continue;
+            }
+            return Ok(answer);
+        }
+    }
+}
+
+/// Sends one request and reads its answer (at most `max_body` bytes of the body) within `timeout`.
+async fn exchange(
+    pool: &Pool,
+    req: Request<Full<Bytes>>,
+    max_body: usize,
+    timeout: Duration,
+) -> Result<Answer, HttpError> {
+    let run = async {
+        let resp = pool.request(req).await.map_err(|e| {
+            let chain = error_chain(&e);
+            if e.is_connect() {
+                HttpError::Connect(chain)
+            } else {
+                HttpError::Request(chain)
+            }
+        })?;
+        let (parts, mut body) = resp.into_parts();
+        let mut buf = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| HttpError::Request(error_chain(&e)))?;
+            if let Ok(data) = frame.into_data() {
+                let room = max_body.saturating_sub(buf.len());
+                if data.len() >= room {
+                    // The rest is not read: the connection is dropped rather than returned to the pool.
+                    buf.extend_from_slice(&data[..room]);
+                    break;
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(Answer {
+            status: parts.status,
+            retry_after: parts
+                .headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| retry_after(v.as_bytes(), SystemTime::now())),
+            body: buf.freeze(),
+            content_type: parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+        })
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .unwrap_or(Err(HttpError::Timeout))
+}
+
+/// An error and its sources, one line (hyper's own text is terse: "client error (Connect)").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(c) = source {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        source = c.source();
+    }
+    s
+}
+
+/// `Retry-After` as a wait from `now`: delta-seconds or an HTTP date (a past date is no wait).
+pub fn retry_after(v: &[u8], now: SystemTime) -> Option<Duration> {
+    let s = std::str::from_utf8(v).ok()?.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(s).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// A bearer token read from a file (a mounted secret), read again every minute and after a 401.
+struct BearerFile {
+    path: PathBuf,
+    cached: Mutex<Option<(HeaderValue, Instant)>>,
+}
+
+impl BearerFile {
+    fn header(&self, fresh: bool) -> Result<HeaderValue, HttpError> {
+        if !fresh
+            && let Ok(c) = self.cached.lock()
+            && let Some((v, at)) = c.as_ref()
+            && at.elapsed() < TOKEN_FILE_REREAD
+        {
+            return Ok(v.clone());
+        }
+        let token = std::fs::read_to_string(&self.path).map_err(|e| {
+            HttpError::Auth(format!(
+                "bearer_token_file {}: {}",
+                self.path.display(),
+                e.kind()
+            ))
+        })?;
+        let v = bearer(token.trim())?;
+        if let Ok(mut c) = self.cached.lock() {
+            *c = Some((v.clone(), Instant::now()));
+        }
+        Ok(v)
+    }
+}
+
+/// `Bearer <token>`, marked sensitive (never printed by hyper's debug output).
+fn bearer(token: &str) -> Result<HeaderValue, HttpError> {
+    if token.is_empty() {
+        return Err(HttpError::Auth("the token is empty".into()));
+    }
+    let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| HttpError::Auth("the token is not a header value".into()))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// The key that signs SMART client assertions: RS384 for RSA keys, ES384 for EC P-384 keys.
+enum Signer {
+    Rsa(ring::signature::RsaKeyPair),
+    Ec(ring::signature::EcdsaKeyPair),
+}
+
+impl Signer {
+    /// Reads a PKCS#8 (or, for RSA, PKCS#1) PEM private key.
+    fn load(path: &std::path::Path) -> Result<Self, SetupError> {
+        use rustls_pki_types::PrivateKeyDer;
+        use rustls_pki_types::pem::PemObject as _;
+        let key = PrivateKeyDer::from_pem_file(path)
+            .map_err(|e| SetupError::Key(format!("{}: {e}", path.display())))?;
+        let rng = ring::rand::SystemRandom::new();
+        match &key {
+            PrivateKeyDer::Pkcs8(der) => {
+                let der = der.secret_pkcs8_der();
+                if let Ok(k) = ring::signature::RsaKeyPair::from_pkcs8(der) {
+                    return Ok(Self::Rsa(k));
+                }
+                ring::signature::EcdsaKeyPair::from_pkcs8(
+                    &ring::signature::ECDSA_P384_SHA384_FIXED_SIGNING,
+                    der,
+                    &rng,
+                )
+                .map(Self::Ec)
+                .map_err(|_| {
+                    SetupError::Key(format!(
+                        "{}: neither an RSA nor an EC P-384 key",
+                        path.display()
+                    ))
+                })
+            }
+            PrivateKeyDer::Pkcs1(der) => {
+                ring::signature::RsaKeyPair::from_der(der.secret_pkcs1_der())
+                    .map(Self::Rsa)
+                    .map_err(|e| SetupError::Key(format!("{}: {e}", path.display())))
+            }
+            _ => Err(SetupError::Key(format!(
+                "{}: an EC key must be PKCS#8 (openssl pkcs8 -topk8 -nocrypt)",
+                path.display()
+            ))),
+        }
+    }
+
+    fn alg(&self) -> &'static str {
+        match self {
+            Self::Rsa(_) => "RS384",
+            Self::Ec(_) => "ES384",
+        }
+    }
+
+    /// The JWS signature of `msg` (ES384: r || s, as JWS wants).
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, HttpError> {
+        let rng = ring::rand::SystemRandom::new();
+        match self {
+            Self::Rsa(k) => {
+                let mut sig = vec![0; k.public().modulus_len()];
+                k.sign(&ring::signature::RSA_PKCS1_SHA384, &rng, msg, &mut sig)
+                    .map_err(|_| HttpError::Auth("signing the assertion failed".into()))?;
+                Ok(sig)
+            }
+            Self::Ec(k) => k
+                .sign(&rng, msg)
+                .map(|s| s.as_ref().to_vec())
+                .map_err(|_| HttpError::Auth("signing the assertion failed".into())),
+        }
+    }
+}
+
+/// SMART backend services: an access token got with a signed client assertion, kept until shortly before it
+/// expires; one fetch at a time for all the destination's workers.
+struct Smart {
+    client_id: String,
+    key_id: Option<String>,
+    scope: String,
+    signer: Signer,
+    /// The token endpoint: configured, or discovered from `<base>/.well-known/smart-configuration`.
+    token_url: tokio::sync::OnceCell<Uri>,
+    configured_token_url: Option<String>,
+    base: String,
+    token: tokio::sync::Mutex<Option<(HeaderValue, Instant)>>,
+}
+
+impl Smart {
+    fn new(o: &SmartBackend, url: &Uri) -> Result<Self, SetupError> {
+        Ok(Self {
+            client_id: o.client_id.clone(),
+            key_id: o.key_id.clone(),
+            scope: o.scope.clone(),
+            signer: Signer::load(&o.private_key)?,
+            token_url: tokio::sync::OnceCell::new(),
+            configured_token_url: o.token_url.clone(),
+            base: url.to_string().trim_end_matches('/').to_owned(),
+            token: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn header(
+        &self,
+        pool: &Pool,
+        fresh: bool,
+        timeout: Duration,
+    ) -> Result<HeaderValue, HttpError> {
+        let mut token = self.token.lock().await;
+        if !fresh
+            && let Some((v, until)) = token.as_ref()
+            && Instant::now() < *until
+        {
+            return Ok(v.clone());
+        }
+        let token_url = self
+            .token_url
+            .get_or_try_init(|| self.discover(pool, timeout))
+            .await?;
+        let (v, lifetime) = self.fetch(pool, token_url, timeout).await?;
+        // Renewed a little before it expires: a token that runs out in flight costs a 401 and a second try.
+        let keep = lifetime
+            .saturating_sub(lifetime / 10)
+            .max(Duration::from_secs(1));
+        *token = Some((v.clone(), Instant::now() + keep));
+        Ok(v)
+    }
+
+    /// The token endpoint from the configuration, or from the server's SMART configuration document.
+    async fn discover(&self, pool: &Pool, timeout: Duration) -> Result<Uri, HttpError> {
+        let url = match &self.configured_token_url {
+            Some(u) => u.clone(),
+            None => {
+                let doc = format!("{}/.well-known/smart-configuration", self.base);
+                let req = Request::get(doc.as_str())
+                    .header(header::ACCEPT, "application/json")
+                    .body(Full::new(Bytes::new()))
+                    .map_err(|e| HttpError::Auth(format!("{doc}: {e}")))?;
+                let a = exchange(pool, req, MAX_AUTH_RESPONSE, timeout).await?;
+                if !a.status.is_success() {
+                    return Err(HttpError::Auth(format!(
+                        "{doc}: HTTP {}",
+                        a.status.as_u16()
+                    )));
+                }
+                let v: serde_json::Value = serde_json::from_slice(&a.body)
+                    .map_err(|e| HttpError::Auth(format!("{doc}: {e}")))?;
+                v.get("token_endpoint")
+                    .and_then(serde_json::Value::as_str)
+                    .ok_or_else(|| HttpError::Auth(format!("{doc}: no token_endpoint")))?
+                    .to_owned()
+            }
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| HttpError::Auth(format!("token endpoint {url}: {e}")))?;
+        let local = matches!(
+            uri.host(),
+            Some("localhost" | "127.0.0.1" | "[::1]" | "::1")
+        );
+        if uri.scheme_str() != Some("https") && !(uri.scheme_str() == Some("http") && local) {
+            return Err(HttpError::Auth(format!(
+                "token endpoint {url}: not https (an assertion is sent there)"
+            )));
+        }
+        Ok(uri)
+    }
+
+    /// Asks the token endpoint for an access token with a new signed assertion.
+    async fn fetch(
+        &self,
+        pool: &Pool,
+        token_url: &Uri,
+        timeout: Duration,
+    ) -> Result<(HeaderValue, Duration), HttpError> {
+        let assertion = self.assertion(&token_url.to_string(), SystemTime::now())?;
+        let form = format!(
+            "grant_type=client_credentials&scope={}&client_assertion_type={}&client_assertion={}",
+            form_encode(&self.scope),
+            form_encode("urn:ietf:params:oauth:client-assertion-type:jwt-bearer"),
+            assertion
+        );
+        let req = Request::post(token_url.clone())
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::from(form)))
+            .map_err(|e| HttpError::Auth(e.to_string()))?;
+        let a = exchange(pool, req, MAX_AUTH_RESPONSE, timeout).await?;
+        let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap_or_default();
+        if !a.status.is_success() {
+            // The OAuth2 error code and description: about the client, never a secret.
+            let error = v.get("error").and_then(|e| e.as_str()).unwrap_or("");
+            let description = v
+                .get("error_description")
+                .and_then(|e| e.as_str())
+                .unwrap_or("");
+            return Err(HttpError::Auth(format!(
+                "token endpoint answered HTTP {} {error} {description}",
+                a.status.as_u16()
+            )));
+        }
+        let token = v
+            .get("access_token")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| HttpError::Auth("token endpoint: no access_token".into()))?;
+        let lifetime = v
+            .get("expires_in")
+            .and_then(serde_json::Value::as_u64)
+            .map_or(Duration::from_secs(300), Duration::from_secs);
+        Ok((bearer(token)?, lifetime))
+    }
+
+    /// A signed client assertion for `aud` (the token endpoint) made at `now`.
+    fn assertion(&self, aud: &str, now: SystemTime) -> Result<String, HttpError> {
+        let iat = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut header = serde_json::json!({"alg": self.signer.alg(), "typ": "JWT"});
+        if let Some(kid) = &self.key_id {
+            header["kid"] = kid.as_str().into();
+        }
+        let claims = serde_json::json!({
+            "iss": self.client_id,
+            "sub": self.client_id,
+            "aud": aud,
+            "exp": iat + ASSERTION_LIFETIME.as_secs(),
+            "iat": iat,
+            "jti": hl7gw_runtime::envelope::new_id(),
+        });
+        let mut jwt = URL_SAFE_NO_PAD.encode(header.to_string());
+        jwt.push('.');
+        jwt.push_str(&URL_SAFE_NO_PAD.encode(claims.to_string()));
+        let sig = self.signer.sign(jwt.as_bytes())?;
+        jwt.push('.');
+        jwt.push_str(&URL_SAFE_NO_PAD.encode(sig));
+        Ok(jwt)
+    }
+}
+
+/// `application/x-www-form-urlencoded` for a value (unreserved characters kept, the rest percent-encoded).
+fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after(b" 7 ", now), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            retry_after(later.as_bytes(), now),
+            Some(Duration::from_secs(30))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(retry_after(past.as_bytes(), now), Some(Duration::ZERO));
+        assert_eq!(retry_after(b"soon", now), None);
+        assert_eq!(retry_after(b"-1", now), None);
+    }
+
+    #[test]
+    fn form_values_are_percent_encoded() {
+        assert_eq!(form_encode("system/*.write a"), "system%2F%2A.write%20a");
+        assert_eq!(form_encode("urn:ietf:params"), "urn%3Aietf%3Aparams");
+    }
+
+    /// An ES384 assertion verifies with the key's public half and carries the claims SMART asks for.
+    #[test]
+    fn assertions_are_signed_jwts_with_the_smart_claims() {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = ring::signature::EcdsaKeyPair::generate_pkcs8(
+            &ring::signature::ECDSA_P384_SHA384_FIXED_SIGNING,
+            &rng,
+        )
+        .unwrap();
+        let kp = ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P384_SHA384_FIXED_SIGNING,
+            pkcs8.as_ref(),
+            &rng,
+        )
+        .unwrap();
+        let public = ring::signature::KeyPair::public_key(&kp).as_ref().to_vec();
+        let s = Smart {
+            client_id: "hl7gw".into(),
+            key_id: Some("k1".into()),
+            scope: "system/*.write".into(),
+            signer: Signer::Ec(kp),
+            token_url: tokio::sync::OnceCell::new(),
+            configured_token_url: None,
+            base: String::new(),
+            token: tokio::sync::Mutex::new(None),
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let jwt = s.assertion("https://auth.example/token", now).unwrap();
+        let parts: Vec<&str> = jwt.split('.').collect();
+        assert_eq!(parts.len(), 3);
+        let header: serde_json::Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[0]).unwrap()).unwrap();
+        assert_eq!(header["alg"], "ES384");
+        assert_eq!(header["kid"], "k1");
+        let claims: serde_json::Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+        assert_eq!(claims["iss"], "hl7gw");
+        assert_eq!(claims["sub"], "hl7gw");
+        assert_eq!(claims["aud"], "https://auth.example/token");
+        assert_eq!(claims["exp"], 1_700_000_300u64);
+        assert!(claims["jti"].as_str().is_some_and(|j| !j.is_empty()));
+        let sig = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+        assert_eq!(sig.len(), 96, "r || s");
+        ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P384_SHA384_FIXED, public)
+            .verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &sig)
+            .unwrap();
+    }
+}

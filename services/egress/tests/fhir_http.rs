@@ -1,0 +1,357 @@
+//! The HTTP destination against a real FHIR server (HAPI FHIR's RestfulServer, validating every write; the
+//! harness in tests/fhir), the whole pipeline in front of it: MLLP → ingress → transformer (`toFhir`,
+//! transaction Bundles) → egress → POST to the server's base.
+//!
+//! - every corpus message of a type the converter maps is delivered, none refused by the validator, and a
+//!   second delivery of the same messages leaves the server's resource counts as they were;
+//! - each patient's messages arrive in the order they were sent (the last update wins);
+//! - the answers decide like ACKs: a server that is down is waited for, a 429 waits its `Retry-After`, a 400
+//!   with an OperationOutcome is a dead letter with the status and the outcome, and its replay is delivered.
+
+use hl7gw_testkit as support;
+use hl7gw_testkit::fhir::FhirServer;
+use hl7gw_testkit::pipeline::{Pipeline, dead_letters};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// A route sending every message type the converter maps to `fhir` as a transaction Bundle (times without an
+/// offset are taken as US Eastern: appointments need instants).
+fn routes() -> String {
+    let types: Vec<String> = hl7gw_fhir::SUPPORTED
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect();
+    format!(
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: to-fhir}}\nspec:\n  match: {{messageTypes: [{}]}}\n  transforms:\n    - toFhir: {{bundleType: transaction, timezone: '-05:00'}}\n  destinations: [fhir]\n",
+        types.join(", ")
+    )
+}
+
+fn destination(url: &str) -> String {
+    format!(
+        "  fhir:\n    url: {url}\n    response_timeout: 30s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n"
+    )
+}
+
+fn corpus_dir() -> PathBuf {
+    std::env::var_os("TESTDATA_HL7").map_or_else(
+        || support::repo_root().join("../shared/testdata/hl7"),
+        PathBuf::from,
+    )
+}
+
+/// The corpus's messages of a mapped type, by file name.
+fn corpus() -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "hl7"))
+        .filter_map(|p| {
+            let bytes = std::fs::read(&p).ok()?;
+            let m = hl7v2::Message::parse(&bytes).ok()?;
+            let h = m.header();
+            let kind = format!(
+                "{}^{}",
+                String::from_utf8_lossy(h.message_type),
+                String::from_utf8_lossy(h.trigger_event)
+            );
+            let name = p.file_name()?.to_string_lossy().into_owned();
+            if !hl7gw_fhir::SUPPORTED.contains(&kind.as_str()) {
+                return None;
+            }
+            // Every message asks for an accept ACK (some say NE, and the ingress honours it): the test counts
+            // what the ingress accepted.
+            let mut e = m.edit();
+            e.set("MSH-15", b"AL").ok()?;
+            Some((name, e.encode()))
+        })
+        .collect()
+}
+
+/// Sends each message on one MLLP connection; the control ids the ingress accepted (AA/CA).
+async fn send_all(p: &Pipeline, messages: &[Vec<u8>]) -> Vec<String> {
+    let mut mllp = p.mllp_client().await;
+    let mut acked = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let Some(ack) = mllp.call(m).await else {
+            panic!(
+                "no ACK for message {i}: {:?}",
+                String::from_utf8_lossy(&m[..m.len().min(300)])
+            );
+        };
+        if matches!(support::ack_code(&ack).as_str(), "AA" | "CA") {
+            acked.push(support::field(m, "MSH-10").unwrap_or_default());
+        }
+    }
+    acked
+}
+
+/// POSTs to the server's base that it answered with 2xx.
+fn delivered(server: &FhirServer) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "POST" && r["status"].as_u64().is_some_and(|s| s / 100 == 2))
+        .count()
+}
+
+/// Waits until the server took `n` transactions; panics after `limit` with the dead letters and metrics.
+async fn wait_delivered(p: &Pipeline, server: &FhirServer, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = delivered(server);
+        if got >= n {
+            return;
+        }
+        if Instant::now() > deadline {
+            let mut egress = p.egress_client().await;
+            let dead = dead_letters(&mut egress, "fhir", true).await;
+            let reasons: Vec<String> = dead
+                .iter()
+                .take(10)
+                .map(|d| {
+                    let r = d
+                        .envelope
+                        .as_ref()
+                        .and_then(|e| e.rejection.clone())
+                        .unwrap_or_default();
+                    format!(
+                        "{} {}: {} {}",
+                        d.control_id,
+                        d.reason,
+                        r.detail,
+                        String::from_utf8_lossy(&r.ack[..r.ack.len().min(600)])
+                    )
+                })
+                .collect();
+            panic!(
+                "{got} of {n} delivered; {} dead letters:\n{}\n{}",
+                dead.len(),
+                reasons.join("\n"),
+                p.metrics_summary()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// An ADT^A08 for `patient` whose family name is `family` (the last one sent must win).
+fn a08(control_id: &str, patient: &str, family: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|TESTAPP|TESTFAC|HL7GW|HL7GW|20261122120000||ADT^A08^ADT_A01|{control_id}|P|2.5.1\r\
+         EVN|A08|20261122120000\r\
+         PID|1||{patient}^^^TESTFAC^MR||{family}^JANE||19700101|F\r\
+         PV1|1|I\r"
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corpus_reaches_a_fhir_server_once_in_order_and_validated() {
+    let messages = corpus();
+    assert!(
+        messages.len() > 100,
+        "the corpus has {} messages of mapped types",
+        messages.len()
+    );
+    let server = FhirServer::start(0, &[]);
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&destination(&server.base()));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+
+    let bytes: Vec<Vec<u8>> = messages.iter().map(|(_, b)| b.clone()).collect();
+    let acked = send_all(&p, &bytes).await;
+    assert!(
+        acked.len() * 10 >= messages.len() * 9,
+        "the ingress accepted {} of {}",
+        acked.len(),
+        messages.len()
+    );
+    wait_delivered(&p, &server, acked.len(), Duration::from_secs(240)).await;
+    let mut egress = p.egress_client().await;
+    let dead = dead_letters(&mut egress, "fhir", true).await;
+    assert!(
+        dead.is_empty(),
+        "the server refused {} Bundles, e.g. {:?}",
+        dead.len(),
+        dead.first().map(|d| (
+            &d.control_id,
+            &d.reason,
+            d.envelope
+                .as_ref()
+                .and_then(|e| e.rejection.as_ref())
+                .map(|r| String::from_utf8_lossy(&r.ack).into_owned())
+        ))
+    );
+    let first = server.counts();
+    let total: u64 = first.values().sum();
+    println!(
+        "{} messages, {} accepted by the ingress, {} transactions; resources: {first:?}",
+        messages.len(),
+        acked.len(),
+        delivered(&server)
+    );
+    assert!(first["Patient"] > 0 && first["Observation"] > 0 && total > 500);
+
+    // The same messages again (new envelopes, so not the egress's duplicate window): the conditional
+    // updates find what the first delivery made.
+    let again = send_all(&p, &bytes).await;
+    wait_delivered(
+        &p,
+        &server,
+        acked.len() + again.len(),
+        Duration::from_secs(240),
+    )
+    .await;
+    let second = server.counts();
+    let grown: BTreeMap<&String, (u64, u64)> = first
+        .iter()
+        .filter(|(k, v)| second.get(*k) != Some(*v))
+        .map(|(k, v)| (k, (*v, second.get(k).copied().unwrap_or(0))))
+        .collect();
+    assert!(
+        grown.is_empty(),
+        "a second delivery changed the counts: {grown:?}"
+    );
+
+    // Patient order: three patients' updates interleaved; each one's last name is the one it keeps.
+    let mut order = Vec::new();
+    for i in 0..8 {
+        for patient in ["ORD1", "ORD2", "ORD3"] {
+            order.push(a08(
+                &format!("{patient}-{i}"),
+                patient,
+                &format!("FAMILY{i}"),
+            ));
+        }
+    }
+    let before = delivered(&server);
+    let acked_order = send_all(&p, &order).await;
+    assert_eq!(acked_order.len(), order.len());
+    wait_delivered(&p, &server, before + order.len(), Duration::from_secs(120)).await;
+    for patient in ["ORD1", "ORD2", "ORD3"] {
+        let (status, bundle) = server.call(
+            "GET",
+            &format!("/fhir/Patient?identifier=urn:hl7gw:id:TESTFAC%7C{patient}"),
+        );
+        assert_eq!(status, 200, "{bundle}");
+        let entries = bundle["entry"].as_array().cloned().unwrap_or_default();
+        assert_eq!(entries.len(), 1, "one Patient {patient}: {bundle}");
+        assert_eq!(
+            entries[0]["resource"]["name"][0]["family"], "FAMILY7",
+            "{patient}'s last update"
+        );
+    }
+    let (_, metrics) = support::http_get(p.egress.admin.unwrap(), "/metrics");
+    assert!(
+        metrics.contains("hl7gw_egress_http_responses_total{destination=\"fhir\",class=\"2xx\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_decide_like_acks_down_429_400_and_replay() {
+    let port = support::free_port();
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&destination(&format!("http://127.0.0.1:{port}/fhir")));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    let admin = p.egress.admin.unwrap();
+    let metric = |name: &str| -> f64 {
+        let (_, body) = support::http_get(admin, "/metrics");
+        body.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+
+    // The server is down: the message waits (no dead letter) and goes once it is up.
+    assert_eq!(
+        send_all(&p, &[support::adt("DOWN-1", "P-DOWN")])
+            .await
+            .len(),
+        1
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric("hl7gw_egress_retries_total{destination=\"fhir\",reason=\"connect_failed\"}") < 2.0
+    {
+        assert!(Instant::now() < deadline, "no retries counted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let server = FhirServer::start(port, &[]);
+    wait_delivered(&p, &server, 1, Duration::from_secs(60)).await;
+    let mut egress = p.egress_client().await;
+    assert!(dead_letters(&mut egress, "fhir", false).await.is_empty());
+
+    // 429 with Retry-After: 2 → the next attempt comes no sooner than that.
+    server.fail_next(429, 1, Some("2"));
+    send_all(&p, &[support::adt("BUSY-1", "P-BUSY")]).await;
+    wait_delivered(&p, &server, 2, Duration::from_secs(60)).await;
+    let posts: Vec<serde_json::Value> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST")
+        .collect();
+    let n = posts.len();
+    assert!(n >= 3, "{posts:?}");
+    assert_eq!(
+        (
+            posts[n - 2]["status"].as_u64(),
+            posts[n - 1]["status"].as_u64()
+        ),
+        (Some(429), Some(200))
+    );
+    let waited = posts[n - 1]["at"].as_i64().unwrap() - posts[n - 2]["at"].as_i64().unwrap();
+    assert!(
+        waited >= 1900,
+        "retried after {waited} ms, Retry-After said 2 s"
+    );
+    assert!(metric("hl7gw_egress_retries_total{destination=\"fhir\",reason=\"http_429\"}") >= 1.0);
+
+    // 400 with an OperationOutcome: a dead letter at once, with the status and the outcome.
+    server.fail_next(400, 1, None);
+    send_all(&p, &[support::adt("BAD-1", "P-BAD")]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let letter = loop {
+        let dead = dead_letters(&mut egress, "fhir", true).await;
+        if let Some(d) = dead.into_iter().find(|d| d.control_id == "BAD-1") {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no dead letter for BAD-1");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!((letter.reason.as_str(), letter.attempts), ("rejected", 1));
+    let rejection = letter.envelope.and_then(|e| e.rejection).unwrap();
+    assert_eq!(rejection.http_status, 400);
+    assert!(
+        rejection
+            .detail
+            .starts_with("receiver answered HTTP 400 (OperationOutcome, 1 issue: "),
+        "{}",
+        rejection.detail
+    );
+    let outcome: serde_json::Value = serde_json::from_slice(&rejection.ack).unwrap();
+    assert_eq!(outcome["resourceType"], "OperationOutcome");
+    assert_eq!(server.counts()["Patient"], 2, "BAD-1 was not applied");
+
+    // Its replay is delivered.
+    let replayed = egress
+        .replay(hl7gw_runtime::proto::v1::ReplayRequest {
+            destination: "fhir".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replayed.replayed, 1);
+    wait_delivered(&p, &server, 3, Duration::from_secs(60)).await;
+    assert_eq!(server.counts()["Patient"], 3);
+    assert!(metric("hl7gw_egress_http_responses_total{destination=\"fhir\",class=\"4xx\"}") >= 2.0);
+}
