@@ -34,6 +34,8 @@ final class Admin {
     private long failDelayMs;
     /** False during the warm-up: its requests are not logged (read when a request starts: no race with reset). */
     private volatile boolean logging;
+    /** The header the start-up's warm-up requests carry: the only ones served before `listening`. */
+    static final String WARMUP_HEADER = "X-Hl7gw-Warmup";
 
     Admin(Store store, Auth auth) {
         this.store = store;
@@ -142,7 +144,19 @@ final class Admin {
                 HttpServletRequest req = (HttpServletRequest) sreq;
                 HttpServletResponse resp = (HttpServletResponse) sresp;
                 if (!logging) {
-                    chain.doFilter(sreq, sresp);
+                    // Starting: only the warm-up's own requests go through. Anything else would land in the
+                    // store that the reset before `listening` empties: a client that connected early (a
+                    // retrying egress) is told to come back, as a server that is starting would.
+                    if (req.getHeader(WARMUP_HEADER) != null) {
+                        chain.doFilter(sreq, sresp);
+                    } else {
+                        resp.setHeader("Retry-After", "1");
+                        resp.setStatus(503);
+                        resp.setContentType("application/fhir+json");
+                        resp.getOutputStream().write(("{\"resourceType\":\"OperationOutcome\",\"issue\":[{\"severity\":"
+                                + "\"error\",\"code\":\"transient\",\"diagnostics\":\"the server is starting\"}]}")
+                                .getBytes(StandardCharsets.UTF_8));
+                    }
                     return;
                 }
                 long t0 = System.nanoTime();

@@ -216,14 +216,15 @@ final class Serve {
                 + "/fhir";
         if (tls) {
             for (String path : List.of("/fhir/metadata", "/fhir/Patient?identifier=urn:warmup%7C0&_count=1")) {
-                local.getResponse("GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+                local.getResponse("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n" + Admin.WARMUP_HEADER
+                        + ": 1\r\nConnection: close\r\n\r\n");
             }
         } else {
             HttpClient client = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
-            client.send(HttpRequest.newBuilder(URI.create(base + "/metadata")).build(),
-                    HttpResponse.BodyHandlers.discarding());
-            client.send(HttpRequest.newBuilder(URI.create(base + "/Patient?identifier=urn:warmup%7C0&_count=1")).build(),
-                    HttpResponse.BodyHandlers.discarding());
+            client.send(HttpRequest.newBuilder(URI.create(base + "/metadata")).header(Admin.WARMUP_HEADER, "1")
+                    .build(), HttpResponse.BodyHandlers.discarding());
+            client.send(HttpRequest.newBuilder(URI.create(base + "/Patient?identifier=urn:warmup%7C0&_count=1"))
+                    .header(Admin.WARMUP_HEADER, "1").build(), HttpResponse.BodyHandlers.discarding());
         }
         admin.reset();
         admin.startLogging();
