@@ -355,3 +355,120 @@ async fn answers_decide_like_acks_down_429_400_and_replay() {
     assert_eq!(server.counts()["Patient"], 3);
     assert!(metric("hl7gw_egress_http_responses_total{destination=\"fhir\",class=\"4xx\"}") >= 2.0);
 }
+
+/// HTTPS with mutual TLS and SMART backend services (ES384 assertion, token endpoint discovered from the
+/// server's smart-configuration): delivered over HTTP/2; a revoked token costs one 401, a new token and no
+/// dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivers_over_mutual_tls_with_smart_backend_services() {
+    let pki = support::pki::pki();
+    let server = FhirServer::start(
+        0,
+        &[
+            "--tls-cert",
+            &pki.file("server.pem"),
+            "--tls-key",
+            &pki.file("server.key"),
+            "--client-ca",
+            &pki.file("ca.pem"),
+            "--smart-client",
+            &format!("hl7gw-egress={}", pki.file("smart-client.pub")),
+        ],
+    );
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&format!(
+        "  fhir:\n    url: https://127.0.0.1:{}/fhir\n    response_timeout: 30s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n\
+         \x20   tls: {{ca: {}, cert: {}, key: {}}}\n\
+         \x20   http: {{oauth2: {{client_id: hl7gw-egress, private_key: {}, key_id: k1}}}}\n",
+        server.port,
+        pki.file("ca.pem"),
+        pki.file("client.pem"),
+        pki.file("client.key"),
+        pki.file("smart-client.key"),
+    ));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    send_all(&p, &[support::adt("TLS-1", "P-TLS")]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    while auth["fhirAuthorized"].as_u64() < Some(1) {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered: {auth}\n{}",
+            p.metrics_summary()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    }
+    assert_eq!(auth["tokensIssued"], 1, "{auth}");
+    assert_eq!(auth["lastClientCertificateCn"], "hl7-client", "{auth}");
+    let log = &auth["tokenLog"][0];
+    assert_eq!(log["alg"], "ES384", "{log}");
+    assert_eq!(log["kid"], "k1", "{log}");
+
+    // Every token issued so far is revoked: the next delivery gets a 401, fetches a new one, and goes.
+    server.call_tls("POST", "/admin/revoke", &pki).await;
+    send_all(&p, &[support::adt("TLS-2", "P-TLS")]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    while auth["fhirAuthorized"].as_u64() < Some(2) {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered after revocation: {auth}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    }
+    assert_eq!(auth["tokensIssued"], 2, "{auth}");
+    assert_eq!(auth["fhirUnauthorizedBy"]["revoked"], 1, "{auth}");
+    let requests = server.call_tls("GET", "/admin/requests", &pki).await;
+    let posts: Vec<&serde_json::Value> = requests["requests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["method"] == "POST")
+        .collect();
+    assert!(
+        posts.iter().all(|r| r["protocol"] == "HTTP/2.0"),
+        "HTTP/2 by ALPN: {posts:?}"
+    );
+    let mut egress = p.egress_client().await;
+    assert!(dead_letters(&mut egress, "fhir", false).await.is_empty());
+}
+
+/// A bearer token from a file: a wrong one is retried (credentials, not the message: no dead letter), and the
+/// file's new content is used after the 401 (a rotated secret needs no restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_bearer_token_file_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = dir.path().join("server-token");
+    std::fs::write(&expected, "right-token-0123456789\n").unwrap();
+    let ours = dir.path().join("egress-token");
+    std::fs::write(&ours, "stale-token\n").unwrap();
+    let server = FhirServer::start(0, &["--bearer-token-file", expected.to_str().unwrap()]);
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&format!(
+        "{}    http: {{bearer_token_file: {}}}\n",
+        destination(&server.base()),
+        ours.display()
+    ));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    send_all(&p, &[support::adt("TOKEN-1", "P-TOKEN")]).await;
+    let admin = p.egress.admin.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, m) = support::http_get(admin, "/metrics");
+        if m.contains("hl7gw_egress_retries_total{destination=\"fhir\",reason=\"unauthorized\"} ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 401 retry counted\n{m}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    std::fs::write(&ours, "right-token-0123456789\n").unwrap();
+    wait_delivered(&p, &server, 1, Duration::from_secs(30)).await;
+    let mut egress = p.egress_client().await;
+    assert!(dead_letters(&mut egress, "fhir", false).await.is_empty());
+}

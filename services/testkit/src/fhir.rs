@@ -177,6 +177,38 @@ impl FhirServer {
         (status, body)
     }
 
+    /// A request to a server started with `--tls-cert` and `--client-ca` (the test PKI's CA and client
+    /// certificate): the body as JSON (null when it is not).
+    pub async fn call_tls(&self, method: &str, path: &str, pki: &crate::Pki) -> serde_json::Value {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let config = hl7gw_tls::client_config(
+            &pki.path("ca.pem"),
+            Some((&pki.path("client.pem"), &pki.path("client.key"))),
+        )
+        .expect("the test PKI");
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .expect("connect to the FHIR server");
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("a server name");
+        let mut s = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .expect("TLS handshake with the FHIR server");
+        s.write_all(
+            format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut out = Vec::new();
+        // Jetty may close without close_notify: what was read is the answer.
+        let _ = s.read_to_end(&mut out).await;
+        let text = String::from_utf8_lossy(&out);
+        text.split_once("\r\n\r\n")
+            .and_then(|(_, b)| serde_json::from_str(b).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
     /// Resources held, by type (`GET /admin/counts`).
     pub fn counts(&self) -> std::collections::BTreeMap<String, u64> {
         let (_, v) = self.call("GET", "/admin/counts");

@@ -1,5 +1,5 @@
 //! TLS material generated at test time: a CA, a server certificate for localhost/127.0.0.1, a client
-//! certificate from the same CA, and a client certificate from another CA.
+//! certificate from the same CA, a client certificate from another CA, and a SMART client's key pair.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -94,5 +94,9 @@ pub fn pki() -> Pki {
     let (cert, key) = leaf(&other, &["intruder"], ExtendedKeyUsagePurpose::ClientAuth);
     write("intruder.pem", &cert);
     write("intruder.key", &key);
+    // A SMART backend services client's key pair (EC P-384: ES384 assertions): PKCS#8 and SPKI.
+    let smart = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    write("smart-client.key", &smart.serialize_pem());
+    write("smart-client.pub", &smart.public_key_pem());
     Pki { dir }
 }
