@@ -37,6 +37,11 @@
 # BENCH_BROKER_PROFILE=1 (`make bench-broker-profile`): the broker's CPU of each phase split by cause (request
 # handling by API, log appends, network threads, GC, ...) from its threads' CPU time, a Flight Recording and its
 # request counts (scripts/lib/brokerprof.py); one broker only.
+# BENCH_FHIR=1 (`make bench-pipeline-fhir`, issue 28) adds examples/pipeline/routes.yaml's `adt-to-fhir` route:
+# every ADT also becomes a FHIR R4 transaction Bundle (toFhir) that the egress POSTs to `hl7gw receive --http
+# --no-sync` (a file per Bundle), so each ACKed message is delivered twice, over MLLP and over HTTP; without it
+# (the default, as in the runs before issue 28) that route is left out. Delivered counts the MLLP receiver's ids;
+# the FHIR receiver's files are counted once the run is over (they must be as many).
 # Every ACKed control id must reach the receiver (lost: 0), or the script exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +91,26 @@ destinations:
     address: 127.0.0.1:22576
     retry: {initial_backoff: 100ms, max_backoff: 1s}
 YAML
+fhir=${BENCH_FHIR:-0}
+if [ "$fhir" = 1 ]; then
+  routes=examples/pipeline/routes.yaml
+  cat >>"$out/egress.yaml" <<YAML
+  fhir:
+    url: http://127.0.0.1:22577/fhir
+    retry: {initial_backoff: 100ms, max_backoff: 1s}
+YAML
+  target/release/hl7gw receive --http --no-sync --listen 127.0.0.1:22577 --out "$out/received-fhir" >/dev/null \
+    2>"$out/receiver-fhir.log" &
+  pids+=($!)
+else
+  # The example routes without the FHIR one (documents are separated by ---).
+  routes=$out/routes.yaml
+  python3 - examples/pipeline/routes.yaml "$routes" <<'PY'
+import re, sys
+docs = re.split(r"(?m)^---\s*$", open(sys.argv[1]).read())
+open(sys.argv[2], "w").write("---".join(d for d in docs if "name: adt-to-fhir" not in d))
+PY
+fi
 case $receiver in
   ack) target/release/examples/fixed_ack_server 22576 1 "$out/received.ids" >/dev/null 2>"$out/receiver.log" & ;;
   files)
@@ -107,7 +132,7 @@ pids+=("$ingress_pid")
 env HL7GW_INBOUND_TOPIC=$run.inbound HL7GW_DLQ_TOPIC=$run.dlq HL7GW_OUT_TOPIC_PREFIX=$run.out. HL7GW_GROUP_ID=$run.t \
   HL7GW_BATCH_LINGER="${BENCH_BATCH_LINGER:-5ms}" HL7GW_BATCH_INTERVAL="${BENCH_BATCH_INTERVAL:-20ms}" \
   HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS="$out_partitions" \
-  HL7GW_ROUTES__FILE=examples/pipeline/routes.yaml HL7GW_KAFKA__PROPERTIES="${BENCH_WORKER_PROPERTIES:-{\}}" \
+  HL7GW_ROUTES__FILE="$routes" HL7GW_KAFKA__PROPERTIES="${BENCH_WORKER_PROPERTIES:-{\}}" \
   "${transformer_env[@]}" target/release/hl7gw-transformer \
   --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:29465 >/dev/null 2>"$out/transformer.log" &
 transformer_pid=$!
@@ -125,7 +150,7 @@ done
 . scripts/lib/benchinfo.sh
 {
   bench_info bench-pipeline
-  echo "settings: clients=$BENCH_CLIENTS in_flight=$BENCH_IN_FLIGHT seconds=$BENCH_SECONDS rates='$BENCH_RATES' curve_seconds=$BENCH_CURVE_SECONDS warmup_seconds=$BENCH_WARMUP_SECONDS batch_linger=${BENCH_BATCH_LINGER:-5ms} batch_interval=${BENCH_BATCH_INTERVAL:-20ms} worker_properties='${BENCH_WORKER_PROPERTIES:-{\}}' ingress_env='${BENCH_INGRESS_ENV:-}' transformer_env='${BENCH_TRANSFORMER_ENV:-}' egress_env='${BENCH_EGRESS_ENV:-}' receiver=$receiver brokers=$KAFKA_NODES ($brokers)"
+  echo "settings: clients=$BENCH_CLIENTS in_flight=$BENCH_IN_FLIGHT seconds=$BENCH_SECONDS rates='$BENCH_RATES' curve_seconds=$BENCH_CURVE_SECONDS warmup_seconds=$BENCH_WARMUP_SECONDS batch_linger=${BENCH_BATCH_LINGER:-5ms} batch_interval=${BENCH_BATCH_INTERVAL:-20ms} worker_properties='${BENCH_WORKER_PROPERTIES:-{\}}' ingress_env='${BENCH_INGRESS_ENV:-}' transformer_env='${BENCH_TRANSFORMER_ENV:-}' egress_env='${BENCH_EGRESS_ENV:-}' receiver=$receiver fhir=$fhir routes=$routes brokers=$KAFKA_NODES ($brokers)"
 } >"$out/settings.txt"
 cat "$out/settings.txt" >&2
 python3 - "$out" "$receiver" "$ingress_pid" "$transformer_pid" "$egress_pid" "$broker_pids" \
@@ -315,3 +340,14 @@ if profile:
 print(f"\nacked {len(all_acked)}, lost {lost}, duplicate deliveries {summary['duplicates']}", file=sys.stderr)
 sys.exit(1 if lost else 0)
 PY
+if [ "$fhir" = 1 ]; then
+  # The Bundles trail the MLLP deliveries a little: counted once their number stops growing for 3 s.
+  prev=-1 n=0
+  while [ "$n" != "$prev" ]; do
+    prev=$n
+    sleep 3
+    n=$(find "$out/received-fhir" -name '*.json' | wc -l)
+  done
+  echo "FHIR Bundles at the HTTP receiver: $n; egress: $(curl -fsS http://127.0.0.1:29466/metrics |
+    grep -E '^hl7gw_egress_(delivered_total|dlq_writes_total)\{destination="fhir"' | paste -sd' ')" >&2
+fi
