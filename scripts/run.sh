@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # `make run`: the whole gateway on this machine. Starts the local Kafka (KRaft, 127.0.0.1:9092; KAFKA_PORT to
 # change), a receiver standing in for the lab system (`hl7gw receive` on 127.0.0.1:2576, storing into
-# .cache/run/received), the ingress (MLLP 127.0.0.1:2575), the transformer (routes: examples/pipeline/routes.yaml)
+# .cache/run/received), one standing in for a FHIR server (`hl7gw receive --http` on 127.0.0.1:2577, storing
+# into .cache/run/received-fhir), the ingress (MLLP 127.0.0.1:2575), the transformer (routes: examples/pipeline/routes.yaml)
 # and the egress (examples/pipeline/egress.yaml), sends the samples, shows where they landed, then keeps running
 # until Ctrl-C.
 # KAFKA_BROKERS=host:port[,host:port...] uses that Kafka instead: nothing is started or stopped there and no Java
 # is needed. The services create the topics they use when missing (kafka.create_topics_partitions, 3 by default):
 # hl7.inbound, hl7.dlq, hl7.out.lab, hl7.out.analytics, hl7.out.fhir, hl7.events; their consumer groups are hl7gw-transformer
-# and hl7gw-egress.lab. A Kafka that needs TLS or SASL: export the services' HL7GW_KAFKA__* settings as well.
+# and hl7gw-egress.<destination>. A Kafka that needs TLS or SASL: export the services' HL7GW_KAFKA__* settings as well.
 # RUN_ONCE=1 stops everything once the samples arrived (a smoke test of the whole path).
-# The services' logs: .cache/run/{ingress,transformer,egress,receiver}.log.
+# The services' logs: .cache/run/{ingress,transformer,egress,receiver,receiver-fhir}.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${CARGO_TARGET_DIR:-target}/release
 log=.cache/run
 received=$log/received
+received_fhir=$log/received-fhir
 mkdir -p "$log"
-rm -rf "$received"
+rm -rf "$received" "$received_fhir"
 # shellcheck source=scripts/lib/procs.sh
 . scripts/lib/procs.sh
 trap 'exit 0' INT TERM
@@ -52,6 +54,9 @@ export HL7GW_KAFKA__BROKERS=$brokers
 anyone='["anonymous"]'
 "$bin/hl7gw" receive --listen 127.0.0.1:2576 --out "$received" >"$log/receiver.out" 2>"$log/receiver.log" &
 pids+=($!)
+"$bin/hl7gw" receive --http --listen 127.0.0.1:2577 --out "$received_fhir" >"$log/receiver-fhir.out" \
+  2>"$log/receiver-fhir.log" &
+pids+=($!)
 HL7GW_GRPC__ALLOW="{Senders=$anyone}" "$bin/hl7gw-ingress" --mllp-addr 127.0.0.1:2575 --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9464 \
   >"$log/ingress.out" 2>"$log/ingress.log" &
 pids+=($!)
@@ -82,12 +87,13 @@ hl7gw is running (ingress -> Kafka -> transformer -> Kafka -> egress -> receiver
   send     $bin/hl7gw send --to 127.0.0.1:2575 samples/adt_a01.hl7
   ingress  MLLP 127.0.0.1:2575, gRPC 127.0.0.1:50051 (hl7gw.v1.Ingest), admin http://127.0.0.1:9464/metrics
   routes   examples/pipeline/routes.yaml (edit it: reloaded within 2 s); dry run: gRPC hl7gw.v1.Transform on :50052
-  egress   destination lab -> 127.0.0.1:2576; gRPC hl7gw.v1.Egress on :50053 (status, dead letters, replay)
-  lands in $received/ (ADT, transformed for the lab); ORU as JSON on topic hl7.out.analytics; ADT as FHIR R4
-           transaction Bundles on topic hl7.out.fhir: $bin/hl7gw tail --topic hl7.out.fhir --since 1h --with-message
+  egress   destinations lab -> MLLP 127.0.0.1:2576, fhir -> POST http://127.0.0.1:2577/fhir;
+           gRPC hl7gw.v1.Egress on :50053 (status, dead letters, replay)
+  lands in $received/ (ADT, transformed for the lab); ADT as FHIR R4 transaction Bundles in
+           $received_fhir/ (via topic hl7.out.fhir); ORU as JSON on topic hl7.out.analytics
   Kafka    $kafka_note
            topics hl7.inbound, hl7.out.lab, hl7.out.analytics, hl7.out.fhir, hl7.dlq, hl7.events (created by the services)
-  logs     $log/ingress.log, transformer.log, egress.log, receiver.log
+  logs     $log/ingress.log, transformer.log, egress.log, receiver.log, receiver-fhir.log
   admin    $bin/hl7gw status --to http://127.0.0.1:50053
            $bin/hl7gw trace --to http://127.0.0.1:50053 --control-id <MSH-10>
            $bin/hl7gw deadletters --to http://127.0.0.1:50053 --since 1h
@@ -107,6 +113,21 @@ fi
 for f in "$received"/*.hl7; do
   echo "-- $f"
   tr '\r' '\n' <"$f"
+done
+echo "== waiting for the ADT sample as a FHIR Bundle at the HTTP receiver"
+for _ in $(seq 150); do
+  if compgen -G "$received_fhir/*.json" >/dev/null; then break; fi
+  sleep 0.2
+done
+if ! compgen -G "$received_fhir/*.json" >/dev/null; then
+  echo "no FHIR Bundle arrived at the HTTP receiver; logs in $log/" >&2
+  exit 1
+fi
+for f in "$received_fhir"/*.json; do
+  echo "-- $f (resources: $(grep -o '"resourceType":"[A-Za-z]*"' "$f" | cut -d'"' -f4 | sort | uniq -c |
+    awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}'))"
+  head -c 600 "$f"
+  echo " ..."
 done
 # The egress counts a delivery once the receiver's ACK is read, a moment after the file is written.
 sleep 1

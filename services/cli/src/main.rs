@@ -19,6 +19,7 @@ mod admin;
 mod commands;
 mod ops;
 mod receive;
+mod receive_http;
 mod sanitise;
 mod send;
 mod senders;

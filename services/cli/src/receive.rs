@@ -84,6 +84,10 @@ pub struct ReceiveArgs {
     /// Exit (status 0) once N messages are stored and ACKed; later messages are not answered.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
+    /// Receive over HTTP instead of MLLP: each POST/PUT body (a FHIR Bundle, JSON, an HL7 message) is stored
+    /// as <sequence>-http.<json|hl7|bin> and answered 200 (an HTTP destination's stand-in; plain HTTP only).
+    #[arg(long, conflicts_with_all = ["tls_cert", "client_ca"])]
+    pub http: bool,
     /// Do not fsync each file before the ACK (load tests that measure the sender, not this disk); a crash
     /// can then lose messages that were ACKed.
     #[arg(long)]
@@ -134,6 +138,14 @@ pub fn run(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let first = first_sequence(&args.out)?;
+    if args.http {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        runtime.block_on(crate::receive_http::serve(&args, first))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let shared = Arc::new(Shared {
         out: args.out.clone(),
         max_frame: args.max_frame,
@@ -222,7 +234,7 @@ async fn serve(
 }
 
 /// Resolves on SIGINT or SIGTERM (pending forever when the handlers cannot be installed).
-async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
@@ -512,7 +524,7 @@ fn first_sequence(out: &Path) -> anyhow::Result<u64> {
 
 /// Writes `bytes` to `dir/name` through a hidden temporary file: create, write, sync (unless `sync` is
 /// false), rename.
-async fn store(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+pub(crate) async fn store(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     tokio::fs::create_dir_all(dir).await?;
     let tmp = dir.join(format!(".{name}.tmp"));
     let written = async {
