@@ -61,6 +61,25 @@ impl hl7gw_runtime::service::Service for App {
     type Config = Config;
     type Error = EgressError;
 
+    /// Each destination's TLS files and (HTTP) credentials are read: a missing Secret mount or a key that
+    /// cannot sign fails here, not at the first delivery.
+    fn check(cfg: &Config) -> Result<(), EgressError> {
+        for (name, d) in &cfg.destinations {
+            if d.url.is_some() {
+                http::HttpClient::new(name, d).map_err(|source| EgressError::Http {
+                    destination: name.clone(),
+                    source,
+                })?;
+            } else {
+                client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
+                    destination: name.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Makes the producer and each destination's consumer and TLS settings, binds gRPC and the admin server.
     async fn build(cfg: Arc<Config>) -> Result<Self, EgressError> {
         let (registry, metrics) = metrics::EgressMetrics::registered();

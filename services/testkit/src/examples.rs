@@ -31,6 +31,7 @@ pub fn check_example_config(bin: &Path, name: &str) -> Output {
             "tls.crt" => std::fs::read(pki.path("server.pem")),
             "tls.key" => std::fs::read(pki.path("server.key")),
             "ca.crt" => std::fs::read(pki.path("ca.pem")),
+            "smart.key" => std::fs::read(pki.path("smart-client.key")),
             "password" => Ok(b"example-password\n".to_vec()),
             "tokens" => Ok(
                 b"ops 0123456789abcdef0123456789abcdef\nviewer fedcba9876543210fedcba9876543210\n"
