@@ -553,4 +553,63 @@ mod tests {
         c.destinations.get_mut("lab").unwrap().retry.jitter = 3.0;
         assert!(c.validate().is_err());
     }
+
+    /// An HTTP destination: a URL, TLS exactly for https, credentials never in clear to another machine.
+    #[test]
+    fn http_destinations_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        let check = |yaml: String| -> Result<(), String> {
+            let c: Config = hl7gw_testkit::config(&yaml);
+            c.validate().map_err(|e| e.to_string())
+        };
+        let f = file.display();
+        let ok = [
+            "{url: 'http://127.0.0.1:8080/fhir'}".to_owned(),
+            format!("{{url: 'https://fhir.example/fhir', tls: {{ca: {f}}}, http: {{bearer_token_file: {f}}}}}"),
+            format!("{{url: 'http://localhost:8080/fhir', http: {{oauth2: {{client_id: a, private_key: {f}}}}}}}"),
+            "{url: 'http://fhir.example/fhir', http: {method: put, version: http2, headers: {X-Source: hl7gw}}}".to_owned(),
+        ];
+        for d in ok {
+            check(format!("destinations: {{fhir: {d}}}")).unwrap_or_else(|e| panic!("{d}: {e}"));
+        }
+        let refused = [
+            ("{url: 'http://a/fhir', address: 'a:1'}", "not both"),
+            ("{url: 'ftp://a/fhir'}", "http:// or https://"),
+            ("{url: 'https://a/fhir'}", "needs tls.ca"),
+            (
+                &*format!("{{url: 'http://a/fhir', tls: {{ca: {f}}}}}"),
+                "tls is for https",
+            ),
+            (
+                &*format!("{{url: 'http://fhir.example/fhir', http: {{bearer_token_file: {f}}}}}"),
+                "over https only",
+            ),
+            (
+                &*format!(
+                    "{{url: 'https://a/fhir', tls: {{ca: {f}}}, http: {{bearer_token_file: {f}, oauth2: {{client_id: a, private_key: {f}}}}}}}"
+                ),
+                "not both",
+            ),
+            (
+                &*format!(
+                    "{{url: 'https://a/fhir', tls: {{ca: {f}}}, http: {{oauth2: {{client_id: a, private_key: {f}, token_url: 'http://auth.example/t'}}}}}}"
+                ),
+                "token_url",
+            ),
+            (
+                "{url: 'http://a/fhir', http: {headers: {Authorization: x}}}",
+                "set by the egress",
+            ),
+            (
+                "{url: 'http://127.0.0.1/fhir', http: {bearer_token_file: /nonexistent/t}}",
+                "is not a file",
+            ),
+        ];
+        for (d, why) in refused {
+            let e = check(format!("destinations: {{fhir: {d}}}")).expect_err(d);
+            assert!(e.contains(why), "{d}: {e}");
+        }
+    }
 }
