@@ -39,6 +39,8 @@ pub struct DestState {
     pub dead_lettered_by_reason: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     pub lag: std::sync::atomic::AtomicI64,
     pub ready: AtomicBool,
+    /// An HTTP destination's last request got an answer (its pool's connections are not counted).
+    pub answered: AtomicBool,
     /// Since when, and why, a dead letter cannot be written (Kafka away, the DLQ topic not authorised, a record
     /// refused even shrunk): readiness goes down once this lasts [`DLQ_FAILING_UNREADY`].
     pub dlq_failing: Mutex<Option<(Instant, String)>>,
@@ -848,6 +850,7 @@ impl DestCtx {
             {
                 Ok(a) => {
                     let status = a.status.as_u16();
+                    self.state.answered.store(true, Ordering::Relaxed);
                     self.m.http_answered(status);
                     set(&self.state.last_ack_code, a.status.as_str());
                     if let Ok(mut t) = self.state.last_ack_at.lock() {
@@ -890,6 +893,7 @@ impl DestCtx {
                     }
                 }
                 Err(e) => {
+                    self.state.answered.store(false, Ordering::Relaxed);
                     if !matches!(e, crate::http::HttpError::Connect(_)) {
                         self.m.attempt_failed(span, &e);
                     }

@@ -136,10 +136,14 @@ impl Egress for EgressService {
                         destination: d.name.clone(),
                     })
                     .get();
+                let (address, connected) = match &d.dest.url {
+                    Some(url) => (url.clone(), s.answered.load(Ordering::Relaxed)),
+                    None => (d.dest.address.clone(), connected > 0),
+                };
                 out.destinations.push(DestinationStatus {
                     name: d.name.clone(),
-                    address: d.dest.address.clone(),
-                    connected: connected > 0,
+                    address,
+                    connected,
                     lag: s.lag.load(Ordering::Relaxed),
                     last_ack_code: s
                         .last_ack_code
