@@ -354,6 +354,20 @@ async fn answers_decide_like_acks_down_429_400_and_replay() {
     wait_delivered(&p, &server, 3, Duration::from_secs(60)).await;
     assert_eq!(server.counts()["Patient"], 3);
     assert!(metric("hl7gw_egress_http_responses_total{destination=\"fhir\",class=\"4xx\"}") >= 2.0);
+
+    // The ledger has each outcome with its HTTP status.
+    let events = hl7gw_testkit::pipeline::read_events(&p.topic("events"), Duration::from_secs(30));
+    let of = |kind: &str, control_id: &str| {
+        events
+            .iter()
+            .filter(|(_, _, e)| e.kind == kind && e.control_id == control_id && e.stage == "egress")
+            .map(|(_, _, e)| e.http_status)
+            .collect::<Vec<u32>>()
+    };
+    assert_eq!(of("delivered", "DOWN-1"), [200]);
+    assert_eq!(of("delivered", "BUSY-1"), [200]);
+    assert_eq!(of("dead_lettered", "BAD-1"), [400]);
+    assert_eq!(of("delivered", "BAD-1"), [200], "the replay");
 }
 
 /// HTTPS with mutual TLS and SMART backend services (ES384 assertion, token endpoint discovered from the

@@ -5,6 +5,7 @@
 
 use crate::common::*;
 use crate::dt::Ctx;
+use crate::extra::Unique;
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome};
 
@@ -84,7 +85,8 @@ pub(crate) fn convert(
         }
     }
 
-    // The repeating segments, in message order.
+    // The repeating segments, in message order; each condition used once.
+    let mut unique = Unique::default();
     let mut evn = None;
     for (i, seg) in msg.segments().enumerate() {
         let name = seg.name();
@@ -119,12 +121,12 @@ pub(crate) fn convert(
                 cx.note_unmapped(&seg, AL1_MAPPED);
             }
             b"DG1" => {
-                let t = condition_target(cx, &seg, &patient_key, &n);
+                let t = unique.check(cx, condition_target(cx, &seg, &patient_key, &n), &n);
                 cx.begin_entry(&mut w, &t);
-                condition_body(cx, &mut w, &seg, &patient);
+                let mapped = condition_body(cx, &mut w, &seg, &t, &patient);
                 cx.end_entry(&mut w, &t);
                 targets.push(t.full_url());
-                cx.note_unmapped(&seg, DG1_MAPPED);
+                cx.note_unmapped(&seg, mapped);
             }
             b"IN1" => {
                 let t = cx.target(
@@ -140,11 +142,13 @@ pub(crate) fn convert(
             }
             b"OBX" => {
                 let code = cx.field(&seg, 3).unwrap_or_default();
-                let t = cx.target("Observation", &[&msg_key.join("|"), "OBX", &code, &n], None);
+                let t = observation_target(cx, &seg, &[&msg_key.join("|"), "OBX", &code, &n]);
+                let t = unique.check(cx, t, &n);
                 cx.begin_entry(&mut w, &t);
                 let links = ObsLinks {
                     patient: Some(&patient),
                     encounter: encounter.as_ref(),
+                    repeat: t.repeat,
                     ..ObsLinks::default()
                 };
                 let mapped = observation_body(cx, &mut w, &seg, links);

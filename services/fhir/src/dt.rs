@@ -122,6 +122,14 @@ pub(crate) struct Target {
     pub id: String,
     /// The business identifier (system, value) a transaction updates by, when there is one.
     pub by: Option<(String, String)>,
+    /// With `by`: the code (system, if the coding has one, and code) the condition also names, for resources
+    /// one identifier does not single out (several tests under one order number, several observations under
+    /// one instance id).
+    pub code: Option<(Option<String>, String)>,
+    /// True when an earlier entry of the Bundle updates by the same condition: this one is updated by its
+    /// derived id and does not carry that business identifier (the field is reported as unmapped), so the
+    /// condition never matches more than one resource.
+    pub repeat: bool,
 }
 
 impl Target {
@@ -314,6 +322,8 @@ impl<'a, 'm> Ctx<'a, 'm> {
         Target {
             rtype,
             id: uuid_of(rtype, key),
+            code: None,
+            repeat: false,
             by,
         }
     }
@@ -344,7 +354,8 @@ impl<'a, 'm> Ctx<'a, 'm> {
     }
 
     /// Closes the resource and, in a transaction, writes the entry's request: a conditional update by the
-    /// business identifier, else an update by id.
+    /// business identifier (and the code, when the target names one: `&code=<system>|<code>`, `|<code>` for a
+    /// coding without a system), else an update by id.
     pub fn end_entry(&mut self, w: &mut Writer<'_>, t: &Target) {
         w.end_object();
         if self.opts.bundle_type == BundleType::Transaction {
@@ -355,9 +366,17 @@ impl<'a, 'm> Ctx<'a, 'm> {
                     let mut url = String::with_capacity(64);
                     url.push_str(t.rtype);
                     url.push_str("?identifier=");
-                    percent_encode(&mut url, system);
+                    token_encode(&mut url, system);
                     url.push_str("%7C");
-                    percent_encode(&mut url, value);
+                    token_encode(&mut url, value);
+                    if let Some((system, code)) = &t.code {
+                        url.push_str("&code=");
+                        if let Some(system) = system {
+                            token_encode(&mut url, system);
+                        }
+                        url.push_str("%7C");
+                        token_encode(&mut url, code);
+                    }
                     w.string("url", &url);
                 }
                 None => w.string_parts("url", &[t.rtype, "/", &t.id]),
@@ -1042,6 +1061,23 @@ pub(crate) fn percent_encode(out: &mut String, s: &str) {
                     }
                 }
                 break;
+/// One side of a search token (`system|code`), escaped as FHIR search says (`\` before `\`, `|`, `,` and `$`,
+/// which would otherwise split it or make it an OR) and percent-encoded.
+fn token_encode(out: &mut String, s: &str) {
+    if !s.contains(['\\', '|', ',', '$']) {
+        percent_encode(out, s);
+        return;
+    }
+    let mut escaped = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        if matches!(c, '\\' | '|' | ',' | '$') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    percent_encode(out, &escaped);
+}
+
             }
         };
     }

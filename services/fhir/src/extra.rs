@@ -188,23 +188,47 @@ pub(crate) fn organization_entry(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, org: 
     cx.end_entry(w, &org.target);
 }
 
-/// The conditional updates of one Bundle: a business identifier two resources of the message share is used
-/// for the first only; the others get an id derived from it and their position (a transaction may not
-/// hold the same conditional update twice).
+/// The conditional updates of one Bundle: a condition (business identifier, and code when it names one) two
+/// resources of the message share is used for the first only; the others get an id derived from it and their
+/// position (a transaction may not hold the same conditional update twice) and are marked
+/// [`Target::repeat`]: they do not carry the identifier, so the first one's condition matches it alone, in
+/// this message and in later ones.
 #[derive(Debug, Default)]
 pub(crate) struct Unique {
     seen: HashSet<String>,
+    ids: HashSet<String>,
 }
 
 impl Unique {
-    /// `t`, or (its identifier already used) a target by id derived from it and `position`.
+    /// `t`, or (its condition already used) a target by id derived from it and `position`; a target by id
+    /// whose id an earlier one has (a code-less order number, see `coded_target`) gets one derived from it
+    /// and `position`.
     pub fn check(&mut self, cx: &Ctx<'_, '_>, t: Target, position: &str) -> Target {
-        match &t.by {
-            Some((s, v)) if !self.seen.insert(format!("{}|{s}|{v}", t.rtype)) => {
-                cx.target(t.rtype, &[s, v, position], None)
+        let Some((s, v)) = &t.by else {
+            if self.ids.insert(t.id.clone()) {
+                return t;
             }
-            _ => t,
+            let mut r = cx.target(t.rtype, &[&t.id, position], None);
+            self.ids.insert(r.id.clone());
+            r.repeat = t.repeat;
+            return r;
+        };
+        let (cs, cc) = t.code.as_ref().map_or(("", ""), |(cs, cc)| {
+            (cs.as_deref().unwrap_or_default(), cc.as_str())
+        });
+        // Unit separators: no system, value or code holds one.
+        if self
+            .seen
+            .insert(format!("{}\u{1f}{s}\u{1f}{v}\u{1f}{cs}\u{1f}{cc}", t.rtype))
+        {
+            return t;
         }
+        let mut r = match &t.code {
+            Some(_) => cx.target(t.rtype, &[s, v, cs, cc, position], None),
+            None => cx.target(t.rtype, &[s, v, position], None),
+        };
+        r.repeat = true;
+        r
     }
 }
 

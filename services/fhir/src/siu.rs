@@ -273,21 +273,26 @@ pub(crate) fn convert(
             cx.note_unmapped_segment(seg);
         }
     }
+    // Each condition (OBX-21 and code, DG1-20) used once.
+    let mut unique = extra::Unique::default();
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();
         let parent = patient
             .as_ref()
             .map_or(appointment.id.as_str(), |p| p.id.as_str());
-        let t = cx.target(
-            "Observation",
-            &[parent, &appointment.id, "OBX", &code, &n.to_string()],
-            None,
+        let n = n.to_string();
+        let t = observation_target(
+            cx,
+            &o.obx,
+            &[parent, &appointment.id, "OBX", &code, &n],
         );
+        let t = unique.check(cx, t, &n);
         cx.begin_entry(&mut w, &t);
         let links = ObsLinks {
             patient: patient.as_ref(),
             encounter: encounter.as_ref(),
             notes: &o.notes,
+            repeat: t.repeat,
             ..ObsLinks::default()
         };
         let mapped = observation_body(cx, &mut w, &o.obx, links);
@@ -300,12 +305,13 @@ pub(crate) fn convert(
     }
     if let Some(patient) = &patient {
         for (n, dg1) in dg1s.iter().enumerate() {
-            let t = condition_target(cx, dg1, &patient.id, &n.to_string());
+            let n = n.to_string();
+            let t = unique.check(cx, condition_target(cx, dg1, &patient.id, &n), &n);
             cx.begin_entry(&mut w, &t);
-            condition_body(cx, &mut w, dg1, patient);
+            let mapped = condition_body(cx, &mut w, dg1, &t, patient);
             cx.end_entry(&mut w, &t);
             targets.push(t.full_url());
-            cx.note_unmapped(dg1, DG1_MAPPED);
+            cx.note_unmapped(dg1, mapped);
         }
     } else {
         for dg1 in &dg1s {

@@ -350,8 +350,8 @@ fn an_oru_r01_becomes_reports_with_their_results_and_specimens() {
         "http://hl7.org/fhir/StructureDefinition/observation-v2-subid"
     );
 
-    // Reports, orders and specimens are updated by their business identifiers; observations by ids derived
-    // from their report's.
+    // Reports and orders are updated by their business identifiers and codes, specimens by their
+    // identifiers; observations by ids derived from their report's.
     let url_of = |ty: &str, i: usize| -> String {
         entries(&b)
             .iter()
@@ -363,11 +363,11 @@ fn an_oru_r01_becomes_reports_with_their_results_and_specimens() {
     };
     assert_eq!(
         url_of("DiagnosticReport", 0),
-        "DiagnosticReport?identifier=urn:hl7gw:id:LAB%7CFL1"
+        "DiagnosticReport?identifier=urn:hl7gw:id:LAB%7CFL1&code=http://loinc.org%7C24331-1"
     );
     assert_eq!(
         url_of("ServiceRequest", 1),
-        "ServiceRequest?identifier=urn:hl7gw:id:LAB%7CFL2"
+        "ServiceRequest?identifier=urn:hl7gw:id:LAB%7CFL2&code=http://loinc.org%7C600-7"
     );
     assert_eq!(
         url_of("Specimen", 0),
@@ -396,8 +396,9 @@ fn an_oru_r01_gives_the_same_ids_when_delivered_again() {
 }
 
 #[test]
-fn a_filler_number_two_reports_share_updates_neither() {
-    // CDC case notifications repeat OBR-3 in every OBR: a conditional update by it would match both.
+fn a_filler_number_two_reports_share_updates_each_by_its_code() {
+    // CDC case notifications repeat OBR-3 in every OBR, and one order number may hold several tests: the
+    // condition names the code too, so each matches its own report.
     let msg = String::from_utf8_lossy(ORU_R01).replace("|PL2^EHR|FL2^LAB|", "|PL1^EHR|FL1^LAB|");
     let (b, _) = convert_json(msg.as_bytes(), &Options::default());
     let reports: Vec<&Json> = entries(&b)
@@ -406,11 +407,48 @@ fn a_filler_number_two_reports_share_updates_neither() {
         .collect();
     assert_eq!(reports.len(), 2);
     assert_ne!(reports[0]["fullUrl"], reports[1]["fullUrl"]);
+    assert_eq!(
+        reports[0]["request"]["url"],
+        "DiagnosticReport?identifier=urn:hl7gw:id:LAB%7CFL1&code=http://loinc.org%7C24331-1"
+    );
+    assert_eq!(
+        reports[1]["request"]["url"],
+        "DiagnosticReport?identifier=urn:hl7gw:id:LAB%7CFL1&code=http://loinc.org%7C600-7"
+    );
     for r in &reports {
-        let url = r["request"]["url"].as_str().expect("url");
-        assert!(url.starts_with("DiagnosticReport/"), "{url}");
         assert_eq!(r["resource"]["identifier"][1]["value"], "FL1");
     }
+}
+
+#[test]
+fn a_condition_two_resources_share_is_used_by_the_first_only() {
+    // Same filler number and same code: the second report (and order) repeats the first's condition. It is
+    // updated by an id derived from the condition and its rank, and does not carry the order numbers (which
+    // would make the first one's condition match two resources on the server); they are reported.
+    let msg = String::from_utf8_lossy(ORU_R01)
+        .replace("|PL2^EHR|FL2^LAB|600-7^Bacteria identified in Blood by Culture^LN|", "|PL1^EHR|FL1^LAB|24331-1^Lipid panel^LN|");
+    let (b, outcome) = convert_json(msg.as_bytes(), &Options::default());
+    for ty in ["DiagnosticReport", "ServiceRequest"] {
+        let list: Vec<&Json> = entries(&b)
+            .iter()
+            .filter(|e| e["resource"]["resourceType"] == ty)
+            .collect();
+        assert_eq!(list.len(), 2, "{ty}");
+        let first = list[0]["request"]["url"].as_str().expect("url");
+        assert!(first.starts_with(&format!("{ty}?identifier=")), "{first}");
+        assert_eq!(list[0]["resource"]["identifier"][1]["value"], "FL1");
+        let second = list[1]["request"]["url"].as_str().expect("url");
+        assert!(second.starts_with(&format!("{ty}/")), "{second}");
+        assert!(list[1]["resource"]["identifier"].is_null(), "{ty}");
+    }
+    assert!(
+        outcome.unmapped.iter().any(|u| u == "OBR-2") && outcome.unmapped.iter().any(|u| u == "OBR-3"),
+        "{:?}",
+        outcome.unmapped
+    );
+    // Delivered again: the same ids.
+    let (again, _) = convert_json(msg.as_bytes(), &Options::default());
+    assert_eq!(b, again);
 }
 
 #[test]
@@ -466,7 +504,7 @@ OBX|1|NM|3141-9^Body weight^LN||72.5|kg^kg^UCUM|||||F\r";
         .expect("service request");
     assert_eq!(
         sr["request"]["url"],
-        "ServiceRequest?identifier=urn:hl7gw:id:EHR%7CPL1"
+        "ServiceRequest?identifier=urn:hl7gw:id:EHR%7CPL1&code=http://loinc.org%7C24331-1"
     );
     assert!(outcome.unmapped.is_empty(), "{:?}", outcome.unmapped);
 }

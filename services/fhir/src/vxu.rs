@@ -241,6 +241,7 @@ pub(crate) fn convert(
     write_observations(
         cx,
         &mut w,
+        &mut unique,
         &patient_obs,
         &patient.id,
         None,
@@ -267,6 +268,7 @@ pub(crate) fn convert(
                 encounter: encounter.as_ref(),
                 manufacturer: org.as_ref().map(|o| &o.target),
                 location: locations[i].as_ref(),
+                repeat: imm.repeat,
             },
             &mut rxa_mapped,
         )?;
@@ -279,7 +281,16 @@ pub(crate) fn convert(
         if let Some(rxr) = &o.rxr {
             cx.note_unmapped(rxr, RXR_MAPPED);
         }
-        write_observations(cx, &mut w, &o.obs, &imm.id, Some(imm), links, &mut targets);
+        write_observations(
+            cx,
+            &mut w,
+            &mut unique,
+            &o.obs,
+            &imm.id,
+            Some(imm),
+            links,
+            &mut targets,
+        );
     }
 
     let prov = cx.target("Provenance", &msg_key, None);
@@ -299,9 +310,13 @@ pub(crate) fn convert(
 }
 
 /// OBX (and their NTE) as Observations of the patient, `partOf` an Immunization when in its group.
+/// By OBX-21 and OBX-3 when OBX-21 is valued (each such condition once in the Bundle: `unique`), else by an
+/// id derived from `parent`, OBX-3, OBX-4 and the position.
+#[allow(clippy::too_many_arguments)]
 fn write_observations<'a>(
     cx: &mut Ctx<'a, '_>,
     w: &mut Writer<'_>,
+    unique: &mut Unique,
     obs: &[Obs<'a>],
     parent: &str,
     part_of: Option<&Target>,
@@ -311,11 +326,9 @@ fn write_observations<'a>(
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();
         let sub = cx.field(&o.obx, 4).unwrap_or_default();
-        let t = cx.target(
-            "Observation",
-            &[parent, "OBX", &code, &sub, &n.to_string()],
-            None,
-        );
+        let n = n.to_string();
+        let t = observation_target(cx, &o.obx, &[parent, "OBX", &code, &sub, &n]);
+        let t = unique.check(cx, t, &format!("{parent}/{n}"));
         cx.begin_entry(w, &t);
         let mapped = observation_body(
             cx,
@@ -323,6 +336,7 @@ fn write_observations<'a>(
             &o.obx,
             ObsLinks {
                 notes: &o.notes,
+                repeat: t.repeat,
                 ..links
             },
         );
@@ -412,6 +426,8 @@ struct ImmLinks<'x> {
     encounter: Option<&'x Target>,
     manufacturer: Option<&'x Target>,
     location: Option<&'x Target>,
+    /// The Immunization repeats an earlier entry's condition ([`Target::repeat`]): no ORC-2/ORC-3 identifiers.
+    repeat: bool,
 }
 
 /// The ORC[Immunization], RXA[Immunization] and RXR[Immunization] maps. Returns the ORC fields mapped;
@@ -424,11 +440,18 @@ fn immunization_body(
     links: ImmLinks<'_>,
     rxa_mapped: &mut Vec<usize>,
 ) -> Result<Vec<usize>, FhirError> {
-    let orc_mapped = ORC_MAPPED.to_vec();
+    let mut orc_mapped = ORC_MAPPED.to_vec();
+    // A repeat carries no order number: the first one's condition matches it alone.
+    let orders: &[(usize, &str)] = if links.repeat {
+        orc_mapped.retain(|&n| !matches!(n, 2 | 3));
+        &[]
+    } else {
+        &[(2, "PLAC"), (3, "FILL")]
+    };
     // identifier: ORC-2 (PLAC), ORC-3 (FILL), ORC-4 (the placer group, PGN).
     if let Some(orc) = &o.orc {
         let mut ids: Vec<((String, String), &str)> = Vec::new();
-        for (n, ty) in [(2, "PLAC"), (3, "FILL")] {
+        for &(n, ty) in orders {
             if let Some(k) = orc
                 .field(n)
                 .and_then(|f| f.repetition(1))
