@@ -23,7 +23,8 @@
 #      kustomization under k8s/
 #   4. each scripts/chart/bad-values/*.yaml makes `helm template` fail with the message in its `# expect:` line
 #   5. the services accept the configs the chart renders: the real binaries run --check-config on each
-#      Deployment's config file and HL7GW_* variables; the example HL7Routes compile (transformer --check-config)
+#      Deployment's config file and HL7GW_* variables; the example HL7Routes compile (transformer --check-config),
+#      the all-features ones too (adt-to-fhir: toFhir to an HTTP(S) destination)
 #   6. the dashboard is valid JSON and every metric it, the alerts and the autoscalers query is one the services
 #      define (scripts/chart/check-metrics.py); promtool checks the alert rules and runs their unit tests
 #      (scripts/chart/rules-test.yaml), covering the release scoping; an alert turned off is left out
@@ -235,11 +236,17 @@ EOF
     done
   done
   log "  $i renders (chart values files, k8s/base, k8s/overlays/dev, k8s/overlays/keda): every service accepts its config"
-  # The example routes (chart exampleRoutes = k8s/routes) compile.
-  printf 'kafka:\n  brokers: 127.0.0.1:9092\nroutes:\n  file: %s\n' "$root/k8s/routes/hl7routes.yaml" >"$tmp/routes-check.yaml"
-  env -i PATH=/usr/bin:/bin "$(bin hl7gw-transformer)" --config "$tmp/routes-check.yaml" --check-config >"$tmp/check.out" 2>&1 ||
-    { cat "$tmp/check.out" >&2; die "the example HL7Routes do not compile"; }
-  log "  $(grep -c accepted "$tmp/check.out") example routes accepted"
+  # The example routes (chart exampleRoutes = k8s/routes; with all-features' values also adt-to-fhir, toFhir to an
+  # HTTP(S) destination) compile.
+  helm template hl7gw "$CHART" -f "$CHART/ci/all-features-values.yaml" --show-only templates/example-routes.yaml \
+    >"$tmp/routes-all-features.yaml"
+  local routes
+  for routes in k8s/routes/hl7routes.yaml "$tmp/routes-all-features.yaml"; do
+    printf 'kafka:\n  brokers: 127.0.0.1:9092\nroutes:\n  file: %s\n' "$(realpath "$routes")" >"$tmp/routes-check.yaml"
+    env -i PATH=/usr/bin:/bin "$(bin hl7gw-transformer)" --config "$tmp/routes-check.yaml" --check-config >"$tmp/check.out" 2>&1 ||
+      { cat "$tmp/check.out" >&2; die "the example HL7Routes do not compile ($routes)"; }
+    log "  $(grep -c accepted "$tmp/check.out") example routes accepted (${routes#"$tmp"/})"
+  done
 
   step "6. dashboard, metric names, alert rules"
   local rendered=() j
@@ -386,8 +393,8 @@ cluster() {
     die "release revision is not 2"
   [ "$(k get crd hl7routes.hl7gw.io -o jsonpath='{.metadata.labels.hl7gw-check}')" = upgraded ] ||
     die "helm upgrade did not update the HL7Route CRD"
-  [ "$(k get hl7routes -n hl7gw-all -o name | wc -l)" = 2 ] || die "example HL7Routes missing after the upgrade"
-  log "  ingress HPA 3..4, transformer HPA removed and 3 replicas (3 pods), revision 2; the CRD upgraded; 2 HL7Routes"
+  [ "$(k get hl7routes -n hl7gw-all -o name | wc -l)" = 3 ] || die "example HL7Routes missing after the upgrade"
+  log "  ingress HPA 3..4, transformer HPA removed and 3 replicas (3 pods), revision 2; the CRD upgraded; 3 HL7Routes"
 
   step "11. helm test (creates the Job; it cannot finish without a kubelet)"
   if helm test dflt -n hl7gw-default --timeout 3s >"$tmp/helm-test.out" 2>&1; then

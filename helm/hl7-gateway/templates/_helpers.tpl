@@ -340,11 +340,43 @@ retention: {{ .Values.kafka.topics.eventsRetention | default "30d" | quote }}
 {{- toYaml (mustMergeOverwrite $c (deepCopy $v.transformer.config)) -}}
 {{- end -}}
 
+{{- /* The rules of an egress destination that values.schema.json cannot state clearly (the egress checks them too,
+at start; here they fail the install instead of a pod). */ -}}
+{{- define "hl7gw.checkDestination" -}}
+{{- $n := .name -}}{{- $d := .d -}}
+{{- if and $d.address $d.url -}}
+{{- fail (printf "egress.destinations.%s: set address (MLLP host:port) or url (HTTP), not both" $n) -}}
+{{- end -}}
+{{- if and $d.http (not $d.url) -}}
+{{- fail (printf "egress.destinations.%s.http: for HTTP(S) destinations (url) only; an MLLP destination (address) has no http settings" $n) -}}
+{{- end -}}
+{{- if $d.url -}}
+{{- $https := hasPrefix "https://" $d.url -}}
+{{- if and $d.tls (not $https) -}}
+{{- fail (printf "egress.destinations.%s.tls: for https:// urls only (%s is plain http)" $n $d.url) -}}
+{{- end -}}
+{{- with $d.http -}}
+{{- if and .bearer_token_secret .oauth2 -}}
+{{- fail (printf "egress.destinations.%s.http: bearer_token_secret or oauth2, not both" $n) -}}
+{{- end -}}
+{{- if and (or .bearer_token_secret .oauth2) (not $https) (not (regexMatch "^http://(localhost|127\\.0\\.0\\.1|\\[::1\\])([:/?]|$)" $d.url)) -}}
+{{- fail (printf "egress.destinations.%s.http: credentials (bearer_token_secret, oauth2) are sent over https:// only (or to localhost), not to %s" $n $d.url) -}}
+{{- end -}}
+{{- range $h, $_ := .headers -}}
+{{- if has (lower $h) (list "authorization" "content-type" "host") -}}
+{{- fail (printf "egress.destinations.%s.http.headers: %s is set by the egress (credentials: bearer_token_secret or oauth2; content_type)" $n $h) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "hl7gw.config.egress" -}}
 {{- $v := .Values -}}
 {{- $dests := dict -}}
 {{- range $name, $d := $v.egress.destinations -}}
-{{- $out := omit $d "tls" -}}
+{{- include "hl7gw.checkDestination" (dict "name" $name "d" $d) -}}
+{{- $out := omit $d "tls" "http" -}}
 {{- with $d.tls -}}
 {{- $tls := dict "ca" (printf "/etc/hl7gw/destinations/%s/%s" $name (default "ca.crt" .ca_key)) -}}
 {{- if .client_certificate -}}
@@ -353,6 +385,19 @@ retention: {{ .Values.kafka.topics.eventsRetention | default "30d" | quote }}
 {{- end -}}
 {{- with .server_name }}{{ $_ := set $tls "server_name" . }}{{ end -}}
 {{- $_ := set $out "tls" $tls -}}
+{{- end -}}
+{{- with $d.http -}}
+{{- /* Secrets become paths of the destination's mounted directory (deployment.yaml), never values here. */ -}}
+{{- $http := omit . "bearer_token_secret" "oauth2" -}}
+{{- if .bearer_token_secret -}}
+{{- $_ := set $http "bearer_token_file" (printf "/etc/hl7gw/destinations/%s/bearer-token" $name) -}}
+{{- end -}}
+{{- with .oauth2 -}}
+{{- $o := omit . "private_key_secret" -}}
+{{- $_ := set $o "private_key" (printf "/etc/hl7gw/destinations/%s/oauth2-private-key.pem" $name) -}}
+{{- $_ := set $http "oauth2" $o -}}
+{{- end -}}
+{{- $_ := set $out "http" $http -}}
 {{- end -}}
 {{- $_ := set $dests $name $out -}}
 {{- end -}}
