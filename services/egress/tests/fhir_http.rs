@@ -486,3 +486,50 @@ async fn a_rotated_bearer_token_file_is_picked_up() {
     let mut egress = p.egress_client().await;
     assert!(dead_letters(&mut egress, "fhir", false).await.is_empty());
 }
+
+/// Not only FHIR: a route's HL7 output POSTed to a web service (here `hl7gw receive --http`) as
+/// `application/hl7-v2`, byte for byte what the route made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hl7_route_posts_the_message_to_a_web_service() {
+    let mut p = Pipeline::new();
+    let out = p.dir.path().join("posted");
+    let mut cmd = std::process::Command::new(support::bin("hl7gw"));
+    cmd.args([
+        "receive",
+        "--http",
+        "--no-sync",
+        "--listen",
+        "127.0.0.1:0",
+        "--out",
+    ])
+    .arg(&out)
+    .stderr(std::process::Stdio::null());
+    let (_receiver, line) = support::spawn_listening(&mut cmd);
+    let addr = line.trim().rsplit(' ').next().unwrap().to_owned();
+    p.set_destinations(&format!(
+        "  lab:\n    url: http://{addr}/hl7\n    http: {{headers: {{X-Feed: adt}}}}\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n"
+    ));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    assert_eq!(
+        send_all(&p, &[support::adt("HOOK-1", "P-HOOK")])
+            .await
+            .len(),
+        1
+    );
+    let file = out.join("000001-http.hl7");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing posted\n{}",
+            p.metrics_summary()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let posted = std::fs::read(&file).unwrap();
+    // The default test route (adt-to-lab) sets MSH-5 and masks PID-5.
+    assert_eq!(support::field(&posted, "MSH-10").as_deref(), Some("HOOK-1"));
+    assert_eq!(support::field(&posted, "MSH-5").as_deref(), Some("LAB"));
+    assert_ne!(support::field(&posted, "PID-5-1").as_deref(), Some("DOE"));
+}
