@@ -228,6 +228,9 @@ fn dead_letter_line(d: &hl7gw_proto::v1::DeadLetter) -> serde_json::Value {
         "control_id": d.control_id,
         "dlq": format!("{}/{}", d.partition, d.offset),
     });
+    if d.http_status != 0 {
+        line["http_status"] = json!(d.http_status);
+    }
     if !d.replayed_by.is_empty() {
         line["replayed_by"] = json!(d.replayed_by);
         line["replayed_at"] = json!(rfc3339(d.replayed_at.as_ref()));

@@ -137,6 +137,15 @@ fn age(secs: f64) -> String {
 }
 
 /// Prints where each message found went; exit 1 when none was found.
+/// A delivery's answer as the trace prints it: the MSA-1 code, or `HTTP <status>` for an HTTP destination.
+fn answer(e: &hl7gw_proto::v1::Event) -> String {
+    match (e.ack_code.as_str(), e.http_status) {
+        ("", 0) => String::new(),
+        ("", status) => format!("HTTP {status}"),
+        (code, _) => code.to_owned(),
+    }
+}
+
 pub fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
     crate::admin::runtime()?.block_on(async {
         let (ch, _) = a.conn.channel().await?;
@@ -171,6 +180,9 @@ pub fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
                         "offset": e.offset,
                         "pod": e.pod,
                     });
+                    if e.http_status != 0 {
+                        v["http_status"] = json!(e.http_status);
+                    }
                     for (k, val) in [
                         ("ack_code", &e.ack_code),
                         ("reason", &e.reason),
@@ -243,16 +255,18 @@ pub fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
                     "routed" => format!("route {} -> {} ({})", e.route, e.destination, e.topic),
                     "delivered" => format!(
                         "{} answered {} after {} attempt(s), {} ms after receipt",
-                        e.destination, e.ack_code, e.attempts, e.latency_ms
+                        e.destination,
+                        answer(e),
+                        e.attempts,
+                        e.latency_ms
                     ),
                     "dead_lettered" => format!(
                         "by the {} for {}{} -> {}/{}/{}",
                         e.stage,
                         e.reason,
-                        if e.ack_code.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (answer {})", e.ack_code)
+                        match answer(e) {
+                            a if a.is_empty() => String::new(),
+                            a => format!(" (answer {a})"),
                         },
                         e.topic,
                         e.partition,

@@ -318,6 +318,7 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             stage: rej.stage.clone(),
             replayed_by: String::new(),
             replayed_at: None,
+            http_status: rej.http_status,
         };
         bytes += env.raw.len();
         out.push((dl, env));
