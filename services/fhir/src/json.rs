@@ -65,7 +65,7 @@ impl<'o> Writer<'o> {
             self.out.push(b',');
         }
         self.out.push(b'"');
-        self.out.extend_from_slice(key.as_bytes());
+        small_copy(self.out, key.as_bytes());
         self.out.extend_from_slice(b"\":");
     }
 
@@ -104,8 +104,17 @@ impl<'o> Writer<'o> {
 
     /// `"key":"value"` (escaped).
     pub fn string(&mut self, key: &str, value: &str) {
-        self.key(key);
-        self.quoted(value);
+        let comma = self.needs_comma();
+        let out = &mut *self.out;
+        out.reserve(key.len() + value.len() + 8);
+        if comma {
+            out.push(b',');
+        }
+        out.push(b'"');
+        small_copy(out, key.as_bytes());
+        out.extend_from_slice(b"\":\"");
+        escape_into(out, value);
+        out.push(b'"');
     }
 
     /// `"key":"<a><b>..."`: the pieces concatenated into one string value.
@@ -116,6 +125,21 @@ impl<'o> Writer<'o> {
             escape_into(self.out, p);
         }
         self.out.push(b'"');
+    }
+
+    /// `"key":"<what write appends>"` when `write` appends a value (and returns true), else nothing. For
+    /// values that need no escaping (dates, ids), written without a String of their own.
+    pub fn string_with(&mut self, key: &str, write: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+        let (mark, had) = (self.out.len(), self.has_members());
+        self.key(key);
+        self.out.push(b'"');
+        if write(self.out) {
+            self.out.push(b'"');
+            true
+        } else {
+            self.truncate(mark, had);
+            false
+        }
     }
 
     /// A string as an array item.
@@ -148,6 +172,17 @@ impl<'o> Writer<'o> {
         self.out.push(b'"');
         escape_into(self.out, value);
         self.out.push(b'"');
+    }
+}
+
+/// Appends a short slice (a key, a piece of text) byte by byte: cheaper than a call to `memcpy` for the few
+/// bytes most of them have.
+#[inline]
+fn small_copy(out: &mut Vec<u8>, bytes: &[u8]) {
+    if bytes.len() <= 16 {
+        out.extend(bytes.iter().copied());
+    } else {
+        out.extend_from_slice(bytes);
     }
 }
 
@@ -193,13 +228,18 @@ fn first_escape(bytes: &[u8]) -> usize {
         .unwrap_or(bytes.len() - i)
 }
 
+/// True when `s` has a byte JSON needs escaped.
+pub fn needs_escape(s: &str) -> bool {
+    first_escape(s.as_bytes()) < s.len()
+}
+
 /// `s` JSON-escaped onto `out` (quotes, backslashes, control characters; the rest as UTF-8). Text without an
 /// escape (nearly all of it) is found so a word at a time and copied whole.
 pub fn escape_into(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let first = first_escape(bytes);
     if first == bytes.len() {
-        out.extend_from_slice(bytes);
+        small_copy(out, bytes);
         return;
     }
     out.extend_from_slice(&bytes[..first]);
