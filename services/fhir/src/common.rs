@@ -16,6 +16,8 @@ pub(crate) const PV2_MAPPED: &[usize] = &[3];
 pub(crate) const NK1_MAPPED: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16];
 pub(crate) const AL1_MAPPED: &[usize] = &[1, 2, 3, 4, 5, 6];
 pub(crate) const DG1_MAPPED: &[usize] = &[1, 3, 4, 5, 19, 20];
+/// A DG1 whose identifier an earlier entry carries: DG1-20 reported.
+const DG1_MAPPED_REPEAT: &[usize] = &[1, 3, 4, 5, 19];
 pub(crate) const IN1_MAPPED: &[usize] = &[1, 2, 3, 4, 12, 13, 15, 17];
 pub(crate) const MSH_MAPPED: &[usize] = &[3, 4, 5, 6, 7, 9, 10, 11, 12, 18];
 
@@ -81,6 +83,60 @@ pub(crate) fn identifier_item(w: &mut Writer<'_>, key: &(String, String), type_c
     w.string("system", &key.0);
     w.string("value", &key.1);
     w.end_object();
+}
+
+/// The first coding a CodeableConcept of `cwe` (without a table) writes: (system, if it has one, code). What a
+/// conditional update names beside the identifier (`&code=`), so it is the coding the resource carries.
+pub(crate) fn primary_coding(
+    cx: &Ctx<'_, '_>,
+    cwe: Option<Value<'_>>,
+) -> Option<(Option<String>, String)> {
+    let cwe = cwe?;
+    [(1, 3), (4, 6), (10, 12)].into_iter().find_map(|(c, s)| {
+        let code = cx.comp(cwe, c)?;
+        let system = cx
+            .comp(cwe, s)
+            .and_then(|n| cx.coding_system_ref(&n))
+            .filter(|sys| vocab::fits(sys, &code))
+            .map(|sys| sys.into_owned());
+        Some((system, code.into_owned()))
+    })
+}
+
+/// A ServiceRequest, DiagnosticReport or Observation with a business identifier: updated by the identifier
+/// and the code, `<Type>?identifier=...&code=...` (its id derived from both, so two resources of a message
+/// that differ only by their code differ). Without a code it has nothing to tell it from the other tests
+/// under its number: it is updated by an id derived from the identifier (a redelivery, or a later message
+/// naming the number without a code, updates it) and keeps its identifiers, which no condition of these
+/// types matches (each names a code, and it has none).
+pub(crate) fn coded_target(
+    cx: &Ctx<'_, '_>,
+    rtype: &'static str,
+    key: (String, String),
+    code: Option<(Option<String>, String)>,
+) -> Target {
+    match code {
+        Some((system, c)) => {
+            let mut t = cx.target(
+                rtype,
+                &[&key.0, &key.1, system.as_deref().unwrap_or_default(), &c],
+                None,
+            );
+            t.by = Some(key);
+            t.code = Some((system, c));
+            t
+        }
+        None => cx.target(rtype, &[&key.0, &key.1], None),
+    }
+}
+
+/// The Observation of an OBX: by its instance identifier (OBX-21) and code (OBX-3), else by `derived` (the
+/// map's key of the OBX).
+pub(crate) fn observation_target(cx: &Ctx<'_, '_>, obx: &Segment<'_>, derived: &[&str]) -> Target {
+    match cx.rep1(obx, 21).and_then(|ei| ei_key(cx, ei, false)) {
+        Some(key) => coded_target(cx, "Observation", key, primary_coding(cx, cx.rep1(obx, 3))),
+        None => cx.target("Observation", derived, None),
+    }
 }
 
 /// An open Bundle: its timestamp, and where its `entry` array starts (dropped if it stays empty).
@@ -850,8 +906,8 @@ pub(crate) fn allergy_body(
     }
     cx.codeable_concept(w, "code", cx.rep1(al1, 3), None);
     reference(w, "patient", patient);
-    if let Some(d) = cx.field(al1, 6) {
-        cx.write_date_time(w, "onsetDateTime", &d);
+    if let Some(d) = cx.field(al1, 6).and_then(|d| cx.date_time(&d)) {
+        w.string("onsetDateTime", &d);
     }
     let reactions: Vec<String> = cx
         .reps(al1, 5)
@@ -879,13 +935,17 @@ pub(crate) fn allergy_body(
     }
 }
 
+/// The DG1[Condition] map; DG1-20 as the identifier unless `t` repeats an earlier entry's (see
+/// [`Target::repeat`]). Returns the DG1 fields it mapped.
 pub(crate) fn condition_body(
     cx: &Ctx<'_, '_>,
     w: &mut Writer<'_>,
     dg1: &Segment<'_>,
+    t: &Target,
     patient: &Target,
-) {
-    if let Some(ei) = cx.rep1(dg1, 20)
+) -> &'static [usize] {
+    if !t.repeat
+        && let Some(ei) = cx.rep1(dg1, 20)
         && let Some((system, value)) = ei_key(cx, ei, false)
     {
         w.array("identifier");
@@ -904,11 +964,16 @@ pub(crate) fn condition_body(
         w.end_object();
     }
     reference(w, "subject", patient);
-    if let Some(d) = cx.field(dg1, 5) {
-        cx.write_date_time(w, "onsetDateTime", &d);
+    if let Some(d) = cx.field(dg1, 5).and_then(|d| cx.date_time(&d)) {
+        w.string("onsetDateTime", &d);
     }
-    if let Some(d) = cx.field(dg1, 19) {
-        cx.write_date_time(w, "recordedDate", &d);
+    if let Some(d) = cx.field(dg1, 19).and_then(|d| cx.date_time(&d)) {
+        w.string("recordedDate", &d);
+    }
+    if t.repeat {
+        DG1_MAPPED_REPEAT
+    } else {
+        DG1_MAPPED
     }
 }
 
@@ -974,6 +1039,9 @@ pub(crate) struct ObsLinks<'x, 'a> {
     pub notes: &'x [Segment<'a>],
     /// When OBX-14 is empty: the time of the observations of its OBR (OBR-7), as v2 says.
     pub effective: Option<&'x str>,
+    /// The Observation's target repeats an earlier entry's OBX-21 and code ([`Target::repeat`]): OBX-21 is
+    /// not written, and reported.
+    pub repeat: bool,
 }
 
 /// The practitioners an OBX (OBX-16) and its NTE segments (NTE-5) name.
@@ -1014,7 +1082,10 @@ pub(crate) fn observation_body(
     links: ObsLinks<'_, '_>,
 ) -> Vec<usize> {
     let mut mapped = Vec::with_capacity(14);
-    mapped.extend_from_slice(&[1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20, 21]);
+    mapped.extend_from_slice(&[1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20]);
+    if !links.repeat {
+        mapped.push(21);
+    }
     // OBX-4 (OG, or ST before v2.8.2): the Extensions Pack's observation-v2-subid, as the IG's OG map says.
     if let Some(sub) = cx.rep1(obx, 4)
         && !sub.is_empty()
@@ -1052,7 +1123,8 @@ pub(crate) fn observation_body(
             w.end_array();
         }
     }
-    if let Some(ei) = cx.rep1(obx, 21)
+    if !links.repeat
+        && let Some(ei) = cx.rep1(obx, 21)
         && let Some(key) = ei_key(cx, ei, false)
     {
         w.array("identifier");
@@ -1079,11 +1151,9 @@ pub(crate) fn observation_body(
     if let Some(e) = links.encounter {
         reference(w, "encounter", e);
     }
-    if !cx
-        .field(obx, 14)
-        .is_some_and(|d| cx.write_date_time(w, "effectiveDateTime", &d))
-        && let Some(d) = links.effective
-    {
+    if let Some(d) = cx.field(obx, 14).and_then(|d| cx.date_time(&d)) {
+        w.string("effectiveDateTime", &d);
+    } else if let Some(d) = links.effective {
         w.string("effectiveDateTime", d);
     }
     let performers: Vec<Person<'_>> = cx.reps(obx, 16).into_iter().map(Person::Xcn).collect();
@@ -1151,8 +1221,8 @@ pub(crate) fn notes_items(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, notes: &[Segment
         {
             reference(w, "authorReference", &t);
         }
-        if let Some(d) = cx.field(nte, 6) {
-            cx.write_date_time(w, "time", &d);
+        if let Some(d) = cx.field(nte, 6).and_then(|d| cx.date_time(&d)) {
+            w.string("time", &d);
         }
         w.string("text", &lines.join("\n"));
         w.end_object();

@@ -281,11 +281,7 @@ pub(crate) fn convert(
             .as_ref()
             .map_or(appointment.id.as_str(), |p| p.id.as_str());
         let n = n.to_string();
-        let t = observation_target(
-            cx,
-            &o.obx,
-            &[parent, &appointment.id, "OBX", &code, &n],
-        );
+        let t = observation_target(cx, &o.obx, &[parent, &appointment.id, "OBX", &code, &n]);
         let t = unique.check(cx, t, &n);
         cx.begin_entry(&mut w, &t);
         let links = ObsLinks {

@@ -425,8 +425,10 @@ fn a_condition_two_resources_share_is_used_by_the_first_only() {
     // Same filler number and same code: the second report (and order) repeats the first's condition. It is
     // updated by an id derived from the condition and its rank, and does not carry the order numbers (which
     // would make the first one's condition match two resources on the server); they are reported.
-    let msg = String::from_utf8_lossy(ORU_R01)
-        .replace("|PL2^EHR|FL2^LAB|600-7^Bacteria identified in Blood by Culture^LN|", "|PL1^EHR|FL1^LAB|24331-1^Lipid panel^LN|");
+    let msg = String::from_utf8_lossy(ORU_R01).replace(
+        "|PL2^EHR|FL2^LAB|600-7^Bacteria identified in Blood by Culture^LN|",
+        "|PL1^EHR|FL1^LAB|24331-1^Lipid panel^LN|",
+    );
     let (b, outcome) = convert_json(msg.as_bytes(), &Options::default());
     for ty in ["DiagnosticReport", "ServiceRequest"] {
         let list: Vec<&Json> = entries(&b)
@@ -442,7 +444,8 @@ fn a_condition_two_resources_share_is_used_by_the_first_only() {
         assert!(list[1]["resource"]["identifier"].is_null(), "{ty}");
     }
     assert!(
-        outcome.unmapped.iter().any(|u| u == "OBR-2") && outcome.unmapped.iter().any(|u| u == "OBR-3"),
+        outcome.unmapped.iter().any(|u| u == "OBR-2")
+            && outcome.unmapped.iter().any(|u| u == "OBR-3"),
         "{:?}",
         outcome.unmapped
     );
