@@ -906,8 +906,8 @@ pub(crate) fn allergy_body(
     }
     cx.codeable_concept(w, "code", cx.rep1(al1, 3), None);
     reference(w, "patient", patient);
-    if let Some(d) = cx.field(al1, 6).and_then(|d| cx.date_time(&d)) {
-        w.string("onsetDateTime", &d);
+    if let Some(d) = cx.field(al1, 6) {
+        cx.write_date_time(w, "onsetDateTime", &d);
     }
     let reactions: Vec<String> = cx
         .reps(al1, 5)
@@ -964,11 +964,11 @@ pub(crate) fn condition_body(
         w.end_object();
     }
     reference(w, "subject", patient);
-    if let Some(d) = cx.field(dg1, 5).and_then(|d| cx.date_time(&d)) {
-        w.string("onsetDateTime", &d);
+    if let Some(d) = cx.field(dg1, 5) {
+        cx.write_date_time(w, "onsetDateTime", &d);
     }
-    if let Some(d) = cx.field(dg1, 19).and_then(|d| cx.date_time(&d)) {
-        w.string("recordedDate", &d);
+    if let Some(d) = cx.field(dg1, 19) {
+        cx.write_date_time(w, "recordedDate", &d);
     }
     if t.repeat {
         DG1_MAPPED_REPEAT
@@ -1151,9 +1151,11 @@ pub(crate) fn observation_body(
     if let Some(e) = links.encounter {
         reference(w, "encounter", e);
     }
-    if let Some(d) = cx.field(obx, 14).and_then(|d| cx.date_time(&d)) {
-        w.string("effectiveDateTime", &d);
-    } else if let Some(d) = links.effective {
+    if !cx
+        .field(obx, 14)
+        .is_some_and(|d| cx.write_date_time(w, "effectiveDateTime", &d))
+        && let Some(d) = links.effective
+    {
         w.string("effectiveDateTime", d);
     }
     let performers: Vec<Person<'_>> = cx.reps(obx, 16).into_iter().map(Person::Xcn).collect();
@@ -1221,8 +1223,8 @@ pub(crate) fn notes_items(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, notes: &[Segment
         {
             reference(w, "authorReference", &t);
         }
-        if let Some(d) = cx.field(nte, 6).and_then(|d| cx.date_time(&d)) {
-            w.string("time", &d);
+        if let Some(d) = cx.field(nte, 6) {
+            cx.write_date_time(w, "time", &d);
         }
         w.string("text", &lines.join("\n"));
         w.end_object();

@@ -177,8 +177,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             && !raw.contains(&self.escape)
             && let Ok(s) = std::str::from_utf8(raw)
         {
-            let t = s.trim();
-            return (!t.is_empty()).then_some(Cow::Borrowed(t));
+            return trimmed(s).map(Cow::Borrowed);
         }
         let s: Cow<'a, str> = match v.decoded() {
             Cow::Borrowed(b) => match self.charset.decode(b) {
@@ -191,7 +190,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             }),
         };
         match s {
-            Cow::Borrowed(b) => Some(b.trim()).filter(|t| !t.is_empty()).map(Cow::Borrowed),
+            Cow::Borrowed(b) => trimmed(b).map(Cow::Borrowed),
             Cow::Owned(o) => {
                 let t = o.trim();
                 if t.is_empty() {
@@ -801,6 +800,22 @@ impl<'a, 'm> Ctx<'a, 'm> {
         dtm(v2, self.opts.timezone.as_deref(), false)
     }
 
+    /// [`Ctx::date_time`] written as `"key":"<dateTime>"` straight into the output, when there is one.
+    pub fn write_date_time(&self, w: &mut Writer<'_>, key: &str, v2: &str) -> bool {
+        let tz = self.opts.timezone.as_deref();
+        if tz.is_some_and(crate::json::needs_escape) {
+            // A time zone no one would configure, but JSON-escaped like any other string.
+            return match self.date_time(v2) {
+                Some(d) => {
+                    w.string(key, &d);
+                    true
+                }
+                None => false,
+            };
+        }
+        w.string_with(key, |out| dtm_into(out, v2, tz, false))
+    }
+
     /// DTM → FHIR `date` (the date part).
     pub fn date(&self, v2: &str) -> Option<String> {
         let mut d = dtm(v2, None, false)?;
@@ -824,6 +839,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
         parts.extend([7, 8].iter().filter_map(|&n| self.text(c[n - 1])));
         (!parts.is_empty()).then(|| parts.join(" "))
     }
+}
+
+/// `s` without leading and trailing whitespace, `None` when nothing is left. Most values start and end with a
+/// printable ASCII character and need no look at their characters (Unicode's other spaces are not ASCII).
+#[inline]
+fn trimmed(s: &str) -> Option<&str> {
+    let b = s.as_bytes();
+    let printable = |c: &u8| (0x21..0x7f).contains(c);
+    if b.first().is_some_and(printable) && b.last().is_some_and(printable) {
+        return Some(s);
+    }
+    Some(s.trim()).filter(|t| !t.is_empty())
 }
 
 /// The first `N` components of a value, split once ([`Value::component`] splits it again on every call).
@@ -940,12 +967,16 @@ pub(crate) fn is_oid(s: &str) -> bool {
 
 /// v2 DTM (`YYYY[MM[DD[HH[MM[SS[.S+]]]]]][+/-ZZZZ]`) as FHIR dateTime (or instant: seconds and offset required).
 pub(crate) fn dtm(v2: &str, default_tz: Option<&str>, instant: bool) -> Option<String> {
-    let mut s = String::with_capacity(32);
-    dtm_into(&mut s, v2, default_tz, instant).then_some(s)
+    let mut s = Vec::with_capacity(32);
+    if !dtm_into(&mut s, v2, default_tz, instant) {
+        return None;
+    }
+    // Pieces of `v2` and `default_tz` cut at ASCII characters: UTF-8.
+    String::from_utf8(s).ok()
 }
 
 /// [`dtm`] appended to `s` (nothing appended when it gives `None`), without a String of its own.
-pub(crate) fn dtm_into(s: &mut String, v2: &str, default_tz: Option<&str>, instant: bool) -> bool {
+pub(crate) fn dtm_into(s: &mut Vec<u8>, v2: &str, default_tz: Option<&str>, instant: bool) -> bool {
     let (body, tz) = match v2.find(['+', '-']) {
         Some(i) if i >= 4 => (&v2[..i], Some(&v2[i..])),
         _ => (v2, None),
@@ -968,39 +999,39 @@ pub(crate) fn dtm_into(s: &mut String, v2: &str, default_tz: Option<&str>, insta
         if instant {
             return false;
         }
-        s.push_str(&d[..4]);
+        s.extend_from_slice(&d.as_bytes()[..4]);
         if n >= 6 {
-            s.push('-');
-            s.push_str(&d[4..6]);
+            s.push(b'-');
+            s.extend_from_slice(&d.as_bytes()[4..6]);
         }
         if n >= 8 {
-            s.push('-');
-            s.push_str(&d[6..8]);
+            s.push(b'-');
+            s.extend_from_slice(&d.as_bytes()[6..8]);
         }
         return true;
     }
-    s.push_str(&d[..4]);
-    s.push('-');
-    s.push_str(&d[4..6]);
-    s.push('-');
-    s.push_str(&d[6..8]);
-    s.push('T');
-    s.push_str(&d[8..10]);
-    s.push(':');
-    s.push_str(if n >= 12 { &d[10..12] } else { "00" });
-    s.push(':');
-    s.push_str(if n >= 14 { &d[12..14] } else { "00" });
+    s.extend_from_slice(&d.as_bytes()[..4]);
+    s.push(b'-');
+    s.extend_from_slice(&d.as_bytes()[4..6]);
+    s.push(b'-');
+    s.extend_from_slice(&d.as_bytes()[6..8]);
+    s.push(b'T');
+    s.extend_from_slice(&d.as_bytes()[8..10]);
+    s.push(b':');
+    s.extend_from_slice((if n >= 12 { &d[10..12] } else { "00" }).as_bytes());
+    s.push(b':');
+    s.extend_from_slice((if n >= 14 { &d[12..14] } else { "00" }).as_bytes());
     if let Some(f) = frac.filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit())) {
-        s.push('.');
-        s.push_str(f);
+        s.push(b'.');
+        s.extend_from_slice(f.as_bytes());
     }
     match (own, default_tz) {
         (Some(z), _) => {
-            s.push_str(&z[..3]);
-            s.push(':');
-            s.push_str(&z[3..5]);
+            s.extend_from_slice(&z.as_bytes()[..3]);
+            s.push(b':');
+            s.extend_from_slice(&z.as_bytes()[3..5]);
         }
-        (None, Some(z)) => s.push_str(z),
+        (None, Some(z)) => s.extend_from_slice(z.as_bytes()),
         (None, None) => {}
     }
     true

@@ -419,13 +419,14 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
             let order_key: Vec<&str> = msg_key.iter().copied().chain([on.as_str()]).collect();
             let placer = placer_ids(cx, o).into_iter().next();
             let filler = filler_ids(cx, o).into_iter().next();
+            let code = order_code(cx, o);
             o.request = Some(match filler.clone().or(placer) {
-                Some((s, v)) => by_identifier(cx, "ServiceRequest", (s, v)),
+                Some(key) => coded_target(cx, "ServiceRequest", key, code.clone()),
                 None => cx.target("ServiceRequest", &order_key, None),
             });
             if map == Kind::Results {
                 o.report = Some(match filler {
-                    Some((s, v)) => by_identifier(cx, "DiagnosticReport", (s, v)),
+                    Some(key) => coded_target(cx, "DiagnosticReport", key, code),
                     None => cx.target("DiagnosticReport", &order_key, None),
                 });
             }
@@ -487,10 +488,15 @@ fn by_identifier(cx: &Ctx<'_, '_>, rtype: &'static str, key: (String, String)) -
     cx.target(rtype, &[&key.0, &key.1], Some(key.clone()))
 }
 
+/// The code of an order (OBR-4, first repetition), as its ServiceRequest and DiagnosticReport write it.
+fn order_code(cx: &Ctx<'_, '_>, o: &Order<'_>) -> Option<(Option<String>, String)> {
+    let obr = o.obr.as_ref()?;
+    primary_coding(cx, cx.seg_field(obr, 4).and_then(|f| f.repetition(1)))
+}
+
 fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
     let mut ranks: HashMap<String, usize> = HashMap::new();
     for o in obs {
-        let by = cx.rep1(&o.obx, 21).and_then(|ei| ei_key(cx, ei, false));
         let code = cx.rep1(&o.obx, 3);
         // `<code>^<system>^<sub-id>`.
         let mut code_key = String::with_capacity(32);
@@ -517,17 +523,12 @@ fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
                 1
             }
         };
-        o.target = Some(match by {
-            Some((s, v)) => by_identifier(cx, "Observation", (s, v)),
-            None => {
-                let mut r = itoa::Buffer::new();
-                let r = r.format(rank);
-                let mut key: Vec<&str> = Vec::with_capacity(parent.len() + 3);
-                key.extend_from_slice(parent);
-                key.extend(["OBX", code_key.as_str(), r]);
-                cx.target("Observation", &key, None)
-            }
-        });
+        let mut r = itoa::Buffer::new();
+        let r = r.format(rank);
+        let mut key: Vec<&str> = Vec::with_capacity(parent.len() + 3);
+        key.extend_from_slice(parent);
+        key.extend(["OBX", code_key.as_str(), r]);
+        o.target = Some(observation_target(cx, &o.obx, &key));
     }
 }
 
@@ -553,28 +554,50 @@ fn each_target<'p>(pats: &'p mut [Pat<'_>]) -> Vec<&'p mut Target> {
     out
 }
 
-/// A business identifier two resources of the message carry updates neither: each gets an id derived from
-/// the identifier and its rank, and is updated by that id.
+/// A condition (business identifier, and code when it names one) two resources of the message share is used
+/// by the first only (a transaction may not hold the same conditional update twice). The others get an id
+/// derived from the condition and their rank among its resources (so a redelivery updates them) and are marked
+/// [`Target::repeat`]: they do not carry the identifier, which would make the first one's condition match
+/// several resources on the server.
+///
+/// A target by id whose id an earlier one has (code-less resources under one order number, see
+/// `coded_target`) gets one derived from it and its rank.
 fn uniquify(pats: &mut [Pat<'_>]) {
-    let mut targets = each_target(pats);
-    let mut count: HashMap<(&'static str, String, String), usize> = HashMap::new();
-    for t in targets.iter() {
-        if let Some((s, v)) = &t.by {
-            *count.entry((t.rtype, s.clone(), v.clone())).or_default() += 1;
-        }
-    }
-    let mut rank: HashMap<(&'static str, String, String), usize> = HashMap::new();
-    for t in targets.iter_mut() {
-        let Some((s, v)) = t.by.clone() else { continue };
-        let k = (t.rtype, s, v);
-        if count.get(&k).copied().unwrap_or(0) < 2 {
+    let mut rank: HashMap<String, usize> = HashMap::new();
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for t in each_target(pats) {
+        let Some((s, v)) = &t.by else {
+            let r = ids.entry(t.id.clone()).or_default();
+            *r += 1;
+            if *r > 1 {
+                let mut n = String::with_capacity(4);
+                n.push('#');
+                n.push_str(itoa::Buffer::new().format(*r));
+                t.id = uuid_of(t.rtype, &[&t.id, &n]);
+            }
+            continue;
+        };
+        let (cs, cc) = t.code.as_ref().map_or(("", ""), |(cs, cc)| {
+            (cs.as_deref().unwrap_or_default(), cc.as_str())
+        });
+        // Unit separators: no system, value or code holds one.
+        let r = rank
+            .entry(format!("{}\u{1f}{s}\u{1f}{v}\u{1f}{cs}\u{1f}{cc}", t.rtype))
+            .or_default();
+        *r += 1;
+        if *r == 1 {
             continue;
         }
-        let r = rank.entry(k.clone()).or_default();
-        *r += 1;
-        let n = format!("#{r}");
-        t.id = uuid_of(t.rtype, &[&k.1, &k.2, &n]);
+        let mut n = String::with_capacity(4);
+        n.push('#');
+        n.push_str(itoa::Buffer::new().format(*r));
+        t.id = match &t.code {
+            Some(_) => uuid_of(t.rtype, &[s, v, cs, cc, &n]),
+            None => uuid_of(t.rtype, &[s, v, &n]),
+        };
         t.by = None;
+        t.code = None;
+        t.repeat = true;
     }
 }
 
@@ -645,10 +668,7 @@ fn other_entry<'a>(
             coverage_body(cx, w, seg, patient);
             IN1_MAPPED
         }
-        _ => {
-            condition_body(cx, w, seg, patient);
-            DG1_MAPPED
-        }
+        _ => condition_body(cx, w, seg, t, patient),
     };
     cx.end_entry(w, t);
     cx.note_unmapped(seg, mapped);
@@ -664,6 +684,7 @@ fn observation_entry<'a>(
     let t = o.target.as_ref().expect("planned");
     let links = ObsLinks {
         notes: &o.notes,
+        repeat: t.repeat,
         ..links
     };
     cx.begin_entry(w, t);
@@ -692,7 +713,7 @@ fn order_entries<'a>(
     let conditions: Vec<&Target> = o.dg1.iter().filter_map(|(_, t)| t.as_ref()).collect();
 
     cx.begin_entry(w, request);
-    let (orc_mapped, obr_mapped) = service_request_body(
+    let (mut orc_mapped, obr_mapped) = service_request_body(
         cx,
         w,
         map,
@@ -719,11 +740,15 @@ fn order_entries<'a>(
         let t = s.target.as_ref().expect("planned");
         if s.write {
             cx.begin_entry(w, t);
-            specimen_body(cx, w, &s.spm, patient);
+            specimen_body(cx, w, &s.spm, t, patient);
             cx.end_entry(w, t);
             targets.push(t.full_url());
         }
-        cx.note_unmapped(&s.spm, &specimen_mapped(cx, &s.spm));
+        let mut mapped = specimen_mapped(cx, &s.spm);
+        if s.write && t.repeat {
+            mapped.retain(|&n| n != 2);
+        }
+        cx.note_unmapped(&s.spm, &mapped);
     }
     let observed = match map {
         Kind::Results => o
@@ -767,6 +792,10 @@ fn order_entries<'a>(
         cx.end_entry(w, report);
         targets.push(report.full_url());
         obr_mapped.extend(mapped);
+        if !report.repeat {
+            // The report carries the order numbers (when the ServiceRequest, a repeat, does not).
+            orc_mapped.extend([2, 3]);
+        }
     }
     if let Some(orc) = &o.orc {
         cx.note_unmapped(orc, &orc_mapped);
@@ -815,14 +844,19 @@ fn service_request_body(
     observations: &[&Target],
     specimens: &[&Target],
 ) -> (Vec<usize>, Vec<usize>) {
-    let mut orc_mapped = vec![2, 3];
-    let mut obr_mapped = vec![1, 2, 3, 4, 31];
-    let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
-        .into_iter()
-        .map(|k| (k, "PLAC"))
-        .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
-        .collect();
-    identifiers(w, &ids);
+    let mut orc_mapped = Vec::with_capacity(8);
+    let mut obr_mapped = vec![1, 4, 31];
+    // A repeat of an earlier entry's condition carries no order number (see `uniquify`).
+    if !o.request.as_ref().is_some_and(|t| t.repeat) {
+        orc_mapped.extend([2, 3]);
+        obr_mapped.extend([2, 3]);
+        let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
+            .into_iter()
+            .map(|k| (k, "PLAC"))
+            .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
+            .collect();
+        identifiers(w, &ids);
+    }
     if let Some(orc) = &o.orc
         && let Some((system, value)) = cx.rep1(orc, 4).and_then(|ei| ei_key(cx, ei, false))
     {
@@ -951,12 +985,16 @@ fn report_body(
     specimens: &[&Target],
 ) -> Vec<usize> {
     let mut mapped = vec![7, 8, 24, 32, 34, 35];
-    let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
-        .into_iter()
-        .map(|k| (k, "PLAC"))
-        .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
-        .collect();
-    identifiers(w, &ids);
+    // A repeat of an earlier entry's condition carries no order number (see `uniquify`).
+    if !o.report.as_ref().is_some_and(|t| t.repeat) {
+        mapped.extend([2, 3]);
+        let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
+            .into_iter()
+            .map(|k| (k, "PLAC"))
+            .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
+            .collect();
+        identifiers(w, &ids);
+    }
     reference_array(w, "basedOn", request);
     let obr = o.obr.as_ref();
     // status (1..1): OBR-25 through the IG's ResultStatus map, else unknown.
@@ -1053,13 +1091,21 @@ fn specimen_mapped(cx: &Ctx<'_, '_>, spm: &Segment<'_>) -> Vec<usize> {
         .collect()
 }
 
-/// The SPM[Specimen] map.
-fn specimen_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, spm: &Segment<'_>, patient: &Target) {
-    let ids: Vec<((String, String), &str)> = specimen_ids(cx, spm)
-        .into_iter()
-        .filter_map(|(k, ty)| Some((k?, ty)))
-        .collect();
-    identifiers(w, &ids);
+/// The SPM[Specimen] map (SPM-2 as identifiers unless `t` repeats an earlier entry's, see `uniquify`).
+fn specimen_body(
+    cx: &Ctx<'_, '_>,
+    w: &mut Writer<'_>,
+    spm: &Segment<'_>,
+    t: &Target,
+    patient: &Target,
+) {
+    if !t.repeat {
+        let ids: Vec<((String, String), &str)> = specimen_ids(cx, spm)
+            .into_iter()
+            .filter_map(|(k, ty)| Some((k?, ty)))
+            .collect();
+        identifiers(w, &ids);
+    }
     if let Some(accession) = cx.rep1(spm, 30)
         && let Some((system, value)) = cx.cx_key(accession)
     {
