@@ -35,8 +35,8 @@ pub(crate) fn convert(
     };
     // The practitioners: of the visit, then those who observed (OBX-16).
     let mut practitioners = Practitioners::default();
-    for (_, _, _, _, xcn) in &participants {
-        practitioners.add(cx, Person::Xcn(*xcn));
+    for (_, _, _, t, xcn) in &participants {
+        practitioners.add_target(t, Person::Xcn(*xcn));
     }
     for seg in msg.segments().filter(|s| s.name() == b"OBX") {
         observation_people(cx, &mut practitioners, &seg, &[]);

@@ -640,11 +640,17 @@ impl<'a> Practitioners<'a> {
     /// Adds the practitioner `p` names (if it names one) and returns its target.
     pub fn add(&mut self, cx: &Ctx<'a, '_>, p: Person<'a>) -> Option<Target> {
         let t = practitioner_target(cx, p)?;
+        self.add_target(&t, p);
+        Some(t)
+    }
+
+    /// Adds `p` by the target [`practitioner_target`] made of it already (PV1's participants have theirs):
+    /// no second id derived.
+    pub fn add_target(&mut self, t: &Target, p: Person<'a>) {
         // A set beside the list: a message naming thousands of people costs linear time, not quadratic.
         if self.seen.insert(t.id.clone()) {
             self.list.push((t.clone(), p));
         }
-        Some(t)
     }
 
     /// Adds each repetition of an XCN field.

@@ -144,8 +144,8 @@ pub(crate) fn convert(
             .as_ref()
             .map(|pv1| pv1_participants(cx, pv1))
             .unwrap_or_default();
-        for (_, _, _, _, xcn) in &part {
-            practitioners.add(cx, Person::Xcn(*xcn));
+        for (_, _, _, t, xcn) in &part {
+            practitioners.add_target(t, Person::Xcn(*xcn));
         }
         participants.push(part);
         for o in &p.obs {
