@@ -12,7 +12,6 @@ use hl7gw_testkit as support;
 use hl7gw_testkit::fhir::FhirServer;
 use hl7gw_testkit::pipeline::{Pipeline, dead_letters};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// A route sending every message type the converter maps to `fhir` as a transaction Bundle (times without an
@@ -34,33 +33,13 @@ fn destination(url: &str) -> String {
     )
 }
 
-fn corpus_dir() -> PathBuf {
-    std::env::var_os("TESTDATA_HL7").map_or_else(
-        || support::repo_root().join("../shared/testdata/hl7"),
-        PathBuf::from,
-    )
-}
-
 /// The corpus's messages of a mapped type, by file name.
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.sort();
-    files
+    support::hl7_files(&support::corpus_dir(), "")
         .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "hl7"))
-        .filter_map(|p| {
-            let bytes = std::fs::read(&p).ok()?;
+        .filter_map(|(name, bytes)| {
             let m = hl7v2::Message::parse(&bytes).ok()?;
-            let h = m.header();
-            let kind = format!(
-                "{}^{}",
-                String::from_utf8_lossy(h.message_type),
-                String::from_utf8_lossy(h.trigger_event)
-            );
-            let name = p.file_name()?.to_string_lossy().into_owned();
-            if !hl7gw_fhir::SUPPORTED.contains(&kind.as_str()) {
+            if !hl7gw_fhir::supports(&m) {
                 return None;
             }
             // Every message asks for an accept ACK (some say NE, and the ingress honours it): the test counts

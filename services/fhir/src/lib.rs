@@ -99,6 +99,15 @@ pub const SUPPORTED: &[&str] = &[
     "SIU^S15", "SIU^S16", "SIU^S17", "SIU^S26",
 ];
 
+/// Whether [`convert`] maps `msg`'s message type and trigger event (one of [`SUPPORTED`]).
+pub fn supports(msg: &Message<'_>) -> bool {
+    let h = msg.header();
+    SUPPORTED.iter().any(|s| {
+        s.split_once('^')
+            .is_some_and(|(t, e)| t.as_bytes() == h.message_type && e.as_bytes() == h.trigger_event)
+    })
+}
+
 /// Converts `msg` (its text in `charset`) into a FHIR R4 Bundle appended to `out` as JSON.
 pub fn convert(
     msg: &Message<'_>,

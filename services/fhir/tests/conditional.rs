@@ -9,47 +9,12 @@
 //!   second time changes no count (a redelivery updates, never duplicates); delivered in reverse order, the
 //!   same.
 
-use hl7gw_fhir::{Options, SUPPORTED, convert};
+use hl7gw_fhir::{Options, convert, supports};
+use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-
-fn corpus_dir() -> PathBuf {
-    std::env::var_os("TESTDATA_HL7").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/hl7"),
-        PathBuf::from,
-    )
-}
-
-/// The `.hl7` files of a directory of a supported type, sorted by name, as (name, bytes).
-fn hl7_files(dir: &std::path::Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        println!("no messages at {}", dir.display());
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-    files.sort();
-    files
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "hl7"))
-        .filter_map(|p| {
-            let bytes = std::fs::read(&p).ok()?;
-            let msg = Message::parse(&bytes).ok()?;
-            let h = msg.header();
-            let kind = format!(
-                "{}^{}",
-                String::from_utf8_lossy(h.message_type),
-                String::from_utf8_lossy(h.trigger_event)
-            );
-            if !SUPPORTED.contains(&kind.as_str()) {
-                return None;
-            }
-            let stem = p.file_stem()?.to_str()?.to_owned();
-            Some((format!("{prefix}{stem}"), bytes))
-        })
-        .collect()
-}
 
 /// The transaction Bundles, in delivery order: the corpus's, then our samples'.
 fn bundles() -> Vec<(String, Value)> {
@@ -64,7 +29,9 @@ fn bundles() -> Vec<(String, Value)> {
     };
     let mut out = Vec::new();
     for (name, bytes) in messages {
-        let msg = Message::parse(&bytes).expect("parse");
+        let Some(msg) = Message::parse(&bytes).ok().filter(|m| supports(m)) else {
+            continue;
+        };
         let charset = Charset::from_msh18(msg.header().charset).unwrap_or(Charset::Utf8);
         let mut json = Vec::new();
         // Messages the converter refuses (no PID...) send nothing.

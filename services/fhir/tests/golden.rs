@@ -5,40 +5,15 @@
 //! Regenerate (after a deliberate change of output): `HL7GW_UPDATE_FHIR_GOLDEN=1 cargo test -p hl7gw-fhir
 //! --test golden`. Messages whose name is not in the file (types mapped after it was written) are skipped.
 
-use hl7gw_fhir::{BundleType, Options, SUPPORTED, Unmapped, convert};
+use hl7gw_fhir::{BundleType, Options, Unmapped, convert, supports};
+use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-fn corpus_dir() -> PathBuf {
-    std::env::var_os("TESTDATA_HL7").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/hl7"),
-        PathBuf::from,
-    )
-}
-
 fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data")
-}
-
-/// The `.hl7` files of a directory, sorted, as (name, bytes).
-fn hl7_files(dir: &std::path::Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        println!("no messages at {}", dir.display());
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-    files.sort();
-    files
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "hl7"))
-        .filter_map(|p| {
-            let bytes = std::fs::read(&p).ok()?;
-            let stem = p.file_stem()?.to_str()?.to_owned();
-            Some((format!("{prefix}{stem}"), bytes))
-        })
-        .collect()
 }
 
 /// The option sets each message is converted with: both Bundle types, and a route with a time zone, its own
@@ -83,14 +58,10 @@ fn compute() -> BTreeMap<String, String> {
         let Ok(msg) = Message::parse(&bytes) else {
             continue;
         };
-        let h = msg.header();
-        let mut kind = h.message_type.to_vec();
-        kind.push(b'^');
-        kind.extend_from_slice(h.trigger_event);
-        if !SUPPORTED.iter().any(|s| s.as_bytes() == kind) {
+        if !supports(&msg) {
             continue;
         }
-        let charset = Charset::from_msh18(h.charset).unwrap_or(Charset::Utf8);
+        let charset = Charset::from_msh18(msg.header().charset).unwrap_or(Charset::Utf8);
         for (label, opts) in option_sets() {
             let mut bundle = Vec::new();
             let hashed = match convert(&msg, charset, &opts, &mut bundle) {

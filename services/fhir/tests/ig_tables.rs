@@ -3,11 +3,12 @@
 //! must appear in that resource at one of the elements the IG names for it, or be reported as unmapped. A field
 //! can be neither dropped silently nor put somewhere the IG does not say.
 
-use hl7gw_fhir::{BundleType, Options, SUPPORTED, convert};
+use hl7gw_fhir::{BundleType, Options, convert, supports};
+use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The segment maps checked, each with the resource it fills.
 const MAPS: &[(&str, &str)] = &[
@@ -106,13 +107,6 @@ fn csv_rows(text: &str) -> Vec<Vec<String>> {
     rows
 }
 
-fn corpus_dir() -> PathBuf {
-    std::env::var_os("TESTDATA_HL7").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/hl7"),
-        PathBuf::from,
-    )
-}
-
 fn messages() -> Vec<(String, Vec<u8>)> {
     let mut out = vec![
         (
@@ -132,31 +126,11 @@ fn messages() -> Vec<(String, Vec<u8>)> {
             include_bytes!("data/siu_s12.hl7").to_vec(),
         ),
     ];
-    if let Ok(dir) = std::fs::read_dir(corpus_dir()) {
-        let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
-        files.sort();
-        for p in files
+    out.extend(
+        hl7_files(&corpus_dir(), "")
             .into_iter()
-            .filter(|p| p.extension().is_some_and(|e| e == "hl7"))
-        {
-            let Ok(bytes) = std::fs::read(&p) else {
-                continue;
-            };
-            let supported = Message::parse(&bytes).is_ok_and(|m| {
-                let h = m.header();
-                let kind = format!(
-                    "{}^{}",
-                    String::from_utf8_lossy(h.message_type),
-                    String::from_utf8_lossy(h.trigger_event)
-                );
-                SUPPORTED.contains(&kind.as_str())
-            });
-            if supported {
-                let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("x");
-                out.push((name.to_owned(), bytes));
-            }
-        }
-    }
+            .filter(|(_, bytes)| Message::parse(bytes).is_ok_and(|m| supports(&m))),
+    );
     out
 }
 

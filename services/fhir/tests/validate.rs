@@ -2,17 +2,10 @@
 //! of our own) passes HAPI FHIR's R4 validator (8.8.1, offline) with no error, as a transaction and as a
 //! message Bundle. Prints the warnings by kind (docs/fhir.md counts them).
 
-use hl7gw_fhir::{BundleType, Options, SUPPORTED, Unmapped, convert};
+use hl7gw_fhir::{BundleType, Options, Unmapped, convert, supports};
+use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-
-fn corpus_dir() -> PathBuf {
-    std::env::var_os("TESTDATA_HL7").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/hl7"),
-        PathBuf::from,
-    )
-}
 
 /// Our own samples: every segment the ADT map covers, with values in every mapped field kind; an ORU_R01 with
 /// every OBX value type, notes, specimens and the NDL fields.
@@ -35,40 +28,11 @@ fn messages() -> Vec<(String, Vec<u8>)> {
         ("sample-mdm_t02".to_owned(), SAMPLE_MDM.to_vec()),
         ("sample-siu_s12".to_owned(), SAMPLE_SIU.to_vec()),
     ];
-    let Ok(dir) = std::fs::read_dir(corpus_dir()) else {
-        println!(
-            "corpus not found at {}: only the sample",
-            corpus_dir().display()
-        );
-        return out;
-    };
-    let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
-    files.sort();
-    for path in files {
-        if path.extension().is_none_or(|e| e != "hl7") {
-            continue;
-        }
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let Ok(msg) = Message::parse(&bytes) else {
-            continue;
-        };
-        let h = msg.header();
-        let kind = format!(
-            "{}^{}",
-            String::from_utf8_lossy(h.message_type),
-            String::from_utf8_lossy(h.trigger_event)
-        );
-        if SUPPORTED.contains(&kind.as_str()) {
-            let name = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or("x")
-                .to_owned();
-            out.push((name, bytes));
-        }
-    }
+    out.extend(
+        hl7_files(&corpus_dir(), "")
+            .into_iter()
+            .filter(|(_, bytes)| Message::parse(bytes).is_ok_and(|m| supports(&m))),
+    );
     out
 }
 

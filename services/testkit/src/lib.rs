@@ -31,6 +31,32 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The shared corpus of real HL7 v2 messages: `TESTDATA_HL7`, else `../shared/testdata/hl7` beside the
+/// checkout (read from there, never copied into the repository).
+pub fn corpus_dir() -> PathBuf {
+    std::env::var_os("TESTDATA_HL7")
+        .map_or_else(|| repo_root().join("../shared/testdata/hl7"), PathBuf::from)
+}
+
+/// The `.hl7` files of `dir` in name order, as (`prefix` + file stem, bytes); none when `dir` is missing.
+pub fn hl7_files(dir: &Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        println!("no messages at {}", dir.display());
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    files.sort();
+    files
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "hl7"))
+        .filter_map(|p| {
+            let bytes = std::fs::read(&p).ok()?;
+            let stem = p.file_stem()?.to_str()?.to_owned();
+            Some((format!("{prefix}{stem}"), bytes))
+        })
+        .collect()
+}
+
 /// Starts (once per port) a single-node KRaft broker on 127.0.0.1 with the project's script.
 pub fn broker_on(port: u16) -> String {
     let root = repo_root();
