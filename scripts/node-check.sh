@@ -205,6 +205,14 @@ evict() {
 {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "$1", "namespace": "hl7gw"}}
 JSON
 }
+# `helm upgrade --wait` returns once the new pods are ready, while an old transformer may still be draining (phase
+# Running, deletionTimestamp set): wait until none is terminating, so the two pods are the upgrade's.
+for _ in $(seq 90); do
+  terminating=$(kubectl get pods -n hl7gw -l app.kubernetes.io/component=transformer \
+    -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"\n"}{end}' | grep -c . || true)
+  [ "$terminating" = 0 ] && break
+  sleep 2
+done
 mapfile -t pods < <(kubectl get pods -n hl7gw -l app.kubernetes.io/component=transformer \
   --field-selector=status.phase=Running -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')
 [ "${#pods[@]}" = 2 ] || die "two transformer pods expected, found: ${pods[*]}"
