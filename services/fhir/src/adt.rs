@@ -9,8 +9,6 @@ use crate::extra::Unique;
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome};
 
-const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
-
 pub(crate) fn convert(
     cx: &mut Ctx<'_, '_>,
     kind: &str,
@@ -161,18 +159,12 @@ pub(crate) fn convert(
     }
 
     // The Provenance of this transformation (and of the event, EVN).
-    let prov = cx.target("Provenance", &msg_key, None);
-    cx.begin_entry(&mut w, &prov);
-    provenance_body(
+    Ok(provenance_and_end(
         cx,
         &mut w,
+        &msg_key,
         &targets,
         evn.as_ref(),
-        frame.timestamp.as_deref(),
-    );
-    cx.end_entry(&mut w, &prov);
-    if let Some(evn) = &evn {
-        cx.note_unmapped(evn, EVN_MAPPED);
-    }
-    Ok(end_bundle(cx, &mut w, &frame))
+        &frame,
+    ))
 }

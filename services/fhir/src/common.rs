@@ -1592,6 +1592,29 @@ pub(crate) fn normalise_decimal(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// EVN fields the Provenance maps (EVN-1, EVN-2, EVN-4, EVN-6); the others are reported unmapped.
+pub(crate) const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
+
+/// The Bundle's last entry, the Provenance of this conversion (its targets: the resources written, and the
+/// event of EVN when there is one), then the Bundle's end.
+pub(crate) fn provenance_and_end<'a>(
+    cx: &mut Ctx<'a, '_>,
+    w: &mut Writer<'_>,
+    msg_key: &[&str],
+    targets: &[String],
+    evn: Option<&Segment<'a>>,
+    frame: &Frame,
+) -> Outcome {
+    let prov = cx.target("Provenance", msg_key, None);
+    cx.begin_entry(w, &prov);
+    provenance_body(cx, w, targets, evn, frame.timestamp.as_deref());
+    cx.end_entry(w, &prov);
+    if let Some(evn) = evn {
+        cx.note_unmapped(evn, EVN_MAPPED);
+    }
+    end_bundle(cx, w, frame)
+}
+
 pub(crate) fn provenance_body(
     cx: &Ctx<'_, '_>,
     w: &mut Writer<'_>,

@@ -18,7 +18,6 @@ use hl7v2::message::{Segment, Value};
 
 /// The TXA fields the TXA[DocumentReference] map writes (with TXA-4, TXA-5 and TXA-22, see [`txa_body`]).
 const TXA_MAPPED: &[usize] = &[2, 3, 4, 5, 6, 9, 10, 12, 16, 17, 18, 19, 22, 25];
-const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
 
 /// One attachment of the document.
 #[derive(Debug)]
@@ -161,20 +160,14 @@ pub(crate) fn convert(
     targets.push(doc.full_url());
     cx.note_unmapped(&txa, TXA_MAPPED);
 
-    let prov = cx.target("Provenance", &msg_key, None);
-    cx.begin_entry(&mut w, &prov);
-    provenance_body(
+    Ok(provenance_and_end(
         cx,
         &mut w,
+        &msg_key,
         &targets,
         evn.as_ref(),
-        frame.timestamp.as_deref(),
-    );
-    cx.end_entry(&mut w, &prov);
-    if let Some(evn) = &evn {
-        cx.note_unmapped(evn, EVN_MAPPED);
-    }
-    Ok(end_bundle(cx, &mut w, &frame))
+        &frame,
+    ))
 }
 
 /// The DocumentReference: by TXA-12, else TXA-16, else the message.

@@ -19,7 +19,6 @@ use std::borrow::Cow;
 
 const SCH_MAPPED: &[usize] = &[1, 2, 7, 8, 9, 10, 11, 12, 16, 20, 25];
 const AIS_MAPPED: &[usize] = &[3, 4, 7, 8, 10];
-const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
 
 /// A resource segment (AIG, AIL, AIP): where its fields are, and what it names.
 #[derive(Debug, Clone, Copy)]
@@ -355,20 +354,14 @@ pub(crate) fn convert(
         cx.note_unmapped(&p.seg, &p.layout.mapped());
     }
 
-    let prov = cx.target("Provenance", &msg_key, None);
-    cx.begin_entry(&mut w, &prov);
-    provenance_body(
+    Ok(provenance_and_end(
         cx,
         &mut w,
+        &msg_key,
         &targets,
         evn.as_ref(),
-        frame.timestamp.as_deref(),
-    );
-    cx.end_entry(&mut w, &prov);
-    if let Some(evn) = &evn {
-        cx.note_unmapped(evn, EVN_MAPPED);
-    }
-    Ok(end_bundle(cx, &mut w, &frame))
+        &frame,
+    ))
 }
 
 /// The Appointment: by SCH-2 (filler), else SCH-1 (placer), else the message.

@@ -21,7 +21,6 @@ use hl7v2::message::Segment;
 const ORC_MAPPED: &[usize] = &[2, 3, 4, 9, 12];
 const RXA_MAPPED: &[usize] = &[3, 5, 6, 7, 10, 15, 16, 17, 18, 19, 20, 21, 27, 28];
 const RXR_MAPPED: &[usize] = &[1, 2];
-const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
 
 /// An OBX and the NTE segments after it.
 #[derive(Debug)]
@@ -293,20 +292,14 @@ pub(crate) fn convert(
         );
     }
 
-    let prov = cx.target("Provenance", &msg_key, None);
-    cx.begin_entry(&mut w, &prov);
-    provenance_body(
+    Ok(provenance_and_end(
         cx,
         &mut w,
+        &msg_key,
         &targets,
         evn.as_ref(),
-        frame.timestamp.as_deref(),
-    );
-    cx.end_entry(&mut w, &prov);
-    if let Some(evn) = &evn {
-        cx.note_unmapped(evn, EVN_MAPPED);
-    }
-    Ok(end_bundle(cx, &mut w, &frame))
+        &frame,
+    ))
 }
 
 /// OBX (and their NTE) as Observations of the patient, `partOf` an Immunization when in its group.
