@@ -101,28 +101,23 @@ hl7gw is running (ingress -> Kafka -> transformer -> Kafka -> egress -> receiver
 TXT
 echo "== sending samples/*.hl7"
 "$bin/hl7gw" send --to 127.0.0.1:2575 samples/*.hl7
-echo "== waiting for the ADT sample at the receiver"
-for _ in $(seq 150); do
-  if compgen -G "$received/*.hl7" >/dev/null; then break; fi
-  sleep 0.2
-done
-if ! compgen -G "$received/*.hl7" >/dev/null; then
-  echo "nothing arrived at the receiver; logs in $log/" >&2
+# Waits up to 30 s for a file matching the glob $1; says $2 and exits 1 when none comes.
+wait_for_file() {
+  for _ in $(seq 150); do
+    if compgen -G "$1" >/dev/null; then return 0; fi
+    sleep 0.2
+  done
+  echo "$2; logs in $log/" >&2
   exit 1
-fi
+}
+echo "== waiting for the ADT sample at the receiver"
+wait_for_file "$received/*.hl7" "nothing arrived at the receiver"
 for f in "$received"/*.hl7; do
   echo "-- $f"
   tr '\r' '\n' <"$f"
 done
 echo "== waiting for the ADT sample as a FHIR Bundle at the HTTP receiver"
-for _ in $(seq 150); do
-  if compgen -G "$received_fhir/*.json" >/dev/null; then break; fi
-  sleep 0.2
-done
-if ! compgen -G "$received_fhir/*.json" >/dev/null; then
-  echo "no FHIR Bundle arrived at the HTTP receiver; logs in $log/" >&2
-  exit 1
-fi
+wait_for_file "$received_fhir/*.json" "no FHIR Bundle arrived at the HTTP receiver"
 for f in "$received_fhir"/*.json; do
   echo "-- $f (resources: $(grep -o '"resourceType":"[A-Za-z]*"' "$f" | cut -d'"' -f4 | sort | uniq -c |
     awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}'))"
