@@ -202,7 +202,7 @@ impl HttpClient {
         loop {
             let authorization = match &self.auth {
                 Auth::None => None,
-                Auth::Bearer(b) => Some(b.header(fresh)?),
+                Auth::Bearer(b) => Some(b.header(fresh).await?),
                 Auth::Smart(s) => Some(s.header(&self.pool, fresh, self.response_timeout).await?),
             };
             let ct = self.content_type.clone().unwrap_or_else(|| {
@@ -320,7 +320,7 @@ struct BearerFile {
 }
 
 impl BearerFile {
-    fn header(&self, fresh: bool) -> Result<HeaderValue, HttpError> {
+    async fn header(&self, fresh: bool) -> Result<HeaderValue, HttpError> {
         if !fresh
             && let Ok(c) = self.cached.lock()
             && let Some((v, at)) = c.as_ref()
@@ -328,7 +328,8 @@ impl BearerFile {
         {
             return Ok(v.clone());
         }
-        let token = std::fs::read_to_string(&self.path).map_err(|e| {
+        // Read on tokio's blocking pool, not in the worker's task (a slow volume must not stall the runtime).
+        let token = tokio::fs::read_to_string(&self.path).await.map_err(|e| {
             HttpError::Auth(format!(
                 "bearer_token_file {}: {}",
                 self.path.display(),
