@@ -334,3 +334,39 @@ async fn create_topics(cfg: &Config) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use hl7gw_runtime::service::Service as _;
+
+    /// `--check-config` reads what a destination names: a SMART key that is not a key, or a CA file without a
+    /// certificate, fails there (before this, only at start or at the first delivery).
+    #[test]
+    fn check_reads_each_destinations_tls_files_and_keys() {
+        let pki = hl7gw_testkit::pki();
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a PEM\n").unwrap();
+        let config = |tls_ca: &str, key: &str| -> crate::Config {
+            hl7gw_testkit::config(&format!(
+                "destinations: {{fhir: {{url: 'https://fhir.example/fhir', tls: {{ca: {tls_ca}}}, \
+                 http: {{oauth2: {{client_id: a, private_key: {key}}}}}}}}}"
+            ))
+        };
+        let (ca, key, junk) = (
+            pki.file("ca.pem"),
+            pki.file("smart-client.key"),
+            junk.display().to_string(),
+        );
+        crate::App::check(&config(&ca, &key)).unwrap();
+        assert!(
+            crate::App::check(&config(&ca, &junk)).is_err(),
+            "a junk key"
+        );
+        assert!(
+            crate::App::check(&config(&junk, &key)).is_err(),
+            "a CA file without a certificate"
+        );
+    }
+}
