@@ -18,6 +18,9 @@ run: build ## the whole gateway locally: Kafka, ingress :2575, transformer, egre
 demo: build ## the CLI alone: flat view, ACK, and an MLLP send to a local `hl7gw receive`
 	@scripts/run-demo.sh
 
+# No incremental caches for make test (lint runs under it too): a clean build's incremental directories were
+# gigabytes that only a later edit-and-rebuild would use, and CI's disk ran out.
+test: export CARGO_INCREMENTAL = 0
 test: lint ## fmt check, clippy -D warnings, then every test (unit, property, corpus, e2e with a real Kafka)
 	@scripts/test.sh
 

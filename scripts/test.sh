@@ -14,7 +14,13 @@ stop_brokers() {
   KAFKA_NODES=3 KAFKA_PORT=29500 KAFKA_DATA_DIR="$PWD/target/kafka-test/cluster-29500" scripts/kafka.sh down >/dev/null 2>&1 || true
   CLUSTER_API_PORT=7543 scripts/cluster.sh down >/dev/null 2>&1 || true
 }
-trap stop_brokers EXIT
+# The Go builds below (Kubernetes, etcd, CoreDNS, helm, k6, ...; their binaries are kept in .cache/) write ~8 GB of
+# module sources and build cache that nothing uses once the binaries exist: here they go to a scratch folder that
+# is deleted after the fetches (and on exit), not to ~/go and ~/.cache/go-build, where they filled CI's disk.
+go_scratch=$PWD/.cache/go-scratch
+export GOCACHE=$go_scratch/build GOMODCACHE=$go_scratch/mod
+drop_go_scratch() { [ ! -d "$go_scratch" ] || { chmod -R u+w "$go_scratch" && rm -rf "$go_scratch"; }; }
+trap 'stop_brokers; drop_go_scratch' EXIT
 # Fresh brokers each run: their topics would pile up run after run (1,855 after a day of runs here), and every
 # ingress's readiness probe asks for all topics' metadata, which then ran the 384 MB test broker out of heap.
 stop_brokers
@@ -28,6 +34,7 @@ scripts/tools.sh >/dev/null
 scripts/checkov-env.sh >/dev/null
 scripts/k6.sh build >/dev/null
 scripts/node.sh fetch
+drop_go_scratch
 # HAPI v2's MLLP client for services/ingress/tests/hapi_client.rs, built where that test looks for it (cargo's
 # target/tmp); its jars come from Maven Central once and stay in ~/.m2.
 mvn -q -B -Dstyle.color=never --no-transfer-progress -f services/ingress/tests/hapi/pom.xml \
