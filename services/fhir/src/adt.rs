@@ -25,7 +25,7 @@ pub(crate) fn convert(
     let trigger = kind.split('^').nth(1).unwrap_or_default();
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let patient_key = patient.id.clone();
+    let patient_key = patient.id;
     let encounter = pv1.as_ref().map(|pv1| encounter_target(cx, pv1, &msg_key));
     let participants = match &pv1 {
         Some(pv1) => pv1_participants(cx, pv1),
@@ -44,7 +44,7 @@ pub(crate) fn convert(
     let frame = begin_bundle(cx, &mut w, &key);
 
     // Every entry's fullUrl, for the Provenance's targets.
-    let mut targets: Vec<String> = Vec::new();
+    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         let focus: Vec<&_> = std::iter::once(&patient)
             .chain(encounter.as_ref())
@@ -56,7 +56,7 @@ pub(crate) fn convert(
     cx.begin_entry(&mut w, &patient);
     let pid_mapped = patient_body(cx, &mut w, &pid);
     cx.end_entry(&mut w, &patient);
-    targets.push(patient.full_url());
+    targets.push(patient.id);
     cx.note_unmapped(&pid, &pid_mapped);
 
     // Practitioners (each once).
@@ -76,7 +76,7 @@ pub(crate) fn convert(
             &participants,
         );
         cx.end_entry(&mut w, enc);
-        targets.push(enc.full_url());
+        targets.push(enc.id);
         cx.note_unmapped(pv1, PV1_MAPPED);
         if let Some(pv2) = &pv2 {
             cx.note_unmapped(pv2, PV2_MAPPED);
@@ -102,7 +102,7 @@ pub(crate) fn convert(
                 cx.begin_entry(&mut w, &t);
                 related_person_body(cx, &mut w, &seg, &patient);
                 cx.end_entry(&mut w, &t);
-                targets.push(t.full_url());
+                targets.push(t.id);
                 cx.note_unmapped(&seg, NK1_MAPPED);
             }
             b"AL1" => {
@@ -115,7 +115,7 @@ pub(crate) fn convert(
                 cx.begin_entry(&mut w, &t);
                 allergy_body(cx, &mut w, &seg, &patient);
                 cx.end_entry(&mut w, &t);
-                targets.push(t.full_url());
+                targets.push(t.id);
                 cx.note_unmapped(&seg, AL1_MAPPED);
             }
             b"DG1" => {
@@ -123,7 +123,7 @@ pub(crate) fn convert(
                 cx.begin_entry(&mut w, &t);
                 let mapped = condition_body(cx, &mut w, &seg, &t, &patient);
                 cx.end_entry(&mut w, &t);
-                targets.push(t.full_url());
+                targets.push(t.id);
                 cx.note_unmapped(&seg, mapped);
             }
             b"IN1" => {
@@ -135,7 +135,7 @@ pub(crate) fn convert(
                 cx.begin_entry(&mut w, &t);
                 coverage_body(cx, &mut w, &seg, &patient);
                 cx.end_entry(&mut w, &t);
-                targets.push(t.full_url());
+                targets.push(t.id);
                 cx.note_unmapped(&seg, IN1_MAPPED);
             }
             b"OBX" => {
@@ -151,7 +151,7 @@ pub(crate) fn convert(
                 };
                 let mapped = observation_body(cx, &mut w, &seg, links);
                 cx.end_entry(&mut w, &t);
-                targets.push(t.full_url());
+                targets.push(t.id);
                 cx.note_unmapped(&seg, &mapped);
             }
             _ => cx.note_unmapped_segment(&seg),

@@ -519,6 +519,65 @@ pub(crate) fn write_items<T>(
     }
 }
 
+/// [`write_items`] for items an iterator yields (empty ones skipped), with no Vec in between.
+pub(crate) fn write_items_of<'v>(
+    w: &mut Writer<'_>,
+    key: &str,
+    items: impl Iterator<Item = Value<'v>>,
+    mut one: impl FnMut(&mut Writer<'_>, Value<'v>) -> bool,
+) {
+    let (mark, had) = (w.len(), w.has_members());
+    let mut open = false;
+    let mut any = false;
+    for it in items.filter(|v| !v.is_empty()) {
+        if !open {
+            w.array(key);
+            open = true;
+        }
+        any |= one(w, it);
+    }
+    if open {
+        w.end_array();
+    }
+    if open && !any {
+        w.truncate(mark, had);
+    }
+}
+
+/// The numbers of the fields a map wrote (for [`Ctx::note_unmapped`]), kept in place: up to 16, which no
+/// segment map here exceeds (more panics in tests, never in a release build: the rest are then reported
+/// unmapped).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fields {
+    n: [usize; 16],
+    len: usize,
+}
+
+impl Fields {
+    pub fn of(fields: &[usize]) -> Self {
+        let mut f = Self { n: [0; 16], len: 0 };
+        for &n in fields {
+            f.push(n);
+        }
+        f
+    }
+
+    pub fn push(&mut self, n: usize) {
+        debug_assert!(self.len < self.n.len(), "more than 16 mapped fields");
+        if let Some(slot) = self.n.get_mut(self.len) {
+            *slot = n;
+            self.len += 1;
+        }
+    }
+}
+
+impl std::ops::Deref for Fields {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        &self.n[..self.len]
+    }
+}
+
 fn yes_no(v: &str) -> Option<bool> {
     match v {
         "Y" => Some(true),
@@ -633,7 +692,7 @@ pub(crate) fn practitioner_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, p: Person<
 #[derive(Debug, Default)]
 pub(crate) struct Practitioners<'a> {
     list: Vec<(Target, Person<'a>)>,
-    seen: std::collections::HashSet<String>,
+    seen: std::collections::HashSet<crate::dt::Uuid>,
 }
 
 impl<'a> Practitioners<'a> {
@@ -648,7 +707,7 @@ impl<'a> Practitioners<'a> {
     /// no second id derived.
     pub fn add_target(&mut self, t: &Target, p: Person<'a>) {
         // A set beside the list: a message naming thousands of people costs linear time, not quadratic.
-        if self.seen.insert(t.id.clone()) {
+        if self.seen.insert(t.id) {
             self.list.push((t.clone(), p));
         }
     }
@@ -661,12 +720,17 @@ impl<'a> Practitioners<'a> {
     }
 
     /// Writes them, each as an entry, and adds their fullUrls to `targets`.
-    pub fn write(&self, cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, targets: &mut Vec<String>) {
+    pub fn write(
+        &self,
+        cx: &mut Ctx<'_, '_>,
+        w: &mut Writer<'_>,
+        targets: &mut Vec<crate::dt::Uuid>,
+    ) {
         for (t, p) in &self.list {
             cx.begin_entry(w, t);
             practitioner_body(cx, w, *p);
             cx.end_entry(w, t);
-            targets.push(t.full_url());
+            targets.push(t.id);
         }
     }
 }
@@ -1086,9 +1150,8 @@ pub(crate) fn observation_body(
     w: &mut Writer<'_>,
     obx: &Segment<'_>,
     links: ObsLinks<'_, '_>,
-) -> Vec<usize> {
-    let mut mapped = Vec::with_capacity(14);
-    mapped.extend_from_slice(&[1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20]);
+) -> Fields {
+    let mut mapped = Fields::of(&[1, 2, 3, 4, 7, 8, 11, 14, 16, 17, 20]);
     if !links.repeat {
         mapped.push(21);
     }
@@ -1173,9 +1236,12 @@ pub(crate) fn observation_body(
     if used.units {
         mapped.push(6);
     }
-    let flags = cx.reps(obx, 8);
-    write_items(w, "interpretation", &flags, |w, v| {
-        let Some(code) = cx.comp(*v, 1) else {
+    let flags = cx
+        .seg_field(obx, 8)
+        .into_iter()
+        .flat_map(|f| f.repetitions());
+    write_items_of(w, "interpretation", flags, |w, v| {
+        let Some(code) = cx.comp(v, 1) else {
             return false;
         };
         w.begin_object();
@@ -1601,7 +1667,7 @@ pub(crate) fn provenance_and_end<'a>(
     cx: &mut Ctx<'a, '_>,
     w: &mut Writer<'_>,
     msg_key: &[&str],
-    targets: &[String],
+    targets: &[crate::dt::Uuid],
     evn: Option<&Segment<'a>>,
     frame: &Frame,
 ) -> Outcome {
@@ -1618,14 +1684,14 @@ pub(crate) fn provenance_and_end<'a>(
 pub(crate) fn provenance_body(
     cx: &Ctx<'_, '_>,
     w: &mut Writer<'_>,
-    targets: &[String],
+    targets: &[crate::dt::Uuid],
     evn: Option<&Segment<'_>>,
     timestamp: Option<&str>,
 ) {
     w.array("target");
     for t in targets {
         w.begin_object();
-        w.string("reference", t);
+        w.string_parts("reference", &["urn:uuid:", t]);
         w.end_object();
     }
     w.end_array();

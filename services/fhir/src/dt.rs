@@ -119,7 +119,7 @@ impl Table {
 pub(crate) struct Target {
     pub rtype: &'static str,
     /// A UUID derived from the business key: the same message always gives the same one.
-    pub id: String,
+    pub id: Uuid,
     /// The business identifier (system, value) a transaction updates by, when there is one.
     pub by: Option<(String, String)>,
     /// With `by`: the code (system, if the coding has one, and code) the condition also names, for resources
@@ -130,16 +130,6 @@ pub(crate) struct Target {
     /// derived id and does not carry that business identifier (the field is reported as unmapped), so the
     /// condition never matches more than one resource.
     pub repeat: bool,
-}
-
-impl Target {
-    /// `urn:uuid:<id>`: what other entries reference.
-    pub fn full_url(&self) -> String {
-        let mut s = String::with_capacity(9 + self.id.len());
-        s.push_str("urn:uuid:");
-        s.push_str(&self.id);
-        s
-    }
 }
 
 impl<'a, 'm> Ctx<'a, 'm> {
@@ -1038,7 +1028,7 @@ pub(crate) fn dtm_into(s: &mut Vec<u8>, v2: &str, default_tz: Option<&str>, inst
 }
 
 /// A UUID (version 5 layout) from the SHA-256 of the resource type and key: stable across conversions.
-pub(crate) fn uuid_of(rtype: &str, key: &[&str]) -> String {
+pub(crate) fn uuid_of(rtype: &str, key: &[&str]) -> Uuid {
     let mut h = Sha256::new();
     h.update(rtype.as_bytes());
     for k in key {
@@ -1050,15 +1040,48 @@ pub(crate) fn uuid_of(rtype: &str, key: &[&str]) -> String {
     b[6] = (b[6] & 0x0f) | 0x50;
     b[8] = (b[8] & 0x3f) | 0x80;
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(36);
+    let mut s = [0u8; 36];
+    let mut at = 0;
     for (i, byte) in b.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
+            s[at] = b'-';
+            at += 1;
         }
-        s.push(char::from(HEX[(byte >> 4) as usize]));
-        s.push(char::from(HEX[(byte & 0xf) as usize]));
+        s[at] = HEX[(byte >> 4) as usize];
+        s[at + 1] = HEX[(byte & 0xf) as usize];
+        at += 2;
     }
-    s
+    Uuid(s)
+}
+
+/// A resource id made by [`uuid_of`]: its 36 characters in place (a Bundle has dozens; none is a `String`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Uuid([u8; 36]);
+
+impl Uuid {
+    pub fn as_str(&self) -> &str {
+        // Hex digits and hyphens only (see `uuid_of`): always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for Uuid {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Debug for Uuid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for Uuid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One side of a search token (`system|code`), escaped as FHIR search says (`\` before `\`, `|`, `,` and `$`,

@@ -196,7 +196,7 @@ pub(crate) fn organization_entry(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, org: 
 #[derive(Debug, Default)]
 pub(crate) struct Unique {
     seen: HashSet<String>,
-    ids: HashSet<String>,
+    ids: HashSet<crate::dt::Uuid>,
 }
 
 impl Unique {
@@ -205,11 +205,11 @@ impl Unique {
     /// and `position`.
     pub fn check(&mut self, cx: &Ctx<'_, '_>, t: Target, position: &str) -> Target {
         let Some((s, v)) = &t.by else {
-            if self.ids.insert(t.id.clone()) {
+            if self.ids.insert(t.id) {
                 return t;
             }
             let mut r = cx.target(t.rtype, &[&t.id, position], None);
-            self.ids.insert(r.id.clone());
+            self.ids.insert(r.id);
             r.repeat = t.repeat;
             return r;
         };

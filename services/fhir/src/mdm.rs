@@ -134,14 +134,14 @@ pub(crate) fn convert(
 
     let mut w = Writer::new(out);
     let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<String> = Vec::new();
+    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         message_header(cx, &mut w, &msg_key, &[&patient, &doc])?;
     }
     cx.begin_entry(&mut w, &patient);
     let pid_mapped = patient_body(cx, &mut w, &pid);
     cx.end_entry(&mut w, &patient);
-    targets.push(patient.full_url());
+    targets.push(patient.id);
     cx.note_unmapped(&pid, &pid_mapped);
 
     practitioners.write(cx, &mut w, &mut targets);
@@ -150,14 +150,14 @@ pub(crate) fn convert(
         cx.begin_entry(&mut w, enc);
         encounter_body(cx, &mut w, None, pv1, None, &patient, &participants);
         cx.end_entry(&mut w, enc);
-        targets.push(enc.full_url());
+        targets.push(enc.id);
         cx.note_unmapped(pv1, PV1_MAPPED);
     }
 
     cx.begin_entry(&mut w, &doc);
     txa_body(cx, &mut w, &txa, &patient, encounter.as_ref(), &contents);
     cx.end_entry(&mut w, &doc);
-    targets.push(doc.full_url());
+    targets.push(doc.id);
     cx.note_unmapped(&txa, TXA_MAPPED);
 
     Ok(provenance_and_end(

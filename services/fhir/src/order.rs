@@ -191,8 +191,8 @@ pub(crate) fn convert(
         message_header(cx, &mut w, &msg_key, &focus)?;
     }
 
-    let mut targets: Vec<String> = Vec::new();
-    let mut written: Vec<String> = Vec::new();
+    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
+    let mut written: Vec<crate::dt::Uuid> = Vec::new();
     for (i, p) in pats.iter().enumerate() {
         let patient = p.patient.as_ref().expect("planned");
         // A repeated patient is written once; its PID's fields count as mapped like the first one's.
@@ -200,7 +200,7 @@ pub(crate) fn convert(
             cx.begin_entry(&mut w, patient);
             let mapped = patient_body(cx, &mut w, &p.pid);
             cx.end_entry(&mut w, patient);
-            targets.push(patient.full_url());
+            targets.push(patient.id);
             mapped
         } else {
             PID_MAPPED.to_vec()
@@ -211,7 +211,7 @@ pub(crate) fn convert(
         }
         if let (Some(pv1), Some(enc)) = (&p.pv1, &p.encounter) {
             if !written.contains(&enc.id) {
-                written.push(enc.id.clone());
+                written.push(enc.id);
                 cx.begin_entry(&mut w, enc);
                 encounter_body(
                     cx,
@@ -223,7 +223,7 @@ pub(crate) fn convert(
                     &participants[i],
                 );
                 cx.end_entry(&mut w, enc);
-                targets.push(enc.full_url());
+                targets.push(enc.id);
             }
             cx.note_unmapped(pv1, PV1_MAPPED);
             if let Some(pv2) = &p.pv2 {
@@ -233,7 +233,7 @@ pub(crate) fn convert(
         for (seg, t) in &p.others {
             let t = t.as_ref().expect("planned");
             other_entry(cx, &mut w, seg, t, patient);
-            targets.push(t.full_url());
+            targets.push(t.id);
         }
         for o in &p.obs {
             let links = ObsLinks {
@@ -387,13 +387,13 @@ fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool) {
 
 /// Pass 2: every resource's target (id, and the business identifier a transaction updates it by).
 fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
-    let mut patients: Vec<String> = Vec::new();
+    let mut patients: Vec<crate::dt::Uuid> = Vec::new();
     for (pi, p) in pats.iter_mut().enumerate() {
         let pn = pi.to_string();
         let fallback: Vec<&str> = msg_key.iter().copied().chain([pn.as_str()]).collect();
         let patient = patient_target(cx, &p.pid, &fallback);
         p.write = !patients.contains(&patient.id);
-        patients.push(patient.id.clone());
+        patients.push(patient.id);
         p.encounter = p
             .pv1
             .as_ref()
@@ -434,7 +434,7 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
                 *t = Some(condition_target(cx, seg, &patient.id, &format!("{on}.{i}")));
             }
             let parent = o.report.as_ref().or(o.request.as_ref()).expect("planned");
-            let parent_id = parent.id.clone();
+            let parent_id = parent.id;
             for (si, s) in o.specs.iter_mut().enumerate() {
                 let by = specimen_ids(cx, &s.spm)
                     .into_iter()
@@ -450,13 +450,13 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
         p.patient = Some(patient);
     }
     // A repeated SPM (same identifier, same segment) is the same specimen: written once.
-    let mut seen: Vec<(String, &[u8])> = Vec::new();
+    let mut seen: Vec<(crate::dt::Uuid, &[u8])> = Vec::new();
     for s in pats
         .iter_mut()
         .flat_map(|p| &mut p.orders)
         .flat_map(|o| &mut o.specs)
     {
-        let id = s.target.as_ref().expect("planned").id.clone();
+        let id = s.target.as_ref().expect("planned").id;
         if seen.iter().any(|(i, raw)| *i == id && *raw == s.spm.raw()) {
             s.write = false;
         } else {
@@ -468,14 +468,14 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
     // Observations: by OBX-21, else by their parent, code, sub-id and rank.
     let msg_obs_key = msg_key.join("|");
     for p in pats.iter_mut() {
-        let patient_id = p.patient.as_ref().expect("planned").id.clone();
+        let patient_id = p.patient.as_ref().expect("planned").id;
         plan_observations(cx, &[&msg_obs_key, &patient_id], &mut p.obs);
         for o in &mut p.orders {
             let parent = o.report.as_ref().or(o.request.as_ref()).expect("planned");
-            let parent_id = parent.id.clone();
+            let parent_id = parent.id;
             plan_observations(cx, &[&parent_id], &mut o.obs);
             for s in &mut o.specs {
-                let sid = s.target.as_ref().expect("planned").id.clone();
+                let sid = s.target.as_ref().expect("planned").id;
                 plan_observations(cx, &[&parent_id, &sid], &mut s.obs);
             }
         }
@@ -495,11 +495,18 @@ fn order_code(cx: &Ctx<'_, '_>, o: &Order<'_>) -> Option<(Option<String>, String
 }
 
 fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
-    let mut ranks: HashMap<String, usize> = HashMap::new();
+    if obs.is_empty() {
+        return;
+    }
+    // The parent's parts as one (joined by the separator `uuid_of` puts between parts: the same id), so each
+    // observation's key is an array, not a Vec of its own.
+    let parent = parent.join("\u{1f}");
+    let mut ranks: HashMap<String, usize> = HashMap::with_capacity(obs.len());
+    let mut code_key = String::with_capacity(32);
     for o in obs {
         let code = cx.rep1(&o.obx, 3);
         // `<code>^<system>^<sub-id>`.
-        let mut code_key = String::with_capacity(32);
+        code_key.clear();
         for (i, part) in [
             code.and_then(|c| cx.comp(c, 1)),
             code.and_then(|c| cx.comp(c, 3)),
@@ -513,7 +520,7 @@ fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
             }
             code_key.push_str(part.as_deref().unwrap_or_default());
         }
-        let rank = match ranks.get_mut(&code_key) {
+        let rank = match ranks.get_mut(code_key.as_str()) {
             Some(r) => {
                 *r += 1;
                 *r
@@ -525,10 +532,11 @@ fn plan_observations(cx: &Ctx<'_, '_>, parent: &[&str], obs: &mut [Obs<'_>]) {
         };
         let mut r = itoa::Buffer::new();
         let r = r.format(rank);
-        let mut key: Vec<&str> = Vec::with_capacity(parent.len() + 3);
-        key.extend_from_slice(parent);
-        key.extend(["OBX", code_key.as_str(), r]);
-        o.target = Some(observation_target(cx, &o.obx, &key));
+        o.target = Some(observation_target(
+            cx,
+            &o.obx,
+            &[&parent, "OBX", &code_key, r],
+        ));
     }
 }
 
@@ -564,10 +572,10 @@ fn each_target<'p>(pats: &'p mut [Pat<'_>]) -> Vec<&'p mut Target> {
 /// `coded_target`) gets one derived from it and its rank.
 fn uniquify(pats: &mut [Pat<'_>]) {
     let mut rank: HashMap<String, usize> = HashMap::new();
-    let mut ids: HashMap<String, usize> = HashMap::new();
+    let mut ids: HashMap<crate::dt::Uuid, usize> = HashMap::new();
     for t in each_target(pats) {
         let Some((s, v)) = &t.by else {
-            let r = ids.entry(t.id.clone()).or_default();
+            let r = ids.entry(t.id).or_default();
             *r += 1;
             if *r > 1 {
                 let mut n = String::with_capacity(4);
@@ -679,7 +687,7 @@ fn observation_entry<'a>(
     w: &mut Writer<'_>,
     o: &Obs<'a>,
     links: ObsLinks<'_, '_>,
-    targets: &mut Vec<String>,
+    targets: &mut Vec<crate::dt::Uuid>,
 ) {
     let t = o.target.as_ref().expect("planned");
     let links = ObsLinks {
@@ -690,7 +698,7 @@ fn observation_entry<'a>(
     cx.begin_entry(w, t);
     let mapped = observation_body(cx, w, &o.obx, links);
     cx.end_entry(w, t);
-    targets.push(t.full_url());
+    targets.push(t.id);
     cx.note_unmapped(&o.obx, &mapped);
     for nte in &o.notes {
         cx.note_unmapped(nte, NTE_MAPPED);
@@ -704,7 +712,7 @@ fn order_entries<'a>(
     map: Kind,
     p: &Pat<'a>,
     o: &Order<'a>,
-    targets: &mut Vec<String>,
+    targets: &mut Vec<crate::dt::Uuid>,
 ) {
     let patient = p.patient.as_ref().expect("planned");
     let request = o.request.as_ref().expect("planned");
@@ -725,7 +733,7 @@ fn order_entries<'a>(
         &spec_targets,
     );
     cx.end_entry(w, request);
-    targets.push(request.full_url());
+    targets.push(request.id);
     for nte in &o.notes {
         cx.note_unmapped(nte, NTE_MAPPED);
     }
@@ -734,7 +742,7 @@ fn order_entries<'a>(
     for (seg, t) in &o.dg1 {
         let t = t.as_ref().expect("planned");
         other_entry(cx, w, seg, t, patient);
-        targets.push(t.full_url());
+        targets.push(t.id);
     }
     for s in &o.specs {
         let t = s.target.as_ref().expect("planned");
@@ -742,7 +750,7 @@ fn order_entries<'a>(
             cx.begin_entry(w, t);
             specimen_body(cx, w, &s.spm, t, patient);
             cx.end_entry(w, t);
-            targets.push(t.full_url());
+            targets.push(t.id);
         }
         let mut mapped = specimen_mapped(cx, &s.spm);
         if s.write && t.repeat {
@@ -790,7 +798,7 @@ fn order_entries<'a>(
             &spec_targets,
         );
         cx.end_entry(w, report);
-        targets.push(report.full_url());
+        targets.push(report.id);
         obr_mapped.extend(mapped);
         if !report.repeat {
             // The report carries the order numbers (when the ServiceRequest, a repeat, does not).

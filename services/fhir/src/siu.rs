@@ -229,7 +229,7 @@ pub(crate) fn convert(
 
     let mut w = Writer::new(out);
     let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<String> = Vec::new();
+    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         let focus: Vec<&Target> = std::iter::once(&appointment)
             .chain(patient.as_ref())
@@ -240,7 +240,7 @@ pub(crate) fn convert(
         cx.begin_entry(&mut w, patient);
         let pid_mapped = patient_body(cx, &mut w, pid);
         cx.end_entry(&mut w, patient);
-        targets.push(patient.full_url());
+        targets.push(patient.id);
         cx.note_unmapped(pid, &pid_mapped);
     }
     practitioners.write(cx, &mut w, &mut targets);
@@ -248,20 +248,20 @@ pub(crate) fn convert(
         cx.begin_entry(&mut w, t);
         w.string("name", name);
         cx.end_entry(&mut w, t);
-        targets.push(t.full_url());
+        targets.push(t.id);
     }
     for (t, id) in &devices {
         cx.begin_entry(&mut w, t);
         device_body(cx, &mut w, *id);
         cx.end_entry(&mut w, t);
-        targets.push(t.full_url());
+        targets.push(t.id);
     }
     if let (Some(pv1), Some(enc), Some(patient)) = (&pv1, &encounter, &patient) {
         let pv2 = msg.segment("PV2", 1);
         cx.begin_entry(&mut w, enc);
         encounter_body(cx, &mut w, None, pv1, pv2.as_ref(), patient, &participants);
         cx.end_entry(&mut w, enc);
-        targets.push(enc.full_url());
+        targets.push(enc.id);
         cx.note_unmapped(pv1, PV1_MAPPED);
         if let Some(pv2) = &pv2 {
             cx.note_unmapped(pv2, PV2_MAPPED);
@@ -292,7 +292,7 @@ pub(crate) fn convert(
         };
         let mapped = observation_body(cx, &mut w, &o.obx, links);
         cx.end_entry(&mut w, &t);
-        targets.push(t.full_url());
+        targets.push(t.id);
         cx.note_unmapped(&o.obx, &mapped);
         for nte in &o.notes {
             cx.note_unmapped(nte, NTE_MAPPED);
@@ -305,7 +305,7 @@ pub(crate) fn convert(
             cx.begin_entry(&mut w, &t);
             let mapped = condition_body(cx, &mut w, dg1, &t, patient);
             cx.end_entry(&mut w, &t);
-            targets.push(t.full_url());
+            targets.push(t.id);
             cx.note_unmapped(dg1, mapped);
         }
     } else {
@@ -330,7 +330,7 @@ pub(crate) fn convert(
         },
     );
     cx.end_entry(&mut w, &appointment);
-    targets.push(appointment.full_url());
+    targets.push(appointment.id);
     cx.note_unmapped(&sch, SCH_MAPPED);
     for (i, tq1) in tq1s.iter().enumerate() {
         if source == Source::Tq1(i) {

@@ -175,7 +175,7 @@ pub(crate) fn convert(
 
     let mut w = Writer::new(out);
     let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<String> = Vec::new();
+    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         let focus: Vec<&Target> = std::iter::once(&patient)
             .chain(immunizations.iter())
@@ -186,24 +186,24 @@ pub(crate) fn convert(
     cx.begin_entry(&mut w, &patient);
     let pid_mapped = patient_body(cx, &mut w, &pid);
     cx.end_entry(&mut w, &patient);
-    targets.push(patient.full_url());
+    targets.push(patient.id);
     cx.note_unmapped(&pid, &pid_mapped);
 
     practitioners.write(cx, &mut w, &mut targets);
     for org in &orgs {
         extra::organization_entry(cx, &mut w, org);
-        targets.push(org.target.full_url());
+        targets.push(org.target.id);
     }
-    let mut written_locations: Vec<String> = Vec::new();
+    let mut written_locations: Vec<crate::dt::Uuid> = Vec::new();
     for (o, loc) in orders.iter().zip(&locations) {
         if let (Some(rxa), Some(loc)) = (&o.rxa, loc)
             && !written_locations.contains(&loc.id)
         {
-            written_locations.push(loc.id.clone());
+            written_locations.push(loc.id);
             cx.begin_entry(&mut w, loc);
             location_body(cx, &mut w, rxa);
             cx.end_entry(&mut w, loc);
-            targets.push(loc.full_url());
+            targets.push(loc.id);
         }
     }
 
@@ -212,7 +212,7 @@ pub(crate) fn convert(
         cx.begin_entry(&mut w, enc);
         encounter_body(cx, &mut w, None, pv1, pv2.as_ref(), &patient, &participants);
         cx.end_entry(&mut w, enc);
-        targets.push(enc.full_url());
+        targets.push(enc.id);
         cx.note_unmapped(pv1, PV1_MAPPED);
         if let Some(pv2) = &pv2 {
             cx.note_unmapped(pv2, PV2_MAPPED);
@@ -228,7 +228,7 @@ pub(crate) fn convert(
         cx.begin_entry(&mut w, &t);
         related_person_body(cx, &mut w, nk1, &patient);
         cx.end_entry(&mut w, &t);
-        targets.push(t.full_url());
+        targets.push(t.id);
         cx.note_unmapped(nk1, NK1_MAPPED);
     }
 
@@ -272,7 +272,7 @@ pub(crate) fn convert(
             &mut rxa_mapped,
         )?;
         cx.end_entry(&mut w, imm);
-        targets.push(imm.full_url());
+        targets.push(imm.id);
         cx.note_unmapped(rxa, &rxa_mapped);
         if let Some(orc) = &o.orc {
             cx.note_unmapped(orc, &orc_mapped);
@@ -314,7 +314,7 @@ fn write_observations<'a>(
     parent: &str,
     part_of: Option<&Target>,
     links: ObsLinks<'_, '_>,
-    targets: &mut Vec<String>,
+    targets: &mut Vec<crate::dt::Uuid>,
 ) {
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();
@@ -341,7 +341,7 @@ fn write_observations<'a>(
             w.end_array();
         }
         cx.end_entry(w, &t);
-        targets.push(t.full_url());
+        targets.push(t.id);
         cx.note_unmapped(&o.obx, &mapped);
         for nte in &o.notes {
             cx.note_unmapped(nte, NTE_MAPPED);
