@@ -216,9 +216,11 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     consumer.assign(&tpl)?;
     let limit = page_limit(filter.limit);
     let mut bytes = 0usize;
-    let mut out = Vec::new();
-    // Replay markers seen: (partition, offset) of the letter -> (by whom, when).
-    let mut markers: HashMap<(i32, i64), (String, i64)> = HashMap::new();
+    let mut out: Vec<(DeadLetter, Envelope)> = Vec::new();
+    // The letters on the page by (partition, offset), for the replay markers read after them: a marker names an
+    // earlier offset of its partition, so nothing is kept for letters off the page (bounded by the page's limit,
+    // however many markers the DLQ holds).
+    let mut on_page: HashMap<(i32, i64), usize> = HashMap::new();
     let mut full = false;
     let mut done: Vec<(i32, i64)> = Vec::new();
     while done.len() < ends.len() {
@@ -261,8 +263,11 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             Timestamp::NotAvailable => 0,
         };
         if let Some(of) = replay_of(&m) {
-            let by = header(&m, REPLAYED_BY_HEADER).unwrap_or_default();
-            markers.insert((m.partition(), of), (by, at));
+            if let Some(&i) = on_page.get(&(m.partition(), of)) {
+                let dl = &mut out[i].0;
+                dl.replayed_by = header(&m, REPLAYED_BY_HEADER).unwrap_or_default();
+                dl.replayed_at = Some(millis_timestamp(at));
+            }
             if !full {
                 next.insert(m.partition(), m.offset() + 1);
             }
@@ -321,15 +326,10 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
             http_status: rej.http_status,
         };
         bytes += env.raw.len();
+        on_page.insert((dl.partition, dl.offset), out.len());
         out.push((dl, env));
         if out.len() >= limit || bytes >= MAX_PAGE_BYTES {
             full = true;
-        }
-    }
-    for (dl, _) in &mut out {
-        if let Some((by, at)) = markers.get(&(dl.partition, dl.offset)) {
-            dl.replayed_by.clone_from(by);
-            dl.replayed_at = Some(millis_timestamp(*at));
         }
     }
     // More may match when a partition was not read to its end for letters.
