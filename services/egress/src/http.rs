@@ -220,7 +220,10 @@ impl HttpClient {
                 .body(Full::new(body.clone()))
                 .map_err(|e| HttpError::Request(e.to_string()))?;
             let hs = req.headers_mut();
-            hs.extend(self.headers.clone());
+            // The configured headers, each name and value a reference-counted copy (no map built per request).
+            for (name, value) in &self.headers {
+                hs.append(name.clone(), value.clone());
+            }
             hs.insert(header::CONTENT_TYPE, ct);
             hs.insert(header::ACCEPT, accept);
             if let Ok(tp) = HeaderValue::from_str(traceparent)
