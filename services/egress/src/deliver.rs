@@ -623,7 +623,7 @@ impl DestCtx {
         stop: &CancellationToken,
     ) -> Done {
         let payload = m.payload().unwrap_or_default();
-        let mut env = match envelope::decode(payload) {
+        let env = match envelope::decode(payload) {
             Ok(e) => e,
             Err(e) => {
                 let env = Envelope {
@@ -738,10 +738,6 @@ impl DestCtx {
                             negative_code => {
                                 let error = err_code(&frame);
                                 if !policy.retries(negative_code, error) {
-                                    if tries > 1 {
-                                        self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                                    }
-                                    env.attempts = attempt;
                                     self.m.refused(&span, code_str, error);
                                     let detail = match error {
                                         Some(e) => {
@@ -749,16 +745,9 @@ impl DestCtx {
                                         }
                                         None => format!("receiver answered {code_str}"),
                                     };
-                                    return self
-                                        .dead_letter(
-                                            env,
-                                            "rejected",
-                                            detail,
-                                            Answer::ack(frame.freeze()),
-                                            &span,
-                                            stop,
-                                        )
-                                        .await;
+                                    let answer = Answer::ack(frame.freeze());
+                                    let end = (tries, attempt, "rejected", detail, answer);
+                                    return self.last_attempt(env, end, &span, stop).await;
                                 }
                                 negative += 1;
                                 reason = "negative_ack";
@@ -782,21 +771,11 @@ impl DestCtx {
             if (retry.max_attempts > 0 && tries >= retry.max_attempts)
                 || (policy.max_retries > 0 && negative > policy.max_retries)
             {
-                if tries > 1 {
-                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                }
-                env.attempts = attempt;
                 self.m.gave_up(&span, reason, tries);
-                return self
-                    .dead_letter(
-                        env,
-                        "gave_up",
-                        format!("{tries} attempts, last: {reason}"),
-                        last_ack.map(Answer::ack).unwrap_or_default(),
-                        &span,
-                        stop,
-                    )
-                    .await;
+                let detail = format!("{tries} attempts, last: {reason}");
+                let answer = last_ack.map(Answer::ack).unwrap_or_default();
+                let end = (tries, attempt, "gave_up", detail, answer);
+                return self.last_attempt(env, end, &span, stop).await;
             }
             let wait = retry.backoff(tries, fastrand::f64());
             if !self
@@ -816,7 +795,7 @@ impl DestCtx {
     async fn deliver_http(
         &self,
         http: &crate::http::HttpClient,
-        mut env: Envelope,
+        env: Envelope,
         d: Delivery<'_>,
     ) -> Done {
         let Delivery {
@@ -864,22 +843,11 @@ impl DestCtx {
                             return self.delivered(&env, m, started, attempt, tries, key, answer);
                         }
                         HttpVerdict::Refused => {
-                            if tries > 1 {
-                                self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                            }
-                            env.attempts = attempt;
                             self.m.http_refused(span, status);
                             let detail = http_detail(status, &a.content_type, &a.body);
-                            return self
-                                .dead_letter(
-                                    env,
-                                    "rejected",
-                                    detail,
-                                    Answer::http(a.body, status),
-                                    span,
-                                    stop,
-                                )
-                                .await;
+                            let answer = Answer::http(a.body, status);
+                            let end = (tries, attempt, "rejected", detail, answer);
+                            return self.last_attempt(env, end, span, stop).await;
                         }
                         HttpVerdict::RetryLater(reason) => {
                             negative += 1;
@@ -904,21 +872,10 @@ impl DestCtx {
             if (retry.max_attempts > 0 && tries >= retry.max_attempts)
                 || (policy.max_retries > 0 && negative > policy.max_retries)
             {
-                if tries > 1 {
-                    self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-                }
-                env.attempts = attempt;
                 self.m.gave_up(span, reason, tries);
-                return self
-                    .dead_letter(
-                        env,
-                        "gave_up",
-                        format!("{tries} attempts, last: {reason}"),
-                        last.unwrap_or_default(),
-                        span,
-                        stop,
-                    )
-                    .await;
+                let detail = format!("{tries} attempts, last: {reason}");
+                let end = (tries, attempt, "gave_up", detail, last.unwrap_or_default());
+                return self.last_attempt(env, end, span, stop).await;
             }
             if !self
                 .pause_before_retry(tries, reason, wait, generation, head, stop)
@@ -1016,6 +973,24 @@ impl DestCtx {
     /// The write is a producer span, `dead_letter`, child of the message's `deliver` span (`parent`; none for
     /// a record that is not an envelope): the dead letter carries its trace context, so that a replay of it
     /// continues the trace from there.
+    /// The attempts at a record end in a dead letter: `end` is (tries so far, the attempt count the envelope
+    /// records, the reason, its detail, the receiver's last answer). The record no longer counts as retrying.
+    async fn last_attempt(
+        &self,
+        mut env: Envelope,
+        end: (u32, u32, &'static str, String, Answer),
+        span: &tracing::Span,
+        stop: &CancellationToken,
+    ) -> Done {
+        let (tries, attempt, reason, detail, answer) = end;
+        if tries > 1 {
+            self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+        }
+        env.attempts = attempt;
+        self.dead_letter(env, reason, detail, answer, span, stop)
+            .await
+    }
+
     async fn dead_letter(
         &self,
         mut env: Envelope,
