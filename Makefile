@@ -19,7 +19,8 @@ demo: build ## the CLI alone: flat view, ACK, and an MLLP send to a local `hl7gw
 	@scripts/run-demo.sh
 
 # No incremental caches for make test (lint runs under it too): a clean build's incremental directories were
-# gigabytes that only a later edit-and-rebuild would use, and CI's disk ran out.
+# gigabytes that only a later edit-and-rebuild would use, and CI's disk ran out. (Cargo keeps the workspace's own
+# crates built this way apart from those of a plain `cargo test`: switching between the two rebuilds them.)
 test: export CARGO_INCREMENTAL = 0
 test: lint ## fmt check, clippy -D warnings, then every test (unit, property, corpus, e2e with a real Kafka)
 	@scripts/test.sh

@@ -973,24 +973,6 @@ impl DestCtx {
     /// The write is a producer span, `dead_letter`, child of the message's `deliver` span (`parent`; none for
     /// a record that is not an envelope): the dead letter carries its trace context, so that a replay of it
     /// continues the trace from there.
-    /// The attempts at a record end in a dead letter: `end` is (tries so far, the attempt count the envelope
-    /// records, the reason, its detail, the receiver's last answer). The record no longer counts as retrying.
-    async fn last_attempt(
-        &self,
-        mut env: Envelope,
-        end: (u32, u32, &'static str, String, Answer),
-        span: &tracing::Span,
-        stop: &CancellationToken,
-    ) -> Done {
-        let (tries, attempt, reason, detail, answer) = end;
-        if tries > 1 {
-            self.state.retrying.fetch_sub(1, Ordering::Relaxed);
-        }
-        env.attempts = attempt;
-        self.dead_letter(env, reason, detail, answer, span, stop)
-            .await
-    }
-
     async fn dead_letter(
         &self,
         mut env: Envelope,
@@ -1096,6 +1078,24 @@ impl DestCtx {
             e
         });
         Done::Settled(event)
+    }
+
+    /// The attempts at a record end in a dead letter: `end` is (tries so far, the attempt count the envelope
+    /// records, the reason, its detail, the receiver's last answer). The record no longer counts as retrying.
+    async fn last_attempt(
+        &self,
+        mut env: Envelope,
+        end: (u32, u32, &'static str, String, Answer),
+        span: &tracing::Span,
+        stop: &CancellationToken,
+    ) -> Done {
+        let (tries, attempt, reason, detail, answer) = end;
+        if tries > 1 {
+            self.state.retrying.fetch_sub(1, Ordering::Relaxed);
+        }
+        env.attempts = attempt;
+        self.dead_letter(env, reason, detail, answer, span, stop)
+            .await
     }
 }
 
