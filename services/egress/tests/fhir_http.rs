@@ -33,10 +33,19 @@ fn destination(url: &str) -> String {
     )
 }
 
+/// Left out of the corpus run: a patient identified only by an identifier without assigning authority
+/// (`123456789`, `urn:hl7gw:id:unknown`) that another patient of the corpus (msfc__ADT-A06-02, A07-01/02,
+/// updated by `ADT1|PATID1234`) also carries. The two go to different partitions, so whether the server finds
+/// one Patient or two by that identifier depends on the order the partitions' deliveries happen to take, and two
+/// make the conditional update a 412, dead-lettered as `rejected` (what the HTTP destination should do; the
+/// test wants a run that does not depend on timing). Found by a run where it came out the other way.
+const AMBIGUOUS: &[&str] = &["msfc__ADT04-23"];
+
 /// The corpus's messages of a mapped type, by file name.
 fn corpus() -> Vec<(String, Vec<u8>)> {
     support::hl7_files(&support::corpus_dir(), "")
         .into_iter()
+        .filter(|(name, _)| !AMBIGUOUS.contains(&name.as_str()))
         .filter_map(|(name, bytes)| {
             let m = hl7v2::Message::parse(&bytes).ok()?;
             if !hl7gw_fhir::supports(&m) {
