@@ -497,39 +497,18 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         .collect()
 }
 
-/// Writes `items` as an array under `key`, or nothing when none of them writes anything.
-pub(crate) fn write_items<T>(
+/// Writes `items` as an array under `key`, or nothing when none of them writes anything (a slice, or an
+/// iterator of field repetitions with no Vec in between).
+pub(crate) fn write_items<I: IntoIterator>(
     w: &mut Writer<'_>,
     key: &str,
-    items: &[T],
-    mut one: impl FnMut(&mut Writer<'_>, &T) -> bool,
-) {
-    if items.is_empty() {
-        return;
-    }
-    let (mark, had) = (w.len(), w.has_members());
-    w.array(key);
-    let mut any = false;
-    for it in items {
-        any |= one(w, it);
-    }
-    w.end_array();
-    if !any {
-        w.truncate(mark, had);
-    }
-}
-
-/// [`write_items`] for items an iterator yields (empty ones skipped), with no Vec in between.
-pub(crate) fn write_items_of<'v>(
-    w: &mut Writer<'_>,
-    key: &str,
-    items: impl Iterator<Item = Value<'v>>,
-    mut one: impl FnMut(&mut Writer<'_>, Value<'v>) -> bool,
+    items: I,
+    mut one: impl FnMut(&mut Writer<'_>, I::Item) -> bool,
 ) {
     let (mark, had) = (w.len(), w.has_members());
     let mut open = false;
     let mut any = false;
-    for it in items.filter(|v| !v.is_empty()) {
+    for it in items {
         if !open {
             w.array(key);
             open = true;
@@ -538,9 +517,9 @@ pub(crate) fn write_items_of<'v>(
     }
     if open {
         w.end_array();
-    }
-    if open && !any {
-        w.truncate(mark, had);
+        if !any {
+            w.truncate(mark, had);
+        }
     }
 }
 
@@ -1239,8 +1218,9 @@ pub(crate) fn observation_body(
     let flags = cx
         .seg_field(obx, 8)
         .into_iter()
-        .flat_map(|f| f.repetitions());
-    write_items_of(w, "interpretation", flags, |w, v| {
+        .flat_map(|f| f.repetitions())
+        .filter(|v| !v.is_empty());
+    write_items(w, "interpretation", flags, |w, v| {
         let Some(code) = cx.comp(v, 1) else {
             return false;
         };
