@@ -745,8 +745,13 @@ impl DestCtx {
                                         }
                                         None => format!("receiver answered {code_str}"),
                                     };
-                                    let answer = Answer::ack(frame.freeze());
-                                    let end = (tries, attempt, "rejected", detail, answer);
+                                    let end = Ending {
+                                        tries,
+                                        attempt,
+                                        reason: "rejected",
+                                        detail,
+                                        answer: Answer::ack(frame.freeze()),
+                                    };
                                     return self.last_attempt(env, end, &span, stop).await;
                                 }
                                 negative += 1;
@@ -772,9 +777,13 @@ impl DestCtx {
                 || (policy.max_retries > 0 && negative > policy.max_retries)
             {
                 self.m.gave_up(&span, reason, tries);
-                let detail = format!("{tries} attempts, last: {reason}");
-                let answer = last_ack.map(Answer::ack).unwrap_or_default();
-                let end = (tries, attempt, "gave_up", detail, answer);
+                let end = Ending {
+                    tries,
+                    attempt,
+                    reason: "gave_up",
+                    detail: format!("{tries} attempts, last: {reason}"),
+                    answer: last_ack.map(Answer::ack).unwrap_or_default(),
+                };
                 return self.last_attempt(env, end, &span, stop).await;
             }
             let wait = retry.backoff(tries, fastrand::f64());
@@ -844,9 +853,13 @@ impl DestCtx {
                         }
                         HttpVerdict::Refused => {
                             self.m.http_refused(span, status);
-                            let detail = http_detail(status, &a.content_type, &a.body);
-                            let answer = Answer::http(a.body, status);
-                            let end = (tries, attempt, "rejected", detail, answer);
+                            let end = Ending {
+                                tries,
+                                attempt,
+                                reason: "rejected",
+                                detail: http_detail(status, &a.content_type, &a.body),
+                                answer: Answer::http(a.body, status),
+                            };
                             return self.last_attempt(env, end, span, stop).await;
                         }
                         HttpVerdict::RetryLater(reason) => {
@@ -873,8 +886,13 @@ impl DestCtx {
                 || (policy.max_retries > 0 && negative > policy.max_retries)
             {
                 self.m.gave_up(span, reason, tries);
-                let detail = format!("{tries} attempts, last: {reason}");
-                let end = (tries, attempt, "gave_up", detail, last.unwrap_or_default());
+                let end = Ending {
+                    tries,
+                    attempt,
+                    reason: "gave_up",
+                    detail: format!("{tries} attempts, last: {reason}"),
+                    answer: last.unwrap_or_default(),
+                };
                 return self.last_attempt(env, end, span, stop).await;
             }
             if !self
@@ -1080,23 +1098,34 @@ impl DestCtx {
         Done::Settled(event)
     }
 
-    /// The attempts at a record end in a dead letter: `end` is (tries so far, the attempt count the envelope
-    /// records, the reason, its detail, the receiver's last answer). The record no longer counts as retrying.
+    /// The attempts at a record end in a dead letter (`end` says why); the record no longer counts as retrying.
     async fn last_attempt(
         &self,
         mut env: Envelope,
-        end: (u32, u32, &'static str, String, Answer),
+        end: Ending,
         span: &tracing::Span,
         stop: &CancellationToken,
     ) -> Done {
-        let (tries, attempt, reason, detail, answer) = end;
-        if tries > 1 {
+        if end.tries > 1 {
             self.state.retrying.fetch_sub(1, Ordering::Relaxed);
         }
-        env.attempts = attempt;
-        self.dead_letter(env, reason, detail, answer, span, stop)
+        env.attempts = end.attempt;
+        self.dead_letter(env, end.reason, end.detail, end.answer, span, stop)
             .await
     }
+}
+
+/// How a record's attempts ended in a dead letter.
+struct Ending {
+    /// Tries in this delivery (more than one: it was counted as retrying).
+    tries: u32,
+    /// The attempt count the envelope records.
+    attempt: u32,
+    /// `rejected` or `gave_up`.
+    reason: &'static str,
+    detail: String,
+    /// The receiver's last answer.
+    answer: Answer,
 }
 
 /// The receiver's last answer kept in a dead letter: its bytes (an ACK, or an HTTP response body) and, for
