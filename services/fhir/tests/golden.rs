@@ -129,4 +129,10 @@ fn bundles_are_unchanged() {
         "messages in golden.tsv no longer converted: {missing:?}"
     );
     assert!(changed.is_empty(), "output changed for: {changed:?}");
+    // Without the corpus only the samples would be compared, and the speed work it guards could change the rest.
+    assert!(
+        compared > 500,
+        "only {compared} Bundles compared: is the corpus at {} missing?",
+        corpus_dir().display()
+    );
 }
