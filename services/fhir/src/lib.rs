@@ -133,7 +133,7 @@ pub fn convert_received(
         String::from_utf8_lossy(h.message_type),
         String::from_utf8_lossy(h.trigger_event)
     );
-    if !SUPPORTED.contains(&kind.as_str()) {
+    if !supports(msg) {
         return Err(FhirError::Unsupported(kind));
     }
     let mut cx = dt::Ctx::new(msg, charset, opts);
