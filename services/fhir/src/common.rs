@@ -188,6 +188,10 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
 pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
     cx.take_dropped();
     w.end_array();
+    // Resources only referenced (write: reference): their references name the condition.
+    for (id, condition) in std::mem::take(&mut cx.conditional_refs) {
+        w.replace_strings(frame.entries_at, &format!("urn:uuid:{id}"), &condition);
+    }
     if cx.resources == 0 {
         // FHIR has no empty arrays.
         w.truncate(frame.entries_at, true);
@@ -211,14 +215,38 @@ pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame
     }
 }
 
-/// The patient of a PID: by its first identifier (PID-3, else PID-2/4), else by `fallback` (the message).
+/// The patient of a PID: by its match key (the route's rule among PID-3's repetitions, else the first
+/// identifier of PID-3, else PID-2/4), else by `fallback` (the message). An identifier that names no authority
+/// anywhere refuses the message unless the route allows one global namespace; a rule no repetition meets
+/// refuses it too ([`Ctx::refuse`]).
 pub(crate) fn patient_target(cx: &Ctx<'_, '_>, pid: &Segment<'_>, fallback: &[&str]) -> Target {
-    let patient_id = [3, 2, 4]
-        .iter()
-        .flat_map(|&n| cx.reps(pid, n))
-        .find_map(|cx_| cx.cx_key(cx_));
-    match &patient_id {
-        Some((s, v)) => cx.target("Patient", &[s, v], Some((s.clone(), v.clone()))),
+    let key = match cx.patient_rule() {
+        Some(rule) => {
+            let found = cx
+                .reps(pid, 3)
+                .into_iter()
+                .find(|v| cx.is_match_key(*v, rule))
+                .and_then(|v| cx.patient_key(v));
+            if found.is_none() {
+                let mut what = Vec::new();
+                what.extend(rule.type_code.as_deref().map(|t| format!("type {t}")));
+                what.extend(rule.authority.as_deref().map(|a| format!("authority {a}")));
+                cx.refuse(FhirError::NoMatchKey(what.join(", ")));
+            }
+            found
+        }
+        None => [3, 2, 4]
+            .iter()
+            .flat_map(|&n| cx.reps(pid, n))
+            .find_map(|v| cx.patient_key(v)),
+    };
+    match key {
+        Some(((s, v), scoped)) => {
+            if !scoped && !cx.opts.unscoped_identifiers_global {
+                cx.refuse(FhirError::UnscopedIdentity);
+            }
+            cx.target("Patient", &[&s, &v], Some((s.clone(), v.clone())))
+        }
         None => cx.target("Patient", fallback, None),
     }
 }

@@ -2,8 +2,9 @@
 //! the message's charset, derived ids, the Bundle's entries, the record of what was not mapped.
 
 use crate::json::Writer;
+use crate::time::LocalOffset;
 use crate::vocab;
-use crate::{BundleType, Options, Unmapped};
+use crate::{BundleType, FhirError, IdentifierRule, Options, TimeZone, Unmapped, Write};
 use hl7v2::message::{Segment, Value};
 use hl7v2::{Charset, Message};
 use sha2::{Digest, Sha256};
@@ -28,6 +29,20 @@ pub(crate) struct Ctx<'a, 'm> {
     index: FieldIndex<'a>,
     /// The message's escape character.
     escape: u8,
+    /// The time zone of times without an offset: the sender's, else the route's.
+    pub tz: Option<&'m TimeZone>,
+    /// The sender's settings in the route, when it names this sender.
+    sender: Option<&'m crate::Sender>,
+    /// The system of identifiers that name no authority of their own: the sender's authority in the route,
+    /// else MSH-4's (worked out once, when first needed).
+    fallback_system: std::cell::OnceCell<Option<String>>,
+    /// Why the message is refused, found while writing (the first reason).
+    refusal: std::cell::RefCell<Option<FhirError>>,
+    /// Where the open entry starts, and whether the entry array had members then.
+    entry_mark: (usize, bool),
+    /// Resources referenced by a condition instead of an entry ([`Write::Reference`]): their derived id and
+    /// the conditional reference that replaces `urn:uuid:<id>` in the Bundle.
+    pub conditional_refs: Vec<(Uuid, String)>,
 }
 
 /// The fields of each segment of the message, split once per conversion ([`Segment::field`] splits the
@@ -130,10 +145,13 @@ pub(crate) struct Target {
     /// derived id and does not carry that business identifier (the field is reported as unmapped), so the
     /// condition never matches more than one resource.
     pub repeat: bool,
+    /// How a transaction writes it.
+    pub write: Write,
 }
 
 impl<'a, 'm> Ctx<'a, 'm> {
     pub fn new(msg: &'m Message<'a>, charset: Charset, opts: &'m Options) -> Self {
+        let sender = sender_of(msg, charset, opts);
         Self {
             msg,
             charset,
@@ -145,6 +163,57 @@ impl<'a, 'm> Ctx<'a, 'm> {
             dropped: std::cell::RefCell::new(Vec::new()),
             index: FieldIndex::new(msg),
             escape: msg.delimiters().escape,
+            tz: sender
+                .and_then(|s| s.timezone.as_ref())
+                .or(opts.timezone.as_ref()),
+            sender,
+            fallback_system: std::cell::OnceCell::new(),
+            refusal: std::cell::RefCell::new(None),
+            entry_mark: (0, false),
+            conditional_refs: Vec::new(),
+        }
+    }
+
+    /// Refuses the message (the first reason found wins): [`crate::convert`] then returns it, no Bundle.
+    pub fn refuse(&self, e: FhirError) {
+        self.refusal.borrow_mut().get_or_insert(e);
+    }
+
+    /// The refusal, if any.
+    pub fn take_refusal(&mut self) -> Option<FhirError> {
+        self.refusal.get_mut().take()
+    }
+
+    /// The patient's match key among PID-3's repetitions: the sender's rule, else the route's.
+    pub fn patient_rule(&self) -> Option<&'m IdentifierRule> {
+        self.sender
+            .and_then(|s| s.patient_identifier.as_ref())
+            .or(self.opts.patient_identifier.as_ref())
+    }
+
+    /// How a transaction writes a resource of `rtype` from this message: the route's choice, else the
+    /// default (docs/fhir.md, "Write semantics"): the messages that own a resource update it, the others
+    /// create it only when the server has none.
+    pub fn write_of(&self, rtype: &str) -> Write {
+        if let Some(w) = self.opts.write.get(rtype) {
+            return *w;
+        }
+        let h = self.msg.header();
+        let owns = match (rtype, h.message_type) {
+            ("Patient", b"ADT") => matches!(
+                h.trigger_event,
+                b"A01" | b"A04" | b"A05" | b"A08" | b"A28" | b"A31"
+            ),
+            ("Encounter", t) => t == b"ADT",
+            ("Patient" | "Practitioner", _) => false,
+            ("ServiceRequest", t) => matches!(t, b"ORM" | b"OML"),
+            ("RelatedPerson" | "AllergyIntolerance" | "Coverage" | "Condition", t) => t == b"ADT",
+            _ => true,
+        };
+        if owns {
+            Write::Update
+        } else {
+            Write::CreateIfAbsent
         }
     }
 
@@ -314,6 +383,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             by,
             code: None,
             repeat: false,
+            write: self.write_of(rtype),
         }
     }
 
@@ -333,44 +403,71 @@ impl<'a, 'm> Ctx<'a, 'm> {
     /// [`Ctx::end_entry`].
     pub fn begin_entry(&mut self, w: &mut Writer<'_>, t: &Target) {
         self.resources += 1;
+        self.entry_mark = (w.len(), w.has_members());
         w.begin_object();
         w.string_parts("fullUrl", &["urn:uuid:", &t.id]);
         w.object("resource");
         w.string("resourceType", t.rtype);
+        // Written by a condition (PUT or POST), the server keeps its own id.
         if t.by.is_none() || self.opts.bundle_type == BundleType::Message {
             w.string("id", &t.id);
         }
     }
 
-    /// Closes the resource and, in a transaction, writes the entry's request: a conditional update by the
+    /// Closes the resource and, in a transaction, writes the entry's request: an update (`PUT`) by the
     /// business identifier (and the code, when the target names one: `&code=<system>|<code>`, `|<code>` for a
-    /// coding without a system), else an update by id.
+    /// coding without a system) or by id; or a create-if-absent (`POST` with `ifNoneExist` on the identifier);
+    /// or, for a resource only referenced, no entry at all (its references become the condition).
     pub fn end_entry(&mut self, w: &mut Writer<'_>, t: &Target) {
         w.end_object();
         if self.opts.bundle_type == BundleType::Transaction {
-            w.object("request");
-            w.string("method", "PUT");
-            match &t.by {
-                Some((system, value)) => {
-                    let mut url = String::with_capacity(64);
-                    url.push_str(t.rtype);
-                    url.push_str("?identifier=");
-                    token_encode(&mut url, system);
-                    url.push_str("%7C");
-                    token_encode(&mut url, value);
-                    if let Some((system, code)) = &t.code {
-                        url.push_str("&code=");
-                        if let Some(system) = system {
-                            token_encode(&mut url, system);
-                        }
-                        url.push_str("%7C");
-                        token_encode(&mut url, code);
+            let condition = t.by.as_ref().map(|(system, value)| {
+                let mut q = String::with_capacity(64);
+                q.push_str("identifier=");
+                token_encode(&mut q, system);
+                q.push_str("%7C");
+                token_encode(&mut q, value);
+                if let Some((system, code)) = &t.code {
+                    q.push_str("&code=");
+                    if let Some(system) = system {
+                        token_encode(&mut q, system);
                     }
-                    w.string("url", &url);
+                    q.push_str("%7C");
+                    token_encode(&mut q, code);
                 }
-                None => w.string_parts("url", &[t.rtype, "/", &t.id]),
+                q
+            });
+            match (condition, t.write) {
+                (Some(q), Write::Reference) => {
+                    // Not written: the entry goes, and every reference to it names the condition.
+                    w.end_object();
+                    let (mark, had) = self.entry_mark;
+                    w.truncate(mark, had);
+                    self.resources -= 1;
+                    self.conditional_refs
+                        .push((t.id, format!("{}?{q}", t.rtype)));
+                    return;
+                }
+                (Some(q), Write::CreateIfAbsent) => {
+                    w.object("request");
+                    w.string("method", "POST");
+                    w.string("url", t.rtype);
+                    w.string("ifNoneExist", &q);
+                    w.end_object();
+                }
+                (Some(q), Write::Update) => {
+                    w.object("request");
+                    w.string("method", "PUT");
+                    w.string_parts("url", &[t.rtype, "?", &q]);
+                    w.end_object();
+                }
+                (None, _) => {
+                    w.object("request");
+                    w.string("method", "PUT");
+                    w.string_parts("url", &[t.rtype, "/", &t.id]);
+                    w.end_object();
+                }
             }
-            w.end_object();
         }
         w.end_object();
     }
@@ -429,9 +526,54 @@ impl<'a, 'm> Ctx<'a, 'm> {
     fn cx_key_of(&self, c: &[Option<Value<'a>>]) -> Option<(String, String)> {
         let value = self.text(c[0])?;
         let system = self
-            .hd_system(c[3], true)
-            .unwrap_or_else(|| "urn:hl7gw:id:unknown".to_owned());
+            .cx_system(c)
+            .unwrap_or_else(|| UNSCOPED_SYSTEM.to_owned());
         Some((system, value.into_owned()))
+    }
+
+    /// A CX's identifier system: its assigning authority (CX-4), else its assigning facility (CX-6), else the
+    /// sender's authority in the route, else the sending facility (MSH-4). `None` when none of these is given.
+    fn cx_system(&self, c: &[Option<Value<'a>>]) -> Option<String> {
+        self.hd_system(c[3], true)
+            .or_else(|| self.hd_system(c.get(5).copied().flatten(), true))
+            .or_else(|| {
+                self.fallback_system
+                    .get_or_init(|| match self.sender.and_then(|s| s.authority.as_deref()) {
+                        Some(a) => self.hd_system_of(Some(Cow::Borrowed(a)), None, None),
+                        None => self.hd_system(self.msh(4), false),
+                    })
+                    .clone()
+            })
+    }
+
+    /// The patient's key from a PID-3/2/4 repetition, with whether it names an authority somewhere.
+    pub fn patient_key(&self, cx: Value<'a>) -> Option<((String, String), bool)> {
+        let c = components::<6>(cx);
+        let value = self.text(c[0])?;
+        let system = self.cx_system(&c);
+        let scoped = system.is_some();
+        Some((
+            (
+                system.unwrap_or_else(|| UNSCOPED_SYSTEM.to_owned()),
+                value.into_owned(),
+            ),
+            scoped,
+        ))
+    }
+
+    /// Whether a PID-3 repetition is the one `rule` names (its CX-5 type, its CX-4 or CX-6 namespace id).
+    pub fn is_match_key(&self, cx: Value<'a>, rule: &IdentifierRule) -> bool {
+        let c = components::<6>(cx);
+        let type_ok = rule
+            .type_code
+            .as_deref()
+            .is_none_or(|t| self.text(c[4]).as_deref() == Some(t));
+        let ns = |v: Option<Value<'a>>| self.text(v.and_then(|v| v.subcomponent(1)));
+        let authority_ok = rule
+            .authority
+            .as_deref()
+            .is_none_or(|a| ns(c[3]).as_deref() == Some(a) || ns(c[5]).as_deref() == Some(a));
+        type_ok && authority_ok && self.text(c[0]).is_some()
     }
 
     /// CX → Identifier, written as an array item. `type_code` is the v2-0203 code when CX-5 is empty.
@@ -787,23 +929,13 @@ impl<'a, 'm> Ctx<'a, 'm> {
     /// DTM/TS → FHIR `dateTime`: `YYYY`, `YYYY-MM`, `YYYY-MM-DD`, or with a time of day and an offset (the
     /// message's, else the route's `timezone`; without either, the date alone).
     pub fn date_time(&self, v2: &str) -> Option<String> {
-        dtm(v2, self.opts.timezone.as_deref(), false)
+        dtm(v2, self.tz, false)
     }
 
     /// [`Ctx::date_time`] written as `"key":"<dateTime>"` straight into the output, when there is one.
     pub fn write_date_time(&self, w: &mut Writer<'_>, key: &str, v2: &str) -> bool {
-        let tz = self.opts.timezone.as_deref();
-        if tz.is_some_and(crate::json::needs_escape) {
-            // A time zone no one would configure, but JSON-escaped like any other string.
-            return match self.date_time(v2) {
-                Some(d) => {
-                    w.string(key, &d);
-                    true
-                }
-                None => false,
-            };
-        }
-        w.string_with(key, |out| dtm_into(out, v2, tz, false))
+        // Digits, `-`, `:`, `T`, `.` and an offset checked to be `Z` or `±hh:mm`: nothing to escape.
+        w.string_with(key, |out| dtm_into(out, v2, self.tz, false))
     }
 
     /// DTM → FHIR `date` (the date part).
@@ -815,7 +947,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// DTM → FHIR `instant` (to the second, with an offset), when the value allows it.
     pub fn instant(&self, v2: &str) -> Option<String> {
-        dtm(v2, self.opts.timezone.as_deref(), true)
+        dtm(v2, self.tz, true)
     }
 
     /// PL → a location's display text: point of care, room, bed, facility, building, floor.
@@ -829,6 +961,35 @@ impl<'a, 'm> Ctx<'a, 'm> {
         parts.extend([7, 8].iter().filter_map(|&n| self.text(c[n - 1])));
         (!parts.is_empty()).then(|| parts.join(" "))
     }
+}
+
+/// The system of an identifier that names no authority anywhere (only with
+/// [`Options::unscoped_identifiers_global`] for a patient's).
+const UNSCOPED_SYSTEM: &str = "urn:hl7gw:id:unknown";
+
+/// The route's settings for this message's sender: `APP^FAC` (MSH-3 and MSH-4 namespace ids), else `FAC`,
+/// else `APP`.
+fn sender_of<'m>(
+    msg: &Message<'_>,
+    charset: Charset,
+    opts: &'m Options,
+) -> Option<&'m crate::Sender> {
+    if opts.senders.is_empty() {
+        return None;
+    }
+    let h = msg.header();
+    let ns = |b: &[u8]| {
+        let first = b
+            .split(|&c| c == msg.delimiters().component)
+            .next()
+            .unwrap_or(b);
+        charset_text(charset, first).trim().to_owned()
+    };
+    let (app, fac) = (ns(h.sending_application), ns(h.sending_facility));
+    opts.senders
+        .get(&format!("{app}^{fac}"))
+        .or_else(|| (!fac.is_empty()).then(|| opts.senders.get(&fac)).flatten())
+        .or_else(|| (!app.is_empty()).then(|| opts.senders.get(&app)).flatten())
 }
 
 /// `s` without leading and trailing whitespace, `None` when nothing is left. Most values start and end with a
@@ -956,17 +1117,25 @@ pub(crate) fn is_oid(s: &str) -> bool {
 }
 
 /// v2 DTM (`YYYY[MM[DD[HH[MM[SS[.S+]]]]]][+/-ZZZZ]`) as FHIR dateTime (or instant: seconds and offset required).
-pub(crate) fn dtm(v2: &str, default_tz: Option<&str>, instant: bool) -> Option<String> {
+pub(crate) fn dtm(v2: &str, default_tz: Option<&TimeZone>, instant: bool) -> Option<String> {
     let mut s = Vec::with_capacity(32);
     if !dtm_into(&mut s, v2, default_tz, instant) {
         return None;
     }
-    // Pieces of `v2` and `default_tz` cut at ASCII characters: UTF-8.
+    // Pieces of `v2` and the zone's offset, cut at ASCII characters: UTF-8.
     String::from_utf8(s).ok()
 }
 
-/// [`dtm`] appended to `s` (nothing appended when it gives `None`), without a String of its own.
-pub(crate) fn dtm_into(s: &mut Vec<u8>, v2: &str, default_tz: Option<&str>, instant: bool) -> bool {
+/// [`dtm`] appended to `s` (nothing appended when it gives `None`), without a String of its own. A date or
+/// time that does not exist (month 13, 29 February 2023, 25:00, an offset of +2500, a local time that daylight
+/// saving skips) gives `None`: the caller reports the field, nothing is written. A local time that happened
+/// twice (the hour after daylight saving ends) keeps only its date.
+pub(crate) fn dtm_into(
+    s: &mut Vec<u8>,
+    v2: &str,
+    default_tz: Option<&TimeZone>,
+    instant: bool,
+) -> bool {
     let (body, tz) = match v2.find(['+', '-']) {
         Some(i) if i >= 4 => (&v2[..i], Some(&v2[i..])),
         _ => (v2, None),
@@ -980,12 +1149,56 @@ pub(crate) fn dtm_into(s: &mut Vec<u8>, v2: &str, default_tz: Option<&str>, inst
         return false;
     }
     let d = digits;
+    let num = |r: std::ops::Range<usize>| -> u32 {
+        d.as_bytes()[r]
+            .iter()
+            .fold(0, |n, b| n * 10 + u32::from(b - b'0'))
+    };
+    let (y, mo, day) = (
+        num(0..4),
+        if n >= 6 { num(4..6) } else { 1 },
+        if n >= 8 { num(6..8) } else { 1 },
+    );
+    let (h, mi, sec) = (
+        if n >= 10 { num(8..10) } else { 0 },
+        if n >= 12 { num(10..12) } else { 0 },
+        if n >= 14 { num(12..14) } else { 0 },
+    );
+    if y == 0
+        || !(1..=12).contains(&mo)
+        || day == 0
+        || day > crate::time::days_in_month(y as i32, mo)
+        || h > 23
+        || mi > 59
+        || sec > 59
+    {
+        return false;
+    }
     // The message's offset (`+HHMM`), else the route's time zone.
-    let own = tz.filter(|z| {
-        let z = z.as_bytes();
-        z.len() == 5 && z[1..].iter().all(u8::is_ascii_digit)
-    });
-    if n <= 8 || (own.is_none() && default_tz.is_none()) {
+    let own = match tz {
+        Some(z) => {
+            let b = z.as_bytes();
+            if b.len() != 5 || !b[1..].iter().all(u8::is_ascii_digit) {
+                // Not an offset: the time is read without one, as before.
+                None
+            } else if &z[1..3] > "14" || &z[3..5] > "59" {
+                return false;
+            } else {
+                Some(z)
+            }
+        }
+        None => None,
+    };
+    let local = match (own, default_tz) {
+        (None, Some(zone)) if n > 8 => {
+            Some(zone.offset_of(y as i16, mo as i8, day as i8, h as i8, mi as i8, sec as i8))
+        }
+        _ => None,
+    };
+    if local == Some(LocalOffset::Skipped) {
+        return false;
+    }
+    if n <= 8 || (own.is_none() && local.is_none()) || local == Some(LocalOffset::Ambiguous) {
         if instant {
             return false;
         }
@@ -1015,14 +1228,15 @@ pub(crate) fn dtm_into(s: &mut Vec<u8>, v2: &str, default_tz: Option<&str>, inst
         s.push(b'.');
         s.extend_from_slice(f.as_bytes());
     }
-    match (own, default_tz) {
+    match (own, local) {
         (Some(z), _) => {
             s.extend_from_slice(&z.as_bytes()[..3]);
             s.push(b':');
             s.extend_from_slice(&z.as_bytes()[3..5]);
         }
-        (None, Some(z)) => s.extend_from_slice(z.as_bytes()),
-        (None, None) => {}
+        (None, Some(LocalOffset::Fixed(z))) => s.extend_from_slice(z.as_bytes()),
+        (None, Some(LocalOffset::Found(offset))) => crate::time::write_offset(s, offset),
+        _ => {}
     }
     true
 }

@@ -15,11 +15,14 @@ pub mod json;
 mod mdm;
 mod order;
 mod siu;
+mod time;
 pub mod vocab;
 mod vxu;
 
 use hl7v2::{Charset, Message};
 use std::collections::BTreeMap;
+
+pub use time::TimeZone;
 
 /// What kind of Bundle a route produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,6 +46,42 @@ pub enum Unmapped {
     Extension,
 }
 
+/// How a transaction Bundle may change a resource on the server (docs/fhir.md, "Write semantics").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// `PUT`: a conditional update by the business identifier (else an update by the derived id); what the
+    /// message carries replaces what the server holds. The default for the messages that own the resource.
+    Update,
+    /// `POST` with `ifNoneExist` on the business identifier: created when the server has none, else the
+    /// server's is referenced and left as it is. The default for messages that only mention the resource.
+    CreateIfAbsent,
+    /// Not written at all: references name it by its business identifier (`Patient?identifier=...`), which
+    /// the server resolves (and refuses the Bundle when it holds none). A resource without one is written as
+    /// `CreateIfAbsent` would.
+    Reference,
+}
+
+/// Which repetition of PID-3 identifies the patient (the match key), when a sender sends several.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdentifierRule {
+    /// The identifier type (CX-5), e.g. `MR`.
+    pub type_code: Option<String>,
+    /// The assigning authority's namespace id (CX-4.1, else CX-6.1), e.g. `HOSP_A`.
+    pub authority: Option<String>,
+}
+
+/// Settings for one sender of a route that serves several (keyed in [`Options::senders`]).
+#[derive(Debug, Clone, Default)]
+pub struct Sender {
+    /// The assigning authority (namespace id, looked up in `identifier_systems` like a CX-4) of this sender's
+    /// identifiers that name none (no CX-4, no CX-6); before MSH-4.
+    pub authority: Option<String>,
+    /// The time zone of this sender's times written without an offset (instead of the route's).
+    pub timezone: Option<TimeZone>,
+    /// The patient's match key for this sender (instead of the route's).
+    pub patient_identifier: Option<IdentifierRule>,
+}
+
 /// The route's choices where the IG leaves them open.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -56,13 +95,25 @@ pub struct Options {
     /// Coding systems by v2 name of coding system (CWE-3), beyond the HL7 tables and the well-known ones
     /// (`LN`, `SCT`, `I10`, `UCUM`...), e.g. `L` or `99LAB` to a local code system's URI.
     pub code_systems: BTreeMap<String, String>,
-    /// The UTC offset (`+01:00`, `-05:00`, `Z`) of v2 times written without one. Absent: such times keep only
-    /// their date (FHIR needs an offset with a time of day).
-    pub timezone: Option<String>,
+    /// The time zone (an IANA name such as `America/New_York`, daylight saving applied per value, or a fixed
+    /// offset) of v2 times written without an offset. Absent: such times keep only their date (FHIR needs an
+    /// offset with a time of day).
+    pub timezone: Option<TimeZone>,
     pub unmapped: Unmapped,
     /// When the gateway received the message (RFC 3339), for `Bundle.timestamp` and `Provenance.recorded`
     /// when MSH-7 has no offset.
     pub received_at: Option<String>,
+    /// How each resource type may be written, over the defaults (transaction Bundles only): e.g.
+    /// `Patient` → [`Write::Reference`] for a route whose Patients are owned by another system.
+    pub write: BTreeMap<String, Write>,
+    /// The patient's match key among PID-3's repetitions (default: the first identifier with a value).
+    pub patient_identifier: Option<IdentifierRule>,
+    /// Per sender: `APP^FAC` (MSH-3 and MSH-4 namespace ids), else `FAC`, else `APP`.
+    pub senders: BTreeMap<String, Sender>,
+    /// Allow a patient identifier with no assigning authority anywhere (no CX-4, CX-6, sender authority or
+    /// MSH-4) into one global namespace (`urn:hl7gw:id:unknown`); default: such a message is refused
+    /// ([`FhirError::UnscopedIdentity`]), since two senders' `55555` would become one person.
+    pub unscoped_identifiers_global: bool,
 }
 
 /// What a conversion produced besides the Bundle.
@@ -89,6 +140,27 @@ pub enum FhirError {
     /// A value the resource cannot do without is empty.
     #[error("{0} is empty, and the FHIR resource needs it")]
     Required(&'static str),
+    /// The patient's identifier names no assigning authority (CX-4, CX-6), the route has none for the sender
+    /// and MSH-4 is empty: it could be anyone's.
+    #[error(
+        "the patient identifier has no assigning authority (PID-3 CX-4/CX-6 empty, no sender authority in the route, MSH-4 empty)"
+    )]
+    UnscopedIdentity,
+    /// The route names the patient's match key and no PID-3 repetition has it.
+    #[error("no PID-3 repetition is the route's patient identifier ({0})")]
+    NoMatchKey(String),
+}
+
+impl FhirError {
+    /// The dead-letter reason (a bounded label): `unscoped_patient_identity`, `no_patient_match_key`, else
+    /// `to_fhir`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FhirError::UnscopedIdentity => "unscoped_patient_identity",
+            FhirError::NoMatchKey(_) => "no_patient_match_key",
+            _ => "to_fhir",
+        }
+    }
 }
 
 /// The message types and triggers [`convert`] maps.
@@ -138,13 +210,22 @@ pub fn convert_received(
     }
     let mut cx = dt::Ctx::new(msg, charset, opts);
     cx.received_at = received_at.or(opts.received_at.as_deref());
-    match h.message_type {
+    let start = out.len();
+    let done = match h.message_type {
         b"ADT" => adt::convert(&mut cx, &kind, out),
         b"ORU" | b"ORM" | b"OML" => order::convert(&mut cx, &kind, out),
         b"VXU" => vxu::convert(&mut cx, &kind, out),
         b"MDM" => mdm::convert(&mut cx, &kind, out),
         b"SIU" => siu::convert(&mut cx, &kind, out),
         _ => Err(FhirError::Unsupported(kind)),
+    };
+    // A refusal found while writing (an identity that could be anyone's) wins: nothing of the Bundle stays.
+    match cx.take_refusal() {
+        Some(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+        None => done,
     }
 }
 

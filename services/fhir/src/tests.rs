@@ -1,6 +1,20 @@
 use super::*;
 use serde_json::Value as Json;
 
+/// An entry's request as one condition: `Type?identifier=...` for a conditional update (PUT) or a
+/// create-if-absent (POST with `ifNoneExist`), `Type/id` for an update by id.
+fn condition(e: &Json) -> String {
+    let r = &e["request"];
+    let url = r["url"].as_str().unwrap_or_default();
+    match r["ifNoneExist"].as_str() {
+        Some(q) => {
+            assert_eq!(r["method"], "POST", "{r}");
+            format!("{url}?{q}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 const ADT_A01: &[u8] = b"MSH|^~\\&|EPIC|MAIN^2.16.840.1.113883.19.1^ISO|LAB|LABFAC|20240102030405+0100||ADT^A01^ADT_A01|MSG00001|P|2.5.1\r\
 EVN|A01|20240102030405+0100||ADM\r\
 PID|1||12345^^^HOSP^MR~999-99-9999^^^SSA^SS||DOE^JANE^Q^^DR||19800214|F|||1 MAIN ST^APT 2^SPRINGFIELD^IL^62701^USA^H||^PRN^PH^^1^217^5551234|^WPN^PH^^1^217^5559876|ENG|M\r\
@@ -174,7 +188,12 @@ fn times_without_an_offset_keep_their_date_unless_the_route_gives_one() {
         Some("2024-01-02")
     );
     assert_eq!(
-        dt::dtm("20240102030405", Some("-05:00"), false).as_deref(),
+        dt::dtm(
+            "20240102030405",
+            Some(&TimeZone::parse("-05:00").expect("offset")),
+            false
+        )
+        .as_deref(),
         Some("2024-01-02T03:04:05-05:00")
     );
     assert_eq!(
@@ -357,9 +376,8 @@ fn an_oru_r01_becomes_reports_with_their_results_and_specimens() {
             .iter()
             .filter(|e| e["resource"]["resourceType"] == ty)
             .nth(i)
-            .and_then(|e| e["request"]["url"].as_str())
+            .map(condition)
             .expect("request url")
-            .to_owned()
     };
     assert_eq!(
         url_of("DiagnosticReport", 0),
@@ -436,7 +454,7 @@ fn a_condition_two_resources_share_is_used_by_the_first_only() {
             .filter(|e| e["resource"]["resourceType"] == ty)
             .collect();
         assert_eq!(list.len(), 2, "{ty}");
-        let first = list[0]["request"]["url"].as_str().expect("url");
+        let first = condition(list[0]);
         assert!(first.starts_with(&format!("{ty}?identifier=")), "{first}");
         assert_eq!(list[0]["resource"]["identifier"][1]["value"], "FL1");
         let second = list[1]["request"]["url"].as_str().expect("url");
@@ -498,9 +516,11 @@ OBX|1|NM|3141-9^Body weight^LN||72.5|kg^kg^UCUM|||||F\r";
         72.5
     );
     assert_eq!(
-        entries(&b)[0]["request"]["url"],
+        condition(&entries(&b)[0]),
         "Patient?identifier=urn:hl7gw:id:HOSP%7C12345"
     );
+    // An order message mentions the patient: created when absent, never replaced.
+    assert_eq!(entries(&b)[0]["request"]["method"], "POST");
     let sr = entries(&b)
         .iter()
         .find(|e| e["resource"]["resourceType"] == "ServiceRequest")
@@ -720,7 +740,7 @@ fn an_siu_status_without_a_row_follows_the_trigger() {
         "a cancelled Appointment needs no times: {err:?}"
     );
     let opts = Options {
-        timezone: Some("+01:00".into()),
+        timezone: Some(TimeZone::parse("+01:00").expect("offset")),
         ..Options::default()
     };
     let (b, outcome) = convert_json(msg, &opts);
@@ -735,4 +755,229 @@ fn an_siu_status_without_a_row_follows_the_trigger() {
     let err =
         convert(&m, Charset::Utf8, &Options::default(), &mut Vec::new()).expect_err("no instants");
     assert!(matches!(err, FhirError::Required(_)), "{err:?}");
+}
+
+/// An ADT^A04 from `facility` (MSH-4) for a patient whose PID-3 is `pid3`.
+fn a04(facility: &str, pid3: &str) -> Vec<u8> {
+    format!(
+        "MSH|^~\\&|REG|{facility}|HL7GW|HL7GW|20260201080000||ADT^A04^ADT_A01|C1|P|2.5.1\rPID|1||{pid3}||DOE^JANE||19700101|F\rPV1|1|O\r"
+    )
+    .into_bytes()
+}
+
+fn patient_condition(msg: &[u8], opts: &Options) -> Result<String, FhirError> {
+    let m = hl7v2::Message::parse(msg).expect("parse");
+    let mut out = Vec::new();
+    convert(&m, Charset::Utf8, opts, &mut out)?;
+    let b: Json = serde_json::from_slice(&out).expect("json");
+    Ok(condition(&entries(&b)[0]))
+}
+
+#[test]
+fn a_patient_identifier_is_scoped_by_its_authority_else_the_sender_else_refused() {
+    let opts = Options::default();
+    // CX-4, then CX-6 (assigning facility), then MSH-4.
+    assert_eq!(
+        patient_condition(&a04("CLINIC_1", "55555^^^HOSP_A^MR^FAC_B"), &opts).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:HOSP_A%7C55555")
+    );
+    assert_eq!(
+        patient_condition(&a04("CLINIC_1", "55555^^^^MR^FAC_B"), &opts).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:FAC_B%7C55555")
+    );
+    assert_eq!(
+        patient_condition(&a04("CLINIC_1", "55555"), &opts).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:CLINIC_1%7C55555")
+    );
+    // Nothing names an authority: refused, whatever else the message holds, and nothing is written.
+    let anonymous = a04("", "55555");
+    let m = hl7v2::Message::parse(&anonymous).expect("parse");
+    let mut out = b"kept".to_vec();
+    assert_eq!(
+        convert(&m, Charset::Utf8, &opts, &mut out),
+        Err(FhirError::UnscopedIdentity)
+    );
+    assert_eq!(out, b"kept");
+    assert_eq!(
+        FhirError::UnscopedIdentity.kind(),
+        "unscoped_patient_identity"
+    );
+    // ...unless the route names the sender's authority, or opts in to one global namespace.
+    let sender = Options {
+        senders: [(
+            "REG".to_owned(),
+            crate::Sender {
+                authority: Some("REG_MRN".into()),
+                ..crate::Sender::default()
+            },
+        )]
+        .into(),
+        ..Options::default()
+    };
+    assert_eq!(
+        patient_condition(&a04("", "55555"), &sender).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:REG_MRN%7C55555")
+    );
+    // The sender's authority comes before MSH-4 (`APP^FAC`, then `FAC`, then `APP`).
+    assert_eq!(
+        patient_condition(&a04("CLINIC_1", "55555"), &sender).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:REG_MRN%7C55555")
+    );
+    let global = Options {
+        unscoped_identifiers_global: true,
+        ..Options::default()
+    };
+    assert_eq!(
+        patient_condition(&a04("", "55555"), &global).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:unknown%7C55555")
+    );
+}
+
+#[test]
+fn a_route_names_the_patients_match_key_among_pid3s_repetitions() {
+    let pid3 = "SSN1^^^SSA^SS~MRN-B^^^HOSP_B^MR~MRN-A^^^HOSP_A^MR";
+    let rule = |t: Option<&str>, a: Option<&str>| Options {
+        patient_identifier: Some(crate::IdentifierRule {
+            type_code: t.map(str::to_owned),
+            authority: a.map(str::to_owned),
+        }),
+        ..Options::default()
+    };
+    assert_eq!(
+        patient_condition(&a04("F", pid3), &Options::default()).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:SSA%7CSSN1")
+    );
+    assert_eq!(
+        patient_condition(&a04("F", pid3), &rule(Some("MR"), Some("HOSP_A"))).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:HOSP_A%7CMRN-A")
+    );
+    assert_eq!(
+        patient_condition(&a04("F", pid3), &rule(Some("MR"), None)).as_deref(),
+        Ok("Patient?identifier=urn:hl7gw:id:HOSP_B%7CMRN-B")
+    );
+    let err = patient_condition(&a04("F", pid3), &rule(Some("MR"), Some("HOSP_C")))
+        .expect_err("no such identifier");
+    assert_eq!(err.kind(), "no_patient_match_key");
+    assert!(err.to_string().contains("HOSP_C"), "{err}");
+}
+
+#[test]
+fn who_owns_a_resource_updates_it_the_others_create_it_if_absent_or_reference_it() {
+    let (adt, _) = convert_json(ADT_A01, &Options::default());
+    let methods = |b: &Json, ty: &str| -> Vec<String> {
+        entries(b)
+            .iter()
+            .filter(|e| e["resource"]["resourceType"] == ty)
+            .map(|e| {
+                e["request"]["method"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(methods(&adt, "Patient"), ["PUT"]);
+    assert_eq!(methods(&adt, "Encounter"), ["PUT"]);
+    assert!(methods(&adt, "Practitioner").iter().all(|m| m == "POST"));
+    let (oru, _) = convert_json(ORU_R01, &Options::default());
+    assert_eq!(methods(&oru, "Patient"), ["POST"]);
+    let patient = entries(&oru)
+        .iter()
+        .find(|e| e["resource"]["resourceType"] == "Patient")
+        .expect("a Patient");
+    assert!(patient["resource"]["id"].is_null(), "the server names it");
+    assert!(methods(&oru, "Observation").iter().all(|m| m == "PUT"));
+    // Only referenced: no Patient entry; every reference to it names its identifier.
+    let opts = Options {
+        write: [("Patient".to_owned(), Write::Reference)].into(),
+        ..Options::default()
+    };
+    let (b, outcome) = convert_json(ORU_R01, &opts);
+    assert!(methods(&b, "Patient").is_empty());
+    let text = b.to_string();
+    let refs = text.matches("\"Patient?identifier=").count();
+    assert!(refs >= 3, "{refs} references: {text}");
+    let (all, _) = convert_json(ORU_R01, &Options::default());
+    assert_eq!(outcome.resources + 1, entries(&all).len());
+    // A message Bundle knows no requests: every resource is in it.
+    let message = Options {
+        bundle_type: BundleType::Message,
+        ..opts
+    };
+    let (m, _) = convert_json(ORU_R01, &message);
+    assert!(
+        entries(&m)
+            .iter()
+            .any(|e| e["resource"]["resourceType"] == "Patient")
+    );
+}
+
+#[test]
+fn iana_zones_give_each_date_its_own_offset_and_impossible_times_are_left_out() {
+    let ny = TimeZone::parse("America/New_York").expect("a zone");
+    let at = |v: &str, instant: bool| dt::dtm(v, Some(&ny), instant);
+    assert_eq!(
+        at("20260115103000", false).as_deref(),
+        Some("2026-01-15T10:30:00-05:00")
+    );
+    assert_eq!(
+        at("20260715103000", true).as_deref(),
+        Some("2026-07-15T10:30:00-04:00")
+    );
+    // The message's own offset wins over the zone.
+    assert_eq!(
+        at("20260715103000+0100", false).as_deref(),
+        Some("2026-07-15T10:30:00+01:00")
+    );
+    // 02:30 on 8 March 2026 never happened in New York; 01:30 on 1 November happened twice.
+    assert_eq!(at("20260308023000", false), None);
+    assert_eq!(at("20261101013000", false).as_deref(), Some("2026-11-01"));
+    assert_eq!(at("20261101013000", true), None);
+    // Dates and times that do not exist.
+    for bad in [
+        "99999999",
+        "20230229",
+        "20241301",
+        "20240431",
+        "20240101250000",
+        "20240101106000",
+        "20240101105960",
+        "202401011030+2500",
+        "00000101",
+    ] {
+        assert_eq!(dt::dtm(bad, None, false), None, "{bad}");
+    }
+    assert_eq!(
+        dt::dtm("20240229", None, false).as_deref(),
+        Some("2024-02-29")
+    );
+    assert!(TimeZone::parse("Mars/Olympus_Mons").is_err());
+    assert!(TimeZone::parse("+25:00").is_err());
+    assert_eq!(TimeZone::parse("UTC").expect("UTC").name(), "UTC");
+    // A sender's zone wins over the route's.
+    let opts = Options {
+        timezone: Some(TimeZone::parse("Europe/Berlin").expect("a zone")),
+        senders: [(
+            "REG^F".to_owned(),
+            crate::Sender {
+                timezone: Some(ny.clone()),
+                ..crate::Sender::default()
+            },
+        )]
+        .into(),
+        ..Options::default()
+    };
+    let with_admit = |facility: &str| {
+        let mut m = a04(facility, "1^^^H^MR");
+        m.truncate(m.len() - 1);
+        m.extend_from_slice(b"||||||||||||||||||||||||||||||||||||||||||20260715103000\r");
+        let (b, _) = convert_json(&m, &opts);
+        entries(&b)
+            .iter()
+            .find(|e| e["resource"]["resourceType"] == "Encounter")
+            .map(|e| e["resource"]["period"]["start"].clone())
+            .expect("an Encounter")
+    };
+    assert_eq!(with_admit("F"), "2026-07-15T10:30:00-04:00");
+    assert_eq!(with_admit("G"), "2026-07-15T10:30:00+02:00");
 }

@@ -9,7 +9,7 @@
 //!   second time changes no count (a redelivery updates, never duplicates); delivered in reverse order, the
 //!   same.
 
-use hl7gw_fhir::{Options, convert, supports};
+use hl7gw_fhir::{Options, TimeZone, convert, supports};
 use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use serde_json::Value;
@@ -24,7 +24,7 @@ fn bundles() -> Vec<(String, Value)> {
         "sample-",
     ));
     let opts = Options {
-        timezone: Some("-05:00".to_owned()),
+        timezone: Some(TimeZone::parse("-05:00").expect("offset")),
         ..Options::default()
     };
     let mut out = Vec::new();
@@ -122,6 +122,17 @@ fn matches(r: &Value, params: &[(String, (Option<String>, String))]) -> bool {
     })
 }
 
+/// An entry's request as a URL (`Type?identifier=...` for a conditional update or, with `ifNoneExist`, a
+/// create-if-absent; `Type/id` for an update by id) and whether it only creates (POST).
+fn request_url(e: &Value) -> (String, bool) {
+    let r = &e["request"];
+    let url = r["url"].as_str().unwrap_or_default();
+    match (r["method"].as_str(), r["ifNoneExist"].as_str()) {
+        (Some("POST"), Some(q)) => (format!("{url}?{q}"), true),
+        _ => (url.to_owned(), false),
+    }
+}
+
 /// The resources a simulated server holds: type → id → resource.
 type Store = HashMap<String, BTreeMap<String, Value>>;
 
@@ -132,10 +143,13 @@ fn deliver(store: &mut Store, bundle: &Value, next_id: &mut usize) -> Result<(),
     let mut resolved = HashSet::new();
     let mut writes = Vec::new();
     for e in bundle["entry"].as_array().into_iter().flatten() {
-        let url = e["request"]["url"]
-            .as_str()
-            .ok_or("an entry without a url")?;
+        let (url, create_only) = request_url(e);
+        let url = url.as_str();
+        if url.is_empty() {
+            return Err("an entry without a url".into());
+        }
         let r = &e["resource"];
+        let mut matched = false;
         let (ty, id) = match url.split_once('?') {
             Some((ty, query)) => {
                 if !conditions.insert(url.to_owned()) {
@@ -160,7 +174,11 @@ fn deliver(store: &mut Store, bundle: &Value, next_id: &mut usize) -> Result<(),
                         *next_id += 1;
                         (ty.to_owned(), format!("new-{next_id}"))
                     }
-                    [one] => (ty.to_owned(), (*one).clone()),
+                    [one] => {
+                        // A create-if-absent that finds one leaves it as it is.
+                        matched = create_only;
+                        (ty.to_owned(), (*one).clone())
+                    }
                     _ => {
                         return Err(format!("412: {url} matches {} {ty} resources", hits.len()));
                     }
@@ -174,7 +192,9 @@ fn deliver(store: &mut Store, bundle: &Value, next_id: &mut usize) -> Result<(),
         if !resolved.insert((ty.clone(), id.clone())) {
             return Err(format!("400: {ty}/{id} is written twice ({url})"));
         }
-        writes.push((ty, id, r.clone()));
+        if !matched {
+            writes.push((ty, id, r.clone()));
+        }
     }
     for (ty, id, r) in writes {
         store.entry(ty).or_default().insert(id, r);
@@ -194,8 +214,8 @@ fn no_conditional_url_twice_in_a_bundle() {
     for (name, b) in &bundles {
         let mut seen = HashSet::new();
         for e in b["entry"].as_array().into_iter().flatten() {
-            let url = e["request"]["url"].as_str().unwrap_or_default();
-            if !seen.insert(url) {
+            let (url, _) = request_url(e);
+            if !seen.insert(url.clone()) {
                 repeated.push(format!("{name}: {url}"));
             }
         }

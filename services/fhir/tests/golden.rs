@@ -5,7 +5,7 @@
 //! Regenerate (after a deliberate change of output): `HL7GW_UPDATE_FHIR_GOLDEN=1 cargo test -p hl7gw-fhir
 //! --test golden`. Messages whose name is not in the file (types mapped after it was written) are skipped.
 
-use hl7gw_fhir::{BundleType, Options, Unmapped, convert, supports};
+use hl7gw_fhir::{BundleType, Options, TimeZone, Unmapped, convert, supports};
 use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use sha2::{Digest, Sha256};
@@ -35,7 +35,7 @@ fn option_sets() -> Vec<(&'static str, Options)> {
             Options {
                 bundle_type: BundleType::Transaction,
                 unmapped: Unmapped::Extension,
-                timezone: Some("+01:00".into()),
+                timezone: Some(TimeZone::parse("+01:00").expect("offset")),
                 identifier_systems: [(
                     "HOSP".to_owned(),
                     "https://hospital.example/mrn".to_owned(),
@@ -44,6 +44,7 @@ fn option_sets() -> Vec<(&'static str, Options)> {
                 identifier_system_prefix: Some("urn:example:".into()),
                 code_systems: [("L".to_owned(), "https://lab.example/codes".to_owned())].into(),
                 received_at: Some("2026-11-27T10:00:00+01:00".into()),
+                ..Options::default()
             },
         ),
     ]

@@ -2,7 +2,7 @@
 //! of our own) passes HAPI FHIR's R4 validator (8.8.1, offline) with no error, as a transaction and as a
 //! message Bundle. Prints the warnings by kind (docs/fhir.md counts them).
 
-use hl7gw_fhir::{BundleType, Options, Unmapped, convert, supports};
+use hl7gw_fhir::{BundleType, Options, TimeZone, Unmapped, convert, supports};
 use hl7gw_testkit::{corpus_dir, hl7_files};
 use hl7v2::{Charset, Message};
 use std::collections::BTreeMap;
@@ -44,12 +44,16 @@ fn every_bundle_passes_hapis_r4_validator() {
         let msg = Message::parse(&bytes).expect("parse");
         let charset = Charset::from_msh18(msg.header().charset).unwrap_or(Charset::Utf8);
         // An Appointment's start and end are instants: SIU routes give the offset of times without one.
-        let timezone = (msg.header().message_type == b"SIU").then(|| "+01:00".to_owned());
+        let timezone = (msg.header().message_type == b"SIU")
+            .then(|| TimeZone::parse("+01:00").expect("offset"));
         for (suffix, opts) in [
             (
                 "transaction",
                 Options {
                     timezone: timezone.clone(),
+                    // A few corpus senders name no authority anywhere (no CX-4/6, no MSH-4): this test
+                    // checks the Bundles, not identity scoping (tests.rs does).
+                    unscoped_identifiers_global: true,
                     ..Options::default()
                 },
             ),
@@ -60,6 +64,7 @@ fn every_bundle_passes_hapis_r4_validator() {
                     unmapped: Unmapped::Extension,
                     received_at: Some("2026-11-27T10:00:00Z".into()),
                     timezone: timezone.clone(),
+                    unscoped_identifiers_global: true,
                     ..Options::default()
                 },
             ),

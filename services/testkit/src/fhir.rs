@@ -150,6 +150,12 @@ impl FhirServer {
 
     /// A request to the server (HTTP/1.0, so the answer is never chunked): (status, body as JSON, or null).
     pub fn call(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
+        self.send(method, path, b"")
+    }
+
+    /// A request with a FHIR JSON body (a transaction Bundle POSTed to `/fhir`): (status, body as JSON, or
+    /// null).
+    pub fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
         use std::io::{Read, Write};
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
         let Ok(mut s) =
@@ -158,10 +164,17 @@ impl FhirServer {
             return (0, serde_json::Value::Null);
         };
         let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+        let content_type = if body.is_empty() {
+            ""
+        } else {
+            "Content-Type: application/fhir+json\r\n"
+        };
         let _ = write!(
             s,
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\nContent-Length: 0\r\n\r\n"
+            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n{content_type}Content-Length: {}\r\n\r\n",
+            body.len()
         );
+        let _ = s.write_all(body);
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
         let text = String::from_utf8_lossy(&out);
