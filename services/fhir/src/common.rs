@@ -251,11 +251,32 @@ pub(crate) fn patient_target(cx: &Ctx<'_, '_>, pid: &Segment<'_>, fallback: &[&s
     }
 }
 
-/// The encounter of a PV1: by its visit number (PV1-19), else by `fallback` (the message).
-pub(crate) fn encounter_target(cx: &Ctx<'_, '_>, pv1: &Segment<'_>, fallback: &[&str]) -> Target {
-    match cx.reps(pv1, 19).into_iter().find_map(|v| cx.cx_key(v)) {
-        Some((s, v)) => cx.target("Encounter", &[&s, &v], Some((s.clone(), v.clone()))),
-        None => cx.target("Encounter", fallback, None),
+/// The encounter of a PV1: by its visit number (PV1-19), else by the patient and the admit time (PV1-44), so
+/// that the messages of one visit name one Encounter. `None` without either (an A31's `PV1|1|N`): no visit is
+/// named, and a new Encounter per message would multiply it; [`note_no_encounter`] reports the PV1.
+pub(crate) fn encounter_target(
+    cx: &Ctx<'_, '_>,
+    pv1: &Segment<'_>,
+    patient: Option<&Target>,
+) -> Option<Target> {
+    if let Some((s, v)) = cx.reps(pv1, 19).into_iter().find_map(|v| cx.cx_key(v)) {
+        return Some(cx.target("Encounter", &[&s, &v], Some((s.clone(), v.clone()))));
+    }
+    let admitted = cx.field(pv1, 44)?;
+    let patient = patient?;
+    Some(cx.target("Encounter", &[&patient.id, "PV1-44", &admitted], None))
+}
+
+/// A PV1 that names no visit ([`encounter_target`] gave none): its fields are reported (PV1-7/8/9/17's
+/// Practitioners are still written), and PV2's.
+pub(crate) fn note_no_encounter<'a>(
+    cx: &mut Ctx<'a, '_>,
+    pv1: &Segment<'a>,
+    pv2: Option<&Segment<'a>>,
+) {
+    cx.note_unmapped(pv1, &[1, 7, 8, 9, 17]);
+    if let Some(pv2) = pv2 {
+        cx.note_unmapped(pv2, &[]);
     }
 }
 
@@ -780,11 +801,13 @@ pub(crate) fn encounter_body(
     write_items(w, "identifier", &visits, |w, v| {
         cx.identifier(w, *v, Some("VN"))
     });
-    // Status: discharged when PV1-45 is valued, else by the ADT event (the IG's Event[EncounterStatus] map),
-    // else (messages that are not about the visit) by the patient class (PatientClass[EncounterStatus]).
+    // Status, as the IG's PV1[Encounter] map says: `finished` when PV1-45 is valued, else by the patient class
+    // (PatientClass[EncounterStatus]); by the event (Event[EncounterStatus], the IG's MSH[Encounter] map) only
+    // for the events that say what became of the visit: A11 cancels it (the IG's ADT_A11 map), A03 ends it and
+    // A13 undoes an end (departures: a discharge without PV1-45 is still a discharge).
     let status = if cx.field(pv1, 45).is_some() {
         "finished"
-    } else if let Some(trigger) = event {
+    } else if let Some(trigger) = event.filter(|t| matches!(*t, "A03" | "A11" | "A13")) {
         vocab::lookup("Event[EncounterStatus]", trigger).map_or("unknown", |c| c.code)
     } else {
         cx.field(pv1, 2)

@@ -171,6 +171,13 @@ pub const SUPPORTED: &[&str] = &[
     "SIU^S15", "SIU^S16", "SIU^S17", "SIU^S26",
 ];
 
+/// The resource types [`convert`] writes (the keys [`Options::write`] takes).
+pub const RESOURCE_TYPES: &[&str] = &[
+    "AllergyIntolerance", "Appointment", "Condition", "Coverage", "Device", "DiagnosticReport",
+    "DocumentReference", "Encounter", "Immunization", "Location", "Observation", "Organization",
+    "Patient", "Practitioner", "Provenance", "RelatedPerson", "ServiceRequest", "Specimen",
+];
+
 /// Whether [`convert`] maps `msg`'s message type and trigger event (one of [`SUPPORTED`]).
 pub fn supports(msg: &Message<'_>) -> bool {
     let h = msg.header();

@@ -118,7 +118,9 @@ pub(crate) fn convert(
     }
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let encounter = pv1.as_ref().map(|pv1| encounter_target(cx, pv1, &msg_key));
+    let encounter = pv1
+        .as_ref()
+        .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
     let participants = match &pv1 {
         Some(pv1) => pv1_participants(cx, pv1),
         None => Vec::new(),
@@ -152,6 +154,8 @@ pub(crate) fn convert(
         cx.end_entry(&mut w, enc);
         targets.push(enc.id);
         cx.note_unmapped(pv1, PV1_MAPPED);
+    } else if let Some(pv1) = &pv1 {
+        note_no_encounter(cx, pv1, None);
     }
 
     cx.begin_entry(&mut w, &doc);

@@ -229,6 +229,8 @@ pub(crate) fn convert(
             if let Some(pv2) = &p.pv2 {
                 cx.note_unmapped(pv2, PV2_MAPPED);
             }
+        } else if let Some(pv1) = &p.pv1 {
+            note_no_encounter(cx, pv1, p.pv2.as_ref());
         }
         for (seg, t) in &p.others {
             let t = t.as_ref().expect("planned");
@@ -397,7 +399,7 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
         p.encounter = p
             .pv1
             .as_ref()
-            .map(|pv1| encounter_target(cx, pv1, &fallback));
+            .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
         for (i, (seg, t)) in p.others.iter_mut().enumerate() {
             let n = i.to_string();
             *t = Some(match seg.name() {

@@ -160,7 +160,9 @@ pub(crate) fn convert(
     }
 
     let patient = pid.as_ref().map(|pid| patient_target(cx, pid, &msg_key));
-    let encounter = pv1.as_ref().map(|pv1| encounter_target(cx, pv1, &msg_key));
+    let encounter = pv1
+        .as_ref()
+        .and_then(|pv1| encounter_target(cx, pv1, patient.as_ref()));
     let participants = match &pv1 {
         Some(pv1) => pv1_participants(cx, pv1),
         None => Vec::new(),

@@ -981,3 +981,49 @@ fn iana_zones_give_each_date_its_own_offset_and_impossible_times_are_left_out() 
     assert_eq!(with_admit("F"), "2026-07-15T10:30:00-04:00");
     assert_eq!(with_admit("G"), "2026-07-15T10:30:00+02:00");
 }
+
+#[test]
+fn encounter_status_and_identity_follow_pv1_as_the_ig_says() {
+    let adt = |trigger: &str, pv1: &str| -> Json {
+        let m = format!(
+            "MSH|^~\\&|REG|F|HL7GW|HL7GW|20260201080000||ADT^{trigger}^ADT_A01|C1|P|2.5.1\rPID|1||1^^^H^MR||DOE^JANE\r{pv1}\r"
+        );
+        convert_json(m.as_bytes(), &Options::default()).0
+    };
+    let encounters = |b: &Json| -> Vec<Json> {
+        entries(b)
+            .iter()
+            .filter(|e| e["resource"]["resourceType"] == "Encounter")
+            .map(|e| e["resource"].clone())
+            .collect()
+    };
+    let with_visit = "PV1|1|I|||||||||||||||||V1^^^H^VN";
+    // An update (A08) of an inpatient's visit is in progress (the event's own map said `unknown`); a
+    // registration (A04) of an outpatient too (it said `planned`); a pre-admit class is planned.
+    assert_eq!(encounters(&adt("A08", with_visit))[0]["status"], "in-progress");
+    assert_eq!(
+        encounters(&adt("A04", &with_visit.replace("|I|", "|O|")))[0]["status"],
+        "in-progress"
+    );
+    assert_eq!(
+        encounters(&adt("A05", &with_visit.replace("|I|", "|P|")))[0]["status"],
+        "planned"
+    );
+    // The events that say what became of the visit: A03 ends it, A11 cancels it, A13 undoes the end.
+    assert_eq!(encounters(&adt("A03", with_visit))[0]["status"], "finished");
+    assert_eq!(encounters(&adt("A11", with_visit))[0]["status"], "cancelled");
+    assert_eq!(encounters(&adt("A13", with_visit))[0]["status"], "in-progress");
+    // No visit number and no admit time (an A31's `PV1|1|N`): no Encounter, the PV1 reported.
+    let m = "MSH|^~\\&|REG|F|HL7GW|HL7GW|20260201080000||ADT^A31^ADT_A05|C1|P|2.5.1\rPID|1||1^^^H^MR||DOE^JANE\rPV1|1|N\r";
+    let (b, outcome) = convert_json(m.as_bytes(), &Options::default());
+    assert!(encounters(&b).is_empty());
+    assert!(outcome.unmapped.contains(&"PV1-2".to_owned()), "{outcome:?}");
+    // No visit number, an admit time: the messages of that visit name one Encounter.
+    let admitted = format!("PV1|1|I{}20260201073000", "|".repeat(42));
+    let id = |b: &Json| encounters(b)[0]["id"].clone();
+    assert_eq!(id(&adt("A01", &admitted)), id(&adt("A03", &admitted)));
+    assert_ne!(
+        id(&adt("A01", &admitted)),
+        id(&adt("A01", &admitted.replace("0730", "0731")))
+    );
+}

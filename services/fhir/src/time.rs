@@ -56,7 +56,7 @@ impl TimeZone {
                 zone: Zone::Iana(tz),
             }),
             Err(_) => Err(format!(
-                "time zone {s:?}: expected an IANA zone name (America/New_York), Z, +hh:mm or -hh:mm"
+                "timezone {s:?}: expected an IANA zone name (America/New_York), Z, +hh:mm or -hh:mm"
             )),
         }
     }

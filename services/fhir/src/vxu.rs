@@ -138,7 +138,9 @@ pub(crate) fn convert(
     }
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let encounter = pv1.as_ref().map(|pv1| encounter_target(cx, pv1, &msg_key));
+    let encounter = pv1
+        .as_ref()
+        .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
     let participants = match &pv1 {
         Some(pv1) => pv1_participants(cx, pv1),
         None => Vec::new(),
@@ -217,6 +219,8 @@ pub(crate) fn convert(
         if let Some(pv2) = &pv2 {
             cx.note_unmapped(pv2, PV2_MAPPED);
         }
+    } else if let Some(pv1) = &pv1 {
+        note_no_encounter(cx, pv1, msg.segment("PV2", 1).as_ref());
     }
 
     for (i, nk1) in nk1s.iter().enumerate() {
