@@ -15,14 +15,16 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// A route sending every message type the converter maps to `fhir` as a transaction Bundle (times without an
-/// offset are taken as US Eastern: appointments need instants).
+/// offset are taken as US Eastern: appointments need instants). Three corpus senders name no assigning
+/// authority anywhere (no CX-4/CX-6, no MSH-4): the route names one for each, as a site would, instead of
+/// letting their patients be refused as `unscoped_patient_identity`.
 fn routes() -> String {
     let types: Vec<String> = hl7gw_fhir::SUPPORTED
         .iter()
         .map(|t| format!("'{t}'"))
         .collect();
     format!(
-        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: to-fhir}}\nspec:\n  match: {{messageTypes: [{}]}}\n  transforms:\n    - toFhir: {{bundleType: transaction, timezone: '-05:00'}}\n  destinations: [fhir]\n",
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: to-fhir}}\nspec:\n  match: {{messageTypes: [{}]}}\n  transforms:\n    - toFhir:\n        bundleType: transaction\n        timezone: America/New_York\n        senders: {{ADT-HIS: {{authority: ADT-HIS}}, RADIS1: {{authority: RADIS1}}, DMCOE: {{authority: DMCOE}}}}\n  destinations: [fhir]\n",
         types.join(", ")
     )
 }

@@ -5,9 +5,10 @@
 
 use crate::common::*;
 use crate::dt::Ctx;
+use crate::dt::Target;
 use crate::extra::Unique;
 use crate::json::Writer;
-use crate::{BundleType, FhirError, Outcome};
+use crate::{BundleType, FhirError, Outcome, Write};
 
 pub(crate) fn convert(
     cx: &mut Ctx<'_, '_>,
@@ -26,6 +27,12 @@ pub(crate) fn convert(
 
     let patient = patient_target(cx, &pid, &msg_key);
     let patient_key = patient.id;
+    // A merge (A34, A40): the record MRG names is retired into this one.
+    let mrg = msg.segment("MRG", 1);
+    let merged = match (&mrg, trigger) {
+        (Some(mrg), "A34" | "A40") => merged_target(cx, mrg).filter(|t| t.id != patient.id),
+        _ => None,
+    };
     let encounter = pv1
         .as_ref()
         .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
@@ -54,12 +61,22 @@ pub(crate) fn convert(
         message_header(cx, &mut w, &msg_key, &focus)?;
     }
 
-    // Patient.
+    // Patient (and the one it replaces).
     cx.begin_entry(&mut w, &patient);
     let pid_mapped = patient_body(cx, &mut w, &pid);
+    if let Some(old) = &merged {
+        patient_link(&mut w, old, "replaces");
+    }
     cx.end_entry(&mut w, &patient);
     targets.push(patient.id);
     cx.note_unmapped(&pid, &pid_mapped);
+    if let (Some(old), Some(mrg)) = (&merged, &mrg) {
+        cx.begin_entry(&mut w, old);
+        merged_body(cx, &mut w, mrg, &patient);
+        cx.end_entry(&mut w, old);
+        targets.push(old.id);
+        cx.note_unmapped(mrg, MRG_MAPPED);
+    }
 
     // Practitioners (each once).
     practitioners.write(cx, &mut w, &mut targets);
@@ -96,6 +113,7 @@ pub(crate) fn convert(
         match name {
             b"MSH" => cx.note_unmapped(&seg, MSH_MAPPED),
             b"PID" | b"PV1" | b"PV2" => {}
+            b"MRG" if merged.is_some() => {}
             b"EVN" => evn = Some(seg),
             b"NK1" => {
                 let t = cx.target(
@@ -171,4 +189,44 @@ pub(crate) fn convert(
         evn.as_ref(),
         &frame,
     ))
+}
+
+/// MRG's fields the merge writes: the prior identifiers (1, and the older 4) and the prior name (7).
+const MRG_MAPPED: &[usize] = &[1, 4, 7];
+
+/// The record a merge retires: by MRG-1 (else MRG-4), scoped like a PID's match key. It is always updated (the
+/// merge message owns its retirement), unless the route only references patients.
+fn merged_target(cx: &Ctx<'_, '_>, mrg: &hl7v2::message::Segment<'_>) -> Option<Target> {
+    let (s, v) = patient_key(cx, mrg, &[1, 4])?;
+    let mut t = cx.target("Patient", &[&s, &v], Some((s.clone(), v.clone())));
+    if t.write != Write::Reference {
+        t.write = Write::Update;
+    }
+    Some(t)
+}
+
+/// The retired record: its identifiers (MRG-1, MRG-4), its name (MRG-7), inactive, replaced by `survivor`.
+/// Its other elements are not carried by MRG: the update leaves the record with these alone (it is retired).
+fn merged_body(
+    cx: &Ctx<'_, '_>,
+    w: &mut Writer<'_>,
+    mrg: &hl7v2::message::Segment<'_>,
+    survivor: &Target,
+) {
+    let ids: Vec<_> = [1, 4].iter().flat_map(|&n| cx.reps(mrg, n)).collect();
+    write_items(w, "identifier", &ids, |w, v| cx.identifier(w, *v, None));
+    w.bool("active", false);
+    let names = cx.reps(mrg, 7);
+    write_items(w, "name", &names, |w, v| cx.human_name(w, *v));
+    patient_link(w, survivor, "replaced-by");
+}
+
+/// `link`: the other Patient and how this one relates to it (`replaces`, `replaced-by`).
+fn patient_link(w: &mut Writer<'_>, other: &Target, kind: &str) {
+    w.array("link");
+    w.begin_object();
+    reference(w, "other", other);
+    w.string("type", kind);
+    w.end_object();
+    w.end_array();
 }

@@ -220,10 +220,23 @@ pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame
 /// anywhere refuses the message unless the route allows one global namespace; a rule no repetition meets
 /// refuses it too ([`Ctx::refuse`]).
 pub(crate) fn patient_target(cx: &Ctx<'_, '_>, pid: &Segment<'_>, fallback: &[&str]) -> Target {
+    match patient_key(cx, pid, &[3, 2, 4]) {
+        Some((s, v)) => cx.target("Patient", &[&s, &v], Some((s.clone(), v.clone()))),
+        None => cx.target("Patient", fallback, None),
+    }
+}
+
+/// The match key among the identifiers of `fields` of `seg` (the rule's, looked for in the first field; else
+/// the first identifier), scoped as [`patient_target`] says.
+pub(crate) fn patient_key(
+    cx: &Ctx<'_, '_>,
+    seg: &Segment<'_>,
+    fields: &[usize],
+) -> Option<(String, String)> {
     let key = match cx.patient_rule() {
         Some(rule) => {
             let found = cx
-                .reps(pid, 3)
+                .reps(seg, fields[0])
                 .into_iter()
                 .find(|v| cx.is_match_key(*v, rule))
                 .and_then(|v| cx.patient_key(v));
@@ -235,20 +248,16 @@ pub(crate) fn patient_target(cx: &Ctx<'_, '_>, pid: &Segment<'_>, fallback: &[&s
             }
             found
         }
-        None => [3, 2, 4]
+        None => fields
             .iter()
-            .flat_map(|&n| cx.reps(pid, n))
+            .flat_map(|&n| cx.reps(seg, n))
             .find_map(|v| cx.patient_key(v)),
     };
-    match key {
-        Some(((s, v), scoped)) => {
-            if !scoped && !cx.opts.unscoped_identifiers_global {
-                cx.refuse(FhirError::UnscopedIdentity);
-            }
-            cx.target("Patient", &[&s, &v], Some((s.clone(), v.clone())))
-        }
-        None => cx.target("Patient", fallback, None),
+    let (key, scoped) = key?;
+    if !scoped && !cx.opts.unscoped_identifiers_global {
+        cx.refuse(FhirError::UnscopedIdentity);
     }
+    Some(key)
 }
 
 /// The encounter of a PV1: by its visit number (PV1-19), else by the patient and the admit time (PV1-44), so

@@ -1000,7 +1000,10 @@ fn encounter_status_and_identity_follow_pv1_as_the_ig_says() {
     let with_visit = "PV1|1|I|||||||||||||||||V1^^^H^VN";
     // An update (A08) of an inpatient's visit is in progress (the event's own map said `unknown`); a
     // registration (A04) of an outpatient too (it said `planned`); a pre-admit class is planned.
-    assert_eq!(encounters(&adt("A08", with_visit))[0]["status"], "in-progress");
+    assert_eq!(
+        encounters(&adt("A08", with_visit))[0]["status"],
+        "in-progress"
+    );
     assert_eq!(
         encounters(&adt("A04", &with_visit.replace("|I|", "|O|")))[0]["status"],
         "in-progress"
@@ -1011,13 +1014,22 @@ fn encounter_status_and_identity_follow_pv1_as_the_ig_says() {
     );
     // The events that say what became of the visit: A03 ends it, A11 cancels it, A13 undoes the end.
     assert_eq!(encounters(&adt("A03", with_visit))[0]["status"], "finished");
-    assert_eq!(encounters(&adt("A11", with_visit))[0]["status"], "cancelled");
-    assert_eq!(encounters(&adt("A13", with_visit))[0]["status"], "in-progress");
+    assert_eq!(
+        encounters(&adt("A11", with_visit))[0]["status"],
+        "cancelled"
+    );
+    assert_eq!(
+        encounters(&adt("A13", with_visit))[0]["status"],
+        "in-progress"
+    );
     // No visit number and no admit time (an A31's `PV1|1|N`): no Encounter, the PV1 reported.
     let m = "MSH|^~\\&|REG|F|HL7GW|HL7GW|20260201080000||ADT^A31^ADT_A05|C1|P|2.5.1\rPID|1||1^^^H^MR||DOE^JANE\rPV1|1|N\r";
     let (b, outcome) = convert_json(m.as_bytes(), &Options::default());
     assert!(encounters(&b).is_empty());
-    assert!(outcome.unmapped.contains(&"PV1-2".to_owned()), "{outcome:?}");
+    assert!(
+        outcome.unmapped.contains(&"PV1-2".to_owned()),
+        "{outcome:?}"
+    );
     // No visit number, an admit time: the messages of that visit name one Encounter.
     let admitted = format!("PV1|1|I{}20260201073000", "|".repeat(42));
     let id = |b: &Json| encounters(b)[0]["id"].clone();

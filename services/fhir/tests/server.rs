@@ -204,3 +204,37 @@ fn a_route_that_only_references_patients_writes_none() {
     );
     assert_eq!(patient["name"][0]["given"][0], "JAMES");
 }
+
+#[test]
+fn a_merge_retires_the_old_record_and_links_it_to_the_survivor() {
+    let server = FhirServer::start(0, &[]);
+    let opts = Options::default();
+    // Two records of one person: the survivor MRN100 and a duplicate MRN200 registered elsewhere.
+    delivered(&server, A01_FULL, &opts);
+    let duplicate = A01_FULL
+        .replace("A01-1", "A01-2")
+        .replace("MRN100^", "MRN200^")
+        .replace("V100^", "V200^");
+    delivered(&server, &duplicate, &opts);
+    let a40 = "
+MSH|^~\\&|ADT|HOSP_A|HL7GW|HL7GW|20260120090000||ADT^A40^ADT_A39|A40-1|P|2.5.1
+EVN|A40|20260120090000
+PID|1||MRN100^^^HOSP_A^MR||OKAFOR^JAMES
+MRG|MRN200^^^HOSP_A^MR||||||OKAFOR^JAMES
+";
+    delivered(&server, a40, &opts);
+    let survivor = one(&server, "Patient?identifier=urn:hl7gw:id:HOSP_A%7CMRN100");
+    let retired = one(&server, "Patient?identifier=urn:hl7gw:id:HOSP_A%7CMRN200");
+    assert_eq!(retired["active"], false, "{retired}");
+    assert_eq!(retired["link"][0]["type"], "replaced-by", "{retired}");
+    assert_eq!(
+        retired["link"][0]["other"]["reference"].as_str(),
+        Some(format!("Patient/{}", survivor["id"].as_str().expect("id")).as_str())
+    );
+    // The survivor is left as its owner wrote it (a merge message does not own its demographics).
+    assert_eq!(survivor["address"][0]["city"], "SPRINGFIELD", "{survivor}");
+    assert!(survivor["active"].is_null(), "{survivor}");
+    // Delivered again, nothing changes.
+    delivered(&server, a40, &opts);
+    assert_eq!(server.counts()["Patient"], 2);
+}

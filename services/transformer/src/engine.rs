@@ -66,6 +66,9 @@ pub struct Applied {
     pub plugins_skipped: usize,
     /// What a `toFhir` step did not map: segment and field ids (`ZPI`, `PID-10`), never values.
     pub fhir_unmapped: Vec<String>,
+    /// A `toFhir` step with `onUnsupported: skip` met a message type it does not map: the route makes no
+    /// output for this message.
+    pub skipped_unsupported: bool,
 }
 
 #[derive(Debug, Default)]
@@ -100,8 +103,16 @@ enum Step {
     Mask(Path, String),
     Hash(Path, String),
     ToJson,
-    ToFhir(Box<hl7gw_fhir::Options>),
+    ToFhir(Box<FhirStep>),
     Plugin(Plugin),
+}
+
+/// A `toFhir` step: the converter's options, and whether a message type it does not map is skipped (the
+/// route makes no output, counted and on the ledger) instead of dead-lettered.
+#[derive(Debug, Clone)]
+pub struct FhirStep {
+    pub options: hl7gw_fhir::Options,
+    pub skip_unsupported: bool,
 }
 
 /// A plugin step's settings.
@@ -299,9 +310,9 @@ impl Route {
         charset: Charset,
         plugins: &P,
     ) -> Result<Applied, StepError> {
-        let (message, content_type, last_hl7, plugins_skipped, fhir_unmapped) =
+        let (message, content_type, last_hl7, plugins_skipped, fhir_unmapped, skipped_unsupported) =
             self.steps_on(env, raw, charset, plugins).await?;
-        let key = if self.key_paths.is_empty() {
+        let key = if self.key_paths.is_empty() || skipped_unsupported {
             None
         } else {
             let hl7 = last_hl7.as_deref().unwrap_or(message.as_slice());
@@ -319,6 +330,7 @@ impl Route {
             key,
             plugins_skipped,
             fhir_unmapped,
+            skipped_unsupported,
         })
     }
 
@@ -385,19 +397,31 @@ impl Route {
                     last_hl7 = Some(cur.clone());
                     to_json(env, &msg, charset).map_err(|e| fail("to_json", e))?
                 }
-                Step::ToFhir(opts) => {
+                Step::ToFhir(fhir) => {
                     content_type = FHIR_CONTENT_TYPE;
                     last_hl7 = Some(cur.clone());
                     let received = env.received_at.as_ref().map(|ts| ts.to_string());
                     let mut out = Vec::with_capacity(cur.len() * 4);
-                    let done = hl7gw_fhir::convert_received(
+                    let done = match hl7gw_fhir::convert_received(
                         &msg,
                         charset,
-                        opts,
+                        &fhir.options,
                         received.as_deref(),
                         &mut out,
-                    )
-                    .map_err(|e| fail("to_fhir", e.to_string()))?;
+                    ) {
+                        Ok(done) => done,
+                        Err(hl7gw_fhir::FhirError::Unsupported(_)) if fhir.skip_unsupported => {
+                            return Ok((
+                                Vec::new(),
+                                FHIR_CONTENT_TYPE,
+                                None,
+                                skipped,
+                                unmapped,
+                                true,
+                            ));
+                        }
+                        Err(e) => return Err(fail(e.kind(), e.to_string())),
+                    };
                     unmapped = done.unmapped;
                     out
                 }
@@ -408,29 +432,61 @@ impl Route {
         if content_type == HL7_CONTENT_TYPE {
             last_hl7 = None;
         }
-        Ok((cur, content_type, last_hl7, skipped, unmapped))
+        Ok((cur, content_type, last_hl7, skipped, unmapped, false))
     }
 }
 
 /// What the steps made: the message, its content type, the last HL7 form when it is no longer HL7, the plugin
-/// steps skipped, what `toFhir` did not map.
-type StepsDone = (Vec<u8>, &'static str, Option<Vec<u8>>, usize, Vec<String>);
+/// steps skipped, what `toFhir` did not map, whether `toFhir` skipped a type it does not map.
+type StepsDone = (
+    Vec<u8>,
+    &'static str,
+    Option<Vec<u8>>,
+    usize,
+    Vec<String>,
+    bool,
+);
 
-/// A `toFhir` step's settings as the converter's options; a bad time zone is refused when the route loads.
+/// A `toFhir` step's settings as the converter's options; a bad time zone, resource type or write mode is
+/// refused when the route loads.
 fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, String> {
-    use crate::route::{FhirBundleType, FhirUnmapped};
-    if let Some(tz) = &f.timezone {
-        let b = tz.as_bytes();
-        let offset = b.len() == 6
-            && matches!(b[0], b'+' | b'-')
-            && b[1..3].iter().all(u8::is_ascii_digit)
-            && b[3] == b':'
-            && b[4..6].iter().all(u8::is_ascii_digit);
-        if tz != "Z" && !offset {
+    use crate::route::{FhirBundleType, FhirUnmapped, FhirUnscoped, FhirWrite};
+    let zone = |tz: &Option<String>| -> Result<Option<hl7gw_fhir::TimeZone>, String> {
+        tz.as_deref()
+            .map(|t| hl7gw_fhir::TimeZone::parse(t).map_err(|e| format!("toFhir {e}")))
+            .transpose()
+    };
+    let rule = |r: &Option<crate::route::FhirIdentifierRule>| {
+        r.as_ref().map(|r| hl7gw_fhir::IdentifierRule {
+            type_code: r.type_code.clone(),
+            authority: r.authority.clone(),
+        })
+    };
+    let mut write = BTreeMap::new();
+    for (rtype, mode) in &f.write {
+        if !hl7gw_fhir::RESOURCE_TYPES.contains(&rtype.as_str()) {
             return Err(format!(
-                "toFhir timezone {tz:?}: expected Z, +hh:mm or -hh:mm"
+                "toFhir write: {rtype:?} is not a resource type the converter writes ({})",
+                hl7gw_fhir::RESOURCE_TYPES.join(", ")
             ));
         }
+        let mode = match mode {
+            FhirWrite::Update => hl7gw_fhir::Write::Update,
+            FhirWrite::CreateIfAbsent => hl7gw_fhir::Write::CreateIfAbsent,
+            FhirWrite::Reference => hl7gw_fhir::Write::Reference,
+        };
+        write.insert(rtype.clone(), mode);
+    }
+    let mut senders = BTreeMap::new();
+    for (name, s) in &f.senders {
+        senders.insert(
+            name.clone(),
+            hl7gw_fhir::Sender {
+                authority: s.authority.clone(),
+                timezone: zone(&s.timezone).map_err(|e| format!("senders.{name}: {e}"))?,
+                patient_identifier: rule(&s.patient_identifier),
+            },
+        );
     }
     Ok(hl7gw_fhir::Options {
         bundle_type: match f.bundle_type.unwrap_or_default() {
@@ -440,12 +496,16 @@ fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, Str
         identifier_systems: f.identifier_systems.clone(),
         identifier_system_prefix: f.identifier_system_prefix.clone(),
         code_systems: f.code_systems.clone(),
-        timezone: f.timezone.clone(),
+        timezone: zone(&f.timezone)?,
         unmapped: match f.unmapped.unwrap_or_default() {
             FhirUnmapped::Report => hl7gw_fhir::Unmapped::Report,
             FhirUnmapped::Extension => hl7gw_fhir::Unmapped::Extension,
         },
         received_at: None,
+        write,
+        patient_identifier: rule(&f.patient_identifier),
+        senders,
+        unscoped_identifiers_global: f.unscoped_identifiers == Some(FhirUnscoped::Global),
     })
 }
 
@@ -533,7 +593,10 @@ fn compile_step(t: &Transform) -> Result<Step, String> {
         steps.push(Step::ToJson);
     }
     if let Some(f) = &t.to_fhir {
-        steps.push(Step::ToFhir(Box::new(fhir_options(f)?)));
+        steps.push(Step::ToFhir(Box::new(FhirStep {
+            options: fhir_options(f)?,
+            skip_unsupported: f.on_unsupported == Some(crate::route::FhirOnUnsupported::Skip),
+        })));
     }
     if let Some(p) = &t.plugin {
         if !(p.endpoint.starts_with("http://") || p.endpoint.starts_with("https://")) {
@@ -1177,10 +1240,67 @@ mod tests {
         );
         let e = Route::compile(
             "r",
-            &spec("{transforms: [{toFhir: {timezone: 'CET'}}], destinations: [a]}"),
+            &spec("{transforms: [{toFhir: {timezone: 'Central/Europe'}}], destinations: [a]}"),
         )
         .unwrap_err();
         assert!(e.to_string().contains("timezone"), "{e}");
+        for bad in [
+            "{toFhir: {senders: {LAB: {timezone: '+25:00'}}}}",
+            "{toFhir: {write: {Patients: reference}}}",
+            "{toFhir: {write: {Patient: replace}}}",
+        ] {
+            let yaml = format!("{{transforms: [{bad}], destinations: [a]}}");
+            assert!(
+                serde_saphyr::from_str::<HL7RouteSpec>(&yaml)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| Route::compile("r", &s).map_err(|e| e.to_string()))
+                    .is_err(),
+                "{bad} accepted"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn to_fhir_takes_iana_zones_write_modes_senders_and_refuses_unscoped_patients() {
+        let (out, _) = run(
+            "{transforms: [{toFhir: {timezone: America/New_York, write: {Patient: reference}, \
+             patientIdentifier: {authority: MRN}, senders: {HIS: {authority: HIS_MRN, timezone: Europe/Berlin}}, \
+             unscopedIdentifiers: refuse}}], destinations: [a]}",
+        )
+        .await
+        .unwrap();
+        let b: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(
+            b["entry"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| e["resource"]["resourceType"] != "Patient"),
+            "{b}"
+        );
+        // A patient identifier that names no authority, from a sender without MSH-4: refused by its own kind.
+        let anonymous =
+            b"MSH|^~\\&|APP||HL7GW|HL7GW|20240101||ADT^A04|1|P|2.5.1\rPID|1||55555||DOE^JANE\r";
+        let r = Route::compile(
+            "r",
+            &spec("{transforms: [{toFhir: {}}], destinations: [a]}"),
+        )
+        .unwrap();
+        let e = r
+            .apply(&env_of(anonymous), anonymous, Charset::Utf8, &NoPlugins)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, "unscoped_patient_identity", "{e}");
+        let global = Route::compile(
+            "r",
+            &spec("{transforms: [{toFhir: {unscopedIdentifiers: global}}], destinations: [a]}"),
+        )
+        .unwrap();
+        let (out, _) = global
+            .apply(&env_of(anonymous), anonymous, Charset::Utf8, &NoPlugins)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("urn:hl7gw:id:unknown"));
     }
 
     #[tokio::test]

@@ -36,6 +36,8 @@ hl7gw_runtime::metric_set! {
             "Plugin steps that failed and were skipped (onFailure: skip): the message went on without that step";
         pub fhir_unmapped: Family<RouteLabels, Counter> =
             "Segments and fields with a value that a route's toFhir step did not map (listed by id in the message's span)";
+        pub fhir_skipped: Family<RouteLabels, Counter> =
+            "Messages of a type a route's toFhir step does not map, skipped (onUnsupported: skip): the route made no output";
         pub transactions: Family<ResultLabels, Counter> = "Kafka transactions by result (committed, aborted)";
         pub batches_cut: Counter =
             "Batches committed early because routing them (plugin calls included) reached the batch time budget; the rest was read again";

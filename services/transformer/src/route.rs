@@ -213,10 +213,35 @@ pub struct ToFhirStep {
     /// HL7 tables and LN, SCT, I10, UCUM, CVX... are known.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub code_systems: BTreeMap<String, String>,
-    /// The UTC offset (`+01:00`, `-05:00`, `Z`) of the sender's times written without one; absent: those
-    /// times keep only their date.
+    /// The time zone of the sender's times written without an offset: an IANA name (`America/New_York`,
+    /// daylight saving applied per value) or a fixed offset (`+01:00`, `-05:00`, `Z`); absent: those times
+    /// keep only their date.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
+    /// How a transaction Bundle may change each resource type, over the defaults (the messages that own a
+    /// resource update it, the others create it only if absent): `update`, `createIfAbsent` or `reference`
+    /// (never written, only referenced by its business identifier), e.g. `{Patient: reference}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub write: BTreeMap<String, FhirWrite>,
+    /// The patient's match key among PID-3's repetitions (default: the first with a value), e.g.
+    /// `{type: MR, authority: HOSP_A}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patient_identifier: Option<FhirIdentifierRule>,
+    /// Per sender (`APP^FAC`, MSH-3 and MSH-4 namespace ids, else `FAC`, else `APP`): the authority of its
+    /// identifiers that name none, its time zone, its match key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub senders: BTreeMap<String, FhirSender>,
+    /// `refuse` (default: a patient identifier with no authority anywhere, neither CX-4, CX-6, the sender's
+    /// `authority` nor MSH-4, sends the message to the DLQ as `unscoped_patient_identity`) or `global` (such
+    /// identifiers share one namespace: two senders' `55555` become one Patient).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unscoped_identifiers: Option<FhirUnscoped>,
+    /// `deadLetter` (default: a message type the converter does not map goes to the DLQ as `to_fhir`) or
+    /// `skip` (the route makes no output for it: counted in
+    /// `hl7gw_transformer_fhir_skipped_total{route}` and a `dropped` event `fhir_unsupported` on the ledger),
+    /// for an `ADT^*` route that should not fill the DLQ with events it does not map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unsupported: Option<FhirOnUnsupported>,
     /// `report` (default: segments and fields with a value that no map covers are counted in
     /// `hl7gw_transformer_fhir_unmapped_total{route}` and listed by id, never value, in the message's span,
     /// `hl7.fhir.unmapped`) or `extension` (also kept with their values in the Bundle's `meta.extension`).
@@ -231,6 +256,61 @@ pub enum FhirBundleType {
     #[default]
     Transaction,
     Message,
+}
+
+/// `toFhir.write.<resource type>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FhirWrite {
+    Update,
+    CreateIfAbsent,
+    Reference,
+}
+
+/// `toFhir.patientIdentifier`: which PID-3 repetition identifies the patient.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FhirIdentifierRule {
+    /// The identifier type (CX-5), e.g. `MR`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_code: Option<String>,
+    /// The assigning authority's namespace id (CX-4.1, or CX-6.1), e.g. `HOSP_A`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+}
+
+/// `toFhir.senders.<sender>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FhirSender {
+    /// The assigning authority (a namespace id, mapped through `identifierSystems`) of this sender's
+    /// identifiers that name none; before MSH-4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    /// This sender's time zone (an IANA name or a fixed offset), instead of the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// This sender's patient match key, instead of the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patient_identifier: Option<FhirIdentifierRule>,
+}
+
+/// `toFhir.unscopedIdentifiers`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FhirUnscoped {
+    #[default]
+    Refuse,
+    Global,
+}
+
+/// `toFhir.onUnsupported`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FhirOnUnsupported {
+    #[default]
+    DeadLetter,
+    Skip,
 }
 
 /// `toFhir.unmapped`.

@@ -56,8 +56,9 @@ pub struct Consumed<'a> {
 pub struct Routed {
     pub records: Vec<OutRecord>,
     pub outcome: &'static str,
-    /// The ledger's `dropped` event when nothing was made of the message (no route took it, nothing asked).
-    pub dropped: Option<hl7gw_runtime::proto::v1::Event>,
+    /// The ledger's `dropped` events: one per route whose `toFhir` skipped the message (`fhir_unsupported`), and
+    /// one when nothing was made of the message (no route took it, nothing asked).
+    pub dropped: Vec<hl7gw_runtime::proto::v1::Event>,
 }
 
 /// Routes and transforms one inbound envelope into output and DLQ records (nothing is produced here).
@@ -106,7 +107,7 @@ pub async fn route_consumed<P: PluginCaller>(
                     &tracing::Span::none(),
                 )],
                 outcome: outcome::FAILED,
-                dropped: None,
+                dropped: Vec::new(),
             };
         }
     };
@@ -164,11 +165,12 @@ pub async fn route_consumed<P: PluginCaller>(
             return Routed {
                 records: vec![dlq(cfg, bad, "parse", metrics, &span)],
                 outcome: outcome::FAILED,
-                dropped: None,
+                dropped: Vec::new(),
             };
         }
     };
     let mut records = Vec::new();
+    let mut dropped = Vec::new();
     let mut failed = false;
     let mut matched = 0usize;
     for route in routes.candidates(&h.message_type, &h.trigger_event) {
@@ -181,6 +183,22 @@ pub async fn route_consumed<P: PluginCaller>(
             .instrument(span.clone())
             .await
         {
+            Ok(applied) if applied.skipped_unsupported => {
+                // `toFhir` with `onUnsupported: skip` on a type it does not map: no output, counted and on the
+                // ledger.
+                metrics
+                    .fhir_skipped
+                    .get_or_create(&crate::metrics::RouteLabels {
+                        route: route.name.clone(),
+                    })
+                    .inc();
+                if cfg.ledger.enabled() {
+                    let mut e = ledger::event(ledger::kind::DROPPED, STAGE, &env);
+                    e.route = route.name.clone();
+                    e.reason = "fhir_unsupported".into();
+                    dropped.push(e);
+                }
+            }
             Ok(applied) => {
                 metrics.plugins_skipped(&route.name, applied.plugins_skipped);
                 if !applied.fhir_unmapped.is_empty() {
@@ -258,15 +276,15 @@ pub async fn route_consumed<P: PluginCaller>(
     for r in &mut records {
         too_large_to_dlq(cfg, r, metrics);
     }
-    let dropped = (records.is_empty() && cfg.ledger.enabled()).then(|| {
+    if records.is_empty() && dropped.is_empty() && cfg.ledger.enabled() {
         let mut e = ledger::event(ledger::kind::DROPPED, STAGE, &env);
         e.reason = if hl7gw_runtime::envelope::is_test_traffic(&h_of(&env)) {
             "test_traffic".into()
         } else {
             "unmatched".into()
         };
-        e
-    });
+        dropped.push(e);
+    }
     Routed {
         records,
         outcome,
@@ -934,8 +952,10 @@ impl<P: PluginCaller + 'static> Worker<P> {
         let mut events = Vec::new();
         let mut ebuf = Vec::new();
         for (m, one) in batch.iter().zip(routed) {
-            if let (Some(topic), Some(e)) = (events_topic, one.dropped.as_ref()) {
-                events.push(send_event(&self.producer, topic, e, &mut ebuf)?);
+            if let Some(topic) = events_topic {
+                for e in &one.dropped {
+                    events.push(send_event(&self.producer, topic, e, &mut ebuf)?);
+                }
             }
             for (j, mut r) in one.records.into_iter().enumerate() {
                 let id: OutputId = (
@@ -1617,7 +1637,7 @@ mod tests {
         let (r, _) = run(&cfg, &routes, &inbound(test)).await;
         assert_eq!((r.outcome, r.records.len()), (outcome::UNMATCHED, 0));
         // The ledger says what became of it: dropped, as test traffic.
-        let dropped = r.dropped.expect("a dropped event");
+        let dropped = r.dropped.first().expect("a dropped event");
         assert_eq!(
             (
                 dropped.kind.as_str(),
@@ -1628,12 +1648,43 @@ mod tests {
         );
         let (r, _) = run(&cfg, &routes, &inbound(ADT)).await;
         assert_eq!(r.records[0].topic, "hl7.out.lab");
-        assert!(r.dropped.is_none());
+        assert!(r.dropped.is_empty());
         let e = ledger_event(&cfg, &r.records[0]);
         assert_eq!(
             (e.kind.as_str(), e.route.as_str(), e.destination.as_str()),
             (ledger::kind::ROUTED, "a", "lab")
         );
+    }
+
+    /// An `ADT^*` route to FHIR with `onUnsupported: skip`: a merge it maps goes out, an event it does not map
+    /// (A17) makes no output and no dead letter, but a `dropped` event naming the route, and a count.
+    #[tokio::test]
+    async fn to_fhir_skips_types_it_does_not_map_when_the_route_says_so() {
+        let routes = [route(
+            "fhir",
+            "{match: {messageTypes: ['ADT^*']}, transforms: [{toFhir: {onUnsupported: skip}}], destinations: [fhir]}",
+        )];
+        let cfg = Config::default();
+        let a17 =
+            b"MSH|^~\\&|A|F|B|G|20260101||ADT^A17|S1|P|2.5\rPID|1||P1^^^F^MR\rPID|2||P2^^^F^MR\r";
+        let (r, _) = run(&cfg, &routes, &inbound(a17)).await;
+        assert!(r.records.is_empty(), "{:?}", r.records.len());
+        let e = r.dropped.first().expect("a dropped event");
+        assert_eq!(
+            (e.reason.as_str(), e.route.as_str(), e.control_id.as_str()),
+            ("fhir_unsupported", "fhir", "S1")
+        );
+        assert_eq!(r.dropped.len(), 1);
+        let (r, _) = run(&cfg, &routes, &inbound(ADT)).await;
+        assert_eq!(r.records[0].topic, "hl7.out.fhir");
+        assert!(r.dropped.is_empty());
+        // Without the option the same message is a dead letter.
+        let strict = [route(
+            "fhir",
+            "{match: {messageTypes: ['ADT^*']}, transforms: [{toFhir: {}}], destinations: [fhir]}",
+        )];
+        let (r, _) = run(&cfg, &strict, &inbound(a17)).await;
+        assert_eq!(r.records[0].topic, "hl7.dlq");
     }
 
     #[tokio::test]
