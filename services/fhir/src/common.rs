@@ -389,7 +389,9 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         .filter(|d| d.len() > 10);
     let religion = cx.rep1(pid, 17);
     let has_religion = religion.is_some_and(|r| cx.cwe_valued(r));
-    if maiden.is_some() || has_religion {
+    let mapped_fields = cx.has_field_maps("Patient");
+    if maiden.is_some() || has_religion || mapped_fields {
+        let mark = (w.len(), w.has_members());
         w.array("extension");
         if let Some(m) = &maiden {
             w.begin_object();
@@ -414,7 +416,11 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
             );
             w.end_object();
         }
+        let any = cx.field_map_extensions(w, "Patient");
         w.end_array();
+        if !(any || maiden.is_some() || has_religion) {
+            w.truncate(mark.0, mark.1);
+        }
     }
     let ids: Vec<(Value<'_>, Option<&str>)> = [(2, None), (3, None), (4, None)]
         .iter()
@@ -469,7 +475,9 @@ pub(crate) fn patient_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, pid: &Segment<'
         ok
     });
     if let Some(g) = cx.field(pid, 8) {
-        let code = vocab::lookup("AdministrativeSex", &g).map_or("unknown", |c| c.code);
+        let code = cx
+            .lookup("AdministrativeSex", &g)
+            .map_or("unknown", |c| c.code);
         w.string("gender", code);
     }
     let birth_date = birth.as_deref().and_then(|b| cx.date(b));
@@ -817,10 +825,11 @@ pub(crate) fn encounter_body(
     let status = if cx.field(pv1, 45).is_some() {
         "finished"
     } else if let Some(trigger) = event.filter(|t| matches!(*t, "A03" | "A11" | "A13")) {
-        vocab::lookup("Event[EncounterStatus]", trigger).map_or("unknown", |c| c.code)
+        cx.lookup("Event[EncounterStatus]", trigger)
+            .map_or("unknown", |c| c.code)
     } else {
         cx.field(pv1, 2)
-            .and_then(|c| vocab::lookup("PatientClass[EncounterStatus]", &c))
+            .and_then(|c| cx.lookup("PatientClass[EncounterStatus]", &c))
             .map_or("unknown", |c| c.code)
     };
     w.string("status", status);
@@ -828,7 +837,7 @@ pub(crate) fn encounter_body(
     w.object("class");
     match cx
         .field(pv1, 2)
-        .and_then(|c| vocab::lookup("PatientClass[EncounterClass]", &c))
+        .and_then(|c| cx.lookup("PatientClass[EncounterClass]", &c))
     {
         Some(c) => {
             w.string("system", c.system);
@@ -961,7 +970,8 @@ pub(crate) fn related_person_body(
     if let Some(g) = cx.field(nk1, 15) {
         w.string(
             "gender",
-            vocab::lookup("AdministrativeSex", &g).map_or("unknown", |c| c.code),
+            cx.lookup("AdministrativeSex", &g)
+                .map_or("unknown", |c| c.code),
         );
     }
     if let Some(b) = cx.field(nk1, 16).and_then(|b| cx.date(&b)) {
@@ -992,8 +1002,8 @@ pub(crate) fn allergy_body(
     w.end_array();
     w.end_object();
     if let Some(t) = cx.field(al1, 2) {
-        let ty = vocab::lookup("AllergyType", &t);
-        let cat = vocab::lookup("AllergenType[AllergyIntoleranceCategory]", &t);
+        let ty = cx.lookup("AllergyType", &t);
+        let cat = cx.lookup("AllergenType[AllergyIntoleranceCategory]", &t);
         if let Some(ty) = ty {
             w.string("type", ty.code);
         }
@@ -1009,7 +1019,7 @@ pub(crate) fn allergy_body(
     let severity = cx.field(al1, 4);
     if let Some(c) = severity
         .as_deref()
-        .and_then(|s| vocab::lookup("AllergySeverity[AllergyIntolerance.criticality]", s))
+        .and_then(|s| cx.lookup("AllergySeverity[AllergyIntolerance.criticality]", s))
     {
         w.string("criticality", c.code);
     }
@@ -1035,7 +1045,7 @@ pub(crate) fn allergy_body(
         w.end_array();
         if let Some(s) = severity
             .as_deref()
-            .and_then(|s| vocab::lookup("AllergySeverity[AllergyIntolerance.reaction.severity]", s))
+            .and_then(|s| cx.lookup("AllergySeverity[AllergyIntolerance.reaction.severity]", s))
         {
             w.string("severity", s.code);
         }
@@ -1195,10 +1205,8 @@ pub(crate) fn observation_body(
         mapped.push(21);
     }
     // OBX-4 (OG, or ST before v2.8.2): the Extensions Pack's observation-v2-subid, as the IG's OG map says.
-    if let Some(sub) = cx.rep1(obx, 4)
-        && !sub.is_empty()
-    {
-        let parts: Vec<(&str, bool, Option<std::borrow::Cow<'_, str>>)> = [
+    let parts: Vec<(&str, bool, Option<std::borrow::Cow<'_, str>>)> = match cx.rep1(obx, 4) {
+        Some(sub) if !sub.is_empty() => [
             ("original-sub-identifier", false, cx.comp(sub, 1)),
             ("group", true, cx.comp(sub, 2)),
             ("sequence", true, cx.comp(sub, 3)),
@@ -1206,9 +1214,13 @@ pub(crate) fn observation_body(
         ]
         .into_iter()
         .filter(|(_, number, v)| v.as_deref().is_some_and(|v| !number || is_decimal(v)))
-        .collect();
+        .collect(),
+        _ => Vec::new(),
+    };
+    if !parts.is_empty() || cx.has_field_maps("Observation") {
+        let mark = (w.len(), w.has_members());
+        w.array("extension");
         if !parts.is_empty() {
-            w.array("extension");
             w.begin_object();
             w.string(
                 "url",
@@ -1228,7 +1240,11 @@ pub(crate) fn observation_body(
             }
             w.end_array();
             w.end_object();
-            w.end_array();
+        }
+        let any = cx.field_map_extensions(w, "Observation");
+        w.end_array();
+        if !any && parts.is_empty() {
+            w.truncate(mark.0, mark.1);
         }
     }
     if !links.repeat
@@ -1241,7 +1257,7 @@ pub(crate) fn observation_body(
     }
     let status = cx
         .field(obx, 11)
-        .and_then(|s| vocab::lookup("ObservationResultStatusCodesInterpretation", &s))
+        .and_then(|s| cx.lookup("ObservationResultStatusCodesInterpretation", &s))
         .map_or("unknown", |c| c.code);
     w.string("status", status);
     let code = cx.rep1(obx, 3);

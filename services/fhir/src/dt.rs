@@ -40,6 +40,9 @@ pub(crate) struct Ctx<'a, 'm> {
     refusal: std::cell::RefCell<Option<FhirError>>,
     /// Where the open entry starts, and whether the entry array had members then.
     entry_mark: (usize, bool),
+    /// The field maps ([`Options::field_maps`]) written into some resource, by index: their fields count as
+    /// mapped.
+    field_maps_written: std::cell::RefCell<Vec<usize>>,
     /// Resources referenced by a condition instead of an entry ([`Write::Reference`]): their derived id and
     /// the conditional reference that replaces `urn:uuid:<id>` in the Bundle.
     pub conditional_refs: Vec<(Uuid, String)>,
@@ -171,7 +174,131 @@ impl<'a, 'm> Ctx<'a, 'm> {
             refusal: std::cell::RefCell::new(None),
             entry_mark: (0, false),
             conditional_refs: Vec::new(),
+            field_maps_written: std::cell::RefCell::new(Vec::new()),
         }
+    }
+
+    /// Writes the route's field maps for a resource of `rtype` as items of the open `extension` array: one
+    /// extension per repetition of the field of the message's first segment of that name. A value its type
+    /// cannot take is reported. True when one was written.
+    pub fn field_map_extensions(&self, w: &mut Writer<'_>, rtype: &str) -> bool {
+        let mut any = false;
+        for (i, fm) in self.opts.field_maps.iter().enumerate() {
+            if fm.resource != rtype {
+                continue;
+            }
+            let Some(seg) = self.msg.segment(&fm.segment, 1) else {
+                continue;
+            };
+            for rep in self.reps(&seg, fm.field) {
+                let v = match fm.component {
+                    Some(c) => rep.component(c),
+                    None => Some(rep),
+                };
+                let Some(v) = v.filter(|v| !v.is_empty()) else {
+                    continue;
+                };
+                let mark = (w.len(), w.has_members());
+                w.begin_object();
+                w.string("url", &fm.url);
+                if self.field_map_value(w, fm.value, v) {
+                    w.end_object();
+                    any = true;
+                    self.field_maps_written.borrow_mut().push(i);
+                } else {
+                    w.end_object();
+                    w.truncate(mark.0, mark.1);
+                    self.dropped(&seg, fm.field);
+                }
+            }
+        }
+        any
+    }
+
+    /// Whether a field map targets `rtype` and its segment is in the message.
+    pub fn has_field_maps(&self, rtype: &str) -> bool {
+        self.opts
+            .field_maps
+            .iter()
+            .any(|fm| fm.resource == rtype && self.msg.segment(&fm.segment, 1).is_some())
+    }
+
+    /// An extension's `value[x]` of a field-mapped value, through the data type writers.
+    fn field_map_value(&self, w: &mut Writer<'_>, ty: crate::ValueType, v: Value<'a>) -> bool {
+        use crate::ValueType as T;
+        match ty {
+            T::CodeableConcept => self.codeable_concept(w, "valueCodeableConcept", Some(v), None),
+            T::Identifier => match self.cx_key(v) {
+                Some((system, value)) => {
+                    w.object("valueIdentifier");
+                    w.string("system", &system);
+                    w.string("value", &value);
+                    w.end_object();
+                    true
+                }
+                None => false,
+            },
+            _ => {
+                let Some(text) = self.text(Some(v)) else {
+                    return false;
+                };
+                match ty {
+                    T::String => w.string("valueString", &text),
+                    T::Code if !text.trim().is_empty() && !text.contains(char::is_whitespace) => {
+                        w.string("valueCode", &text)
+                    }
+                    T::Boolean if matches!(&*text, "Y" | "N") => {
+                        w.bool("valueBoolean", &*text == "Y")
+                    }
+                    T::Integer if text.parse::<i32>().is_ok() => w.number(
+                        "valueInteger",
+                        &text.parse::<i32>().unwrap_or_default().to_string(),
+                    ),
+                    T::Decimal if crate::common::is_decimal(&text) => {
+                        w.number("valueDecimal", &crate::common::normalise_decimal(&text))
+                    }
+                    T::DateTime => return self.write_date_time(w, "valueDateTime", &text),
+                    _ => return false,
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether field `n` of segment `name` is written by a field map (so it is not reported as unmapped).
+    fn field_mapped(&self, name: &str, n: usize) -> bool {
+        if self.opts.field_maps.is_empty() {
+            return false;
+        }
+        let written = self.field_maps_written.borrow();
+        self.opts
+            .field_maps
+            .iter()
+            .enumerate()
+            .any(|(i, fm)| fm.segment == name && fm.field == n && written.contains(&i))
+    }
+
+    /// A concept map row: the sender's code map of that name, else the route's, else the IG's map.
+    pub fn lookup(&self, map: &str, code: &str) -> Option<vocab::Concept<'m>> {
+        self.local_lookup(map, code)
+            .or_else(|| vocab::lookup(map, code))
+    }
+
+    /// A row of the site's own code map `map` (the sender's, else the route's), if it has one.
+    pub fn local_lookup(&self, map: &str, code: &str) -> Option<vocab::Concept<'m>> {
+        if self.opts.code_maps.is_empty() && self.sender.is_none_or(|s| s.code_maps.is_empty()) {
+            return None;
+        }
+        self.sender
+            .map(|s| &s.code_maps)
+            .into_iter()
+            .chain([&self.opts.code_maps])
+            .find_map(|maps| maps.get(map)?.get(code))
+            .map(|r| vocab::Concept {
+                code: &r.code,
+                display: &r.display,
+                system: &r.system,
+            })
     }
 
     /// Refuses the message (the first reason found wins): [`crate::convert`] then returns it, no Bundle.
@@ -313,7 +440,11 @@ impl<'a, 'm> Ctx<'a, 'm> {
         };
         for (i, v) in fields.iter().enumerate() {
             let n = i + 1;
-            if v.is_empty() || mapped.contains(&n) || (header && n <= 2) {
+            if v.is_empty()
+                || mapped.contains(&n)
+                || (header && n <= 2)
+                || self.field_mapped(&name, n)
+            {
                 continue;
             }
             let mut id = String::with_capacity(name.len() + 4);
@@ -358,6 +489,15 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// A whole segment no map covers.
     pub fn note_unmapped_segment(&mut self, seg: &Segment<'a>) {
+        if self
+            .opts
+            .field_maps
+            .iter()
+            .any(|fm| fm.segment.as_bytes() == seg.name())
+        {
+            // A segment some of whose fields a field map writes: its other fields, one by one.
+            return self.note_unmapped(seg, &[]);
+        }
         let name = String::from_utf8_lossy(seg.name()).into_owned();
         if self.opts.unmapped == Unmapped::Extension {
             let raw = self.charset_text(seg.raw());
@@ -411,6 +551,16 @@ impl<'a, 'm> Ctx<'a, 'm> {
         // Written by a condition (PUT or POST), the server keeps its own id.
         if t.by.is_none() || self.opts.bundle_type == BundleType::Message {
             w.string("id", &t.id);
+        }
+        // The site's field maps (Patient and Observation write them into their own extension arrays).
+        if !matches!(t.rtype, "Patient" | "Observation") && self.has_field_maps(t.rtype) {
+            let mark = (w.len(), w.has_members());
+            w.array("extension");
+            let any = self.field_map_extensions(w, t.rtype);
+            w.end_array();
+            if !any {
+                w.truncate(mark.0, mark.1);
+            }
         }
     }
 
@@ -612,7 +762,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         }
         let use_ = self
             .text(c[6])
-            .and_then(|c| vocab::lookup("NameType", &c))
+            .and_then(|c| self.lookup("NameType", &c))
             .map(|u| u.code);
         write_name(
             w,
@@ -643,10 +793,10 @@ impl<'a, 'm> Ctx<'a, 'm> {
         }
         w.begin_object();
         if let Some(kind) = self.text(c[6]) {
-            if let Some(u) = vocab::lookup("AddressType[Use]", &kind) {
+            if let Some(u) = self.lookup("AddressType[Use]", &kind) {
                 w.string("use", u.code);
             }
-            if let Some(t) = vocab::lookup("AddressType[Type]", &kind) {
+            if let Some(t) = self.lookup("AddressType[Type]", &kind) {
                 w.string("type", t.code);
             }
         }
@@ -709,7 +859,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         // The IG maps most equipment types to ContactPoint.system, and CP (cellular) to ContactPoint.use.
         let equipment = equipment
             .as_deref()
-            .and_then(|e| vocab::lookup("TelecommunicationEquipmentType", e));
+            .and_then(|e| self.lookup("TelecommunicationEquipmentType", e));
         let (system, equipment_use) = match equipment {
             Some(c) if c.system.ends_with("contact-point-use") => ("phone", Some(c.code)),
             Some(c) => (c.code, None),
@@ -720,7 +870,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
         w.string("value", &value);
         let use_ = self
             .text(c[1])
-            .and_then(|u| vocab::lookup("TelecommunicationUseCode", &u).map(|c| c.code))
+            .and_then(|u| self.lookup("TelecommunicationUseCode", &u).map(|c| c.code))
             .filter(|u| matches!(*u, "home" | "work" | "temp" | "old" | "mobile"))
             .or(equipment_use)
             .or(default_use);
@@ -819,11 +969,14 @@ impl<'a, 'm> Ctx<'a, 'm> {
             let in_table = |t: &Table| vocab::has_code(t.map, &code);
             let fhir_only = table.is_some_and(|t| t.fhir_only);
             let mapped = if i == 0 || fhir_only {
-                table.and_then(|t| vocab::lookup(t.map, &code).map(|c| (t, c)))
+                table.and_then(|t| self.lookup(t.map, &code))
             } else {
                 None
             };
-            if let Some((_, c)) = &mapped {
+            // A site's map of this coding system (CWE-3): its translation first, the local code after it.
+            let mapped =
+                mapped.or_else(|| named.as_deref().and_then(|n| self.local_lookup(n, &code)));
+            if let Some(c) = &mapped {
                 if !any {
                     w.array("coding");
                     any = true;
@@ -867,7 +1020,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
             let system = system.filter(|s| vocab::fits(s, &code));
             // The IG's translation may be the table's own code (SpecimenType, AdmissionType...): once is
             // enough, unless the sender's display says something else.
-            if let (Some((_, c)), Some(sys)) = (&mapped, &system)
+            if let (Some(c), Some(sys)) = (&mapped, &system)
                 && c.system == sys
                 && c.code == code
                 && display
@@ -904,7 +1057,7 @@ impl<'a, 'm> Ctx<'a, 'm> {
     /// map has no row for it, with the v2 table's system when it is one of the table's codes).
     pub fn mapped_coding(&self, w: &mut Writer<'_>, map: &str, code: &str, table: &str) {
         w.begin_object();
-        match vocab::lookup(map, code) {
+        match self.lookup(map, code) {
             Some(c) => {
                 if !c.system.is_empty() {
                     w.string("system", c.system);

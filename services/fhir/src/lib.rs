@@ -12,6 +12,7 @@ mod common;
 mod dt;
 mod extra;
 pub mod json;
+mod local;
 mod mdm;
 mod order;
 mod siu;
@@ -21,7 +22,9 @@ mod vxu;
 
 use hl7v2::{Charset, Message};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+pub use local::{CodeMap, FieldMap, LocalConcept, ValueType};
 pub use time::TimeZone;
 
 /// What kind of Bundle a route produces.
@@ -80,6 +83,8 @@ pub struct Sender {
     pub timezone: Option<TimeZone>,
     /// The patient's match key for this sender (instead of the route's).
     pub patient_identifier: Option<IdentifierRule>,
+    /// This sender's code maps, before the route's (same keys as [`Options::code_maps`]).
+    pub code_maps: BTreeMap<String, Arc<CodeMap>>,
 }
 
 /// The route's choices where the IG leaves them open.
@@ -114,6 +119,11 @@ pub struct Options {
     /// MSH-4) into one global namespace (`urn:hl7gw:id:unknown`); default: such a message is refused
     /// ([`FhirError::UnscopedIdentity`]), since two senders' `55555` would become one person.
     pub unscoped_identifiers_global: bool,
+    /// A site's concept maps: by the IG map they override and extend (`AdministrativeSex`), or by a v2 coding
+    /// system name (CWE-3, `99LAB`) whose codes they translate (the translation first, the local code kept).
+    pub code_maps: BTreeMap<String, Arc<CodeMap>>,
+    /// v2 fields (Z-segments' above all) written as extensions of a resource type.
+    pub field_maps: Vec<FieldMap>,
 }
 
 /// What a conversion produced besides the Bundle.

@@ -23,7 +23,6 @@
 use crate::common::*;
 use crate::dt::{Ctx, Table, Target, uuid_of};
 use crate::json::Writer;
-use crate::vocab;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::Segment;
 use std::collections::HashMap;
@@ -884,11 +883,11 @@ fn service_request_body(
     let orc = o.orc.as_ref();
     let by_status = orc
         .and_then(|orc| cx.field(orc, 5))
-        .and_then(|s| vocab::lookup("OrderStatus", &s));
+        .and_then(|s| cx.lookup("OrderStatus", &s));
     let by_control = orc
         .filter(|orc| cx.field(orc, 5).is_none())
         .and_then(|orc| cx.field(orc, 1))
-        .and_then(|c| vocab::lookup("OrderControlCode[ServiceRequest.status]", &c));
+        .and_then(|c| cx.lookup("OrderControlCode[ServiceRequest.status]", &c));
     let status = match (by_status, by_control) {
         (Some(s), _) => {
             orc_mapped.push(5);
@@ -912,7 +911,7 @@ fn service_request_body(
     w.string("intent", intent);
     if let Some(p) = obr
         .and_then(|obr| cx.field(obr, 5))
-        .and_then(|p| vocab::lookup("ExtendedPriorityCodes", &p))
+        .and_then(|p| cx.lookup("ExtendedPriorityCodes", &p))
     {
         obr_mapped.push(5);
         w.string("priority", p.code);
@@ -1010,7 +1009,7 @@ fn report_body(
     // status (1..1): OBR-25 through the IG's ResultStatus map, else unknown.
     let status = obr
         .and_then(|obr| cx.field(obr, 25))
-        .and_then(|s| vocab::lookup("ResultStatus[Non-Queries]", &s));
+        .and_then(|s| cx.lookup("ResultStatus[Non-Queries]", &s));
     if status.is_some() {
         mapped.push(25);
     }
@@ -1095,7 +1094,7 @@ fn specimen_mapped(cx: &Ctx<'_, '_>, spm: &Segment<'_>) -> Vec<usize> {
                 .is_some_and(|v| is_decimal(&v)),
             20 => availability
                 .as_deref()
-                .is_some_and(|a| vocab::lookup("YesNoIndicator[AvailabilityStatus]", a).is_some()),
+                .is_some_and(|a| cx.lookup("YesNoIndicator[AvailabilityStatus]", a).is_some()),
             _ => true,
         })
         .collect()
@@ -1126,7 +1125,7 @@ fn specimen_body(
     }
     if let Some(s) = cx
         .field(spm, 20)
-        .and_then(|a| vocab::lookup("YesNoIndicator[AvailabilityStatus]", &a))
+        .and_then(|a| cx.lookup("YesNoIndicator[AvailabilityStatus]", &a))
     {
         w.string("status", s.code);
     }

@@ -12,7 +12,6 @@ use crate::common::*;
 use crate::dt::{Ctx, Table, Target};
 use crate::extra;
 use crate::json::Writer;
-use crate::vocab;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 use std::borrow::Cow;
@@ -457,7 +456,23 @@ fn appointment_status<'a>(
             .and_then(|f| f.repetition(1))
             .and_then(|v| cx.comp(v, 1))
     };
-    let lookup = |c: &str| vocab::lookup("FillerStatusCodes[Appointment]", c).map(|c| c.code);
+    // An R4 AppointmentStatus (a site's own map may name anything; only these are written).
+    const STATUSES: &[&str] = &[
+        "proposed",
+        "pending",
+        "booked",
+        "arrived",
+        "fulfilled",
+        "cancelled",
+        "noshow",
+        "entered-in-error",
+        "checked-in",
+        "waitlist",
+    ];
+    let lookup = |c: &str| {
+        let code = cx.lookup("FillerStatusCodes[Appointment]", c)?.code;
+        STATUSES.iter().find(|s| **s == code).copied()
+    };
     if let Some(c) = code_of(sch, 25) {
         if let Some(s) = lookup(&c) {
             return Ok(s);
@@ -700,7 +715,7 @@ fn appointment_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, sch: &Segment<'_>, l: 
             .and_then(|v| cx.comp(v, 1));
         let status = match code
             .as_deref()
-            .map(|c| vocab::lookup("FillerStatusCodes[Appointment]", c))
+            .map(|c| cx.lookup("FillerStatusCodes[Appointment]", c))
         {
             Some(Some(c)) => participant_status(c.code),
             Some(None) => {

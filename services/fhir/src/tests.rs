@@ -1039,3 +1039,114 @@ fn encounter_status_and_identity_follow_pv1_as_the_ig_says() {
         id(&adt("A01", &admitted.replace("0730", "0731")))
     );
 }
+
+#[test]
+fn a_sites_code_maps_and_field_maps_change_the_bundle() {
+    // The IG's CSV layout: two header rows, then v2 code, ..., FHIR code (7), display (9), system (10).
+    let sex = crate::CodeMap::from_ig_csv(
+        "HL7 v2,,,Condition,,,HL7 FHIR,,,\nCode,Text,System,a,b,c,Code,,Display,System\n\
+         F,Female,HL70001,,,,female,,Woman,http://hl7.org/fhir/administrative-gender\n\
+         9,Local unknown,L,,,,unknown,,Unknown,http://hl7.org/fhir/administrative-gender\n",
+    )
+    .expect("csv");
+    assert_eq!(sex.len(), 2);
+    let lab = crate::CodeMap::from_concept_map_json(
+        r#"{"resourceType":"ConceptMap","group":[{"source":"urn:lab","target":"http://loinc.org",
+           "element":[{"code":"GLU","target":[{"code":"2345-7","display":"Glucose","equivalence":"equivalent"}]},
+                      {"code":"XX","target":[{"equivalence":"unmatched"}]}]}]}"#,
+    )
+    .expect("json");
+    assert_eq!(lab.len(), 1);
+    assert!(crate::CodeMap::from_concept_map_json(r#"{"resourceType":"Patient"}"#).is_err());
+    let opts = Options {
+        code_maps: [
+            ("AdministrativeSex".to_owned(), std::sync::Arc::new(sex)),
+            ("99LAB".to_owned(), std::sync::Arc::new(lab)),
+        ]
+        .into(),
+        field_maps: vec![
+            crate::FieldMap::parse(
+                "ZPI-3",
+                "Patient.extension[https://hospital.example/fhir/StructureDefinition/parish].valueString",
+            )
+            .expect("field map"),
+            crate::FieldMap::parse(
+                "ZPI-4",
+                "Patient.extension[https://hospital.example/fhir/StructureDefinition/donor].valueBoolean",
+            )
+            .expect("field map"),
+            crate::FieldMap::parse(
+                "ZEN-2",
+                "Encounter.extension[https://hospital.example/fhir/StructureDefinition/ward-code].valueCodeableConcept",
+            )
+            .expect("field map"),
+        ],
+        ..Options::default()
+    };
+    let m = "MSH|^~\\&|REG|F|HL7GW|HL7GW|20260201080000||ADT^A01^ADT_A01|C1|P|2.5.1\r\
+             PID|1||1^^^H^MR||DOE^JANE||19700101|9\r\
+             ZPI|1|x|ST MARY~ST PAUL|Y|unmapped\r\
+             PV1|1|I|||||||||||||||||V1^^^H^VN\r\
+             ZEN|1|W4^Ward four^L\r\
+             OBX|1|NM|GLU^Glucose^99LAB||95|mg/dL\r";
+    let (b, outcome) = convert_json(m.as_bytes(), &opts);
+    let resource = |ty: &str| -> Json {
+        entries(&b)
+            .iter()
+            .find(|e| e["resource"]["resourceType"] == ty)
+            .map(|e| e["resource"].clone())
+            .expect(ty)
+    };
+    let patient = resource("Patient");
+    // The local sex code 9 through the site's map (the IG's has no row for it).
+    assert_eq!(patient["gender"], "unknown", "{patient}");
+    let ext = patient["extension"].as_array().expect("extensions");
+    let values: Vec<&Json> = ext
+        .iter()
+        .filter(|e| e["url"] == "https://hospital.example/fhir/StructureDefinition/parish")
+        .map(|e| &e["valueString"])
+        .collect();
+    assert_eq!(values, [&Json::from("ST MARY"), &Json::from("ST PAUL")]);
+    assert!(ext.iter().any(|e| e["valueBoolean"] == true));
+    let encounter = resource("Encounter");
+    assert_eq!(
+        encounter["extension"][0]["valueCodeableConcept"]["coding"][0]["code"],
+        "W4"
+    );
+    // The local lab code: the site's translation first, the local code kept.
+    let obs = resource("Observation");
+    assert_eq!(obs["code"]["coding"][0]["system"], "http://loinc.org");
+    assert_eq!(obs["code"]["coding"][0]["code"], "2345-7");
+    assert_eq!(obs["code"]["coding"][1]["code"], "GLU");
+    // Mapped fields are not reported; the others of the Z-segments are.
+    assert!(
+        outcome.unmapped.contains(&"ZPI-5".to_owned()),
+        "{outcome:?}"
+    );
+    assert!(
+        !outcome
+            .unmapped
+            .iter()
+            .any(|u| u == "ZPI-3" || u == "ZPI-4" || u == "ZPI" || u == "ZEN")
+    );
+    // Field maps that cannot be.
+    for (from, to) in [
+        ("ZPI", "Patient.extension[https://x.example/a].valueString"),
+        (
+            "ZPI-0",
+            "Patient.extension[https://x.example/a].valueString",
+        ),
+        (
+            "ZPI-3",
+            "Patients.extension[https://x.example/a].valueString",
+        ),
+        (
+            "ZPI-3",
+            "Patient.extension[https://x.example/a].valueQuantity",
+        ),
+        ("ZPI-3", "Patient.extension[not a uri].valueString"),
+        ("ZPI-3", "Patient.name"),
+    ] {
+        assert!(crate::FieldMap::parse(from, to).is_err(), "{from} -> {to}");
+    }
+}

@@ -6,17 +6,18 @@ pub type Row = (&'static str, &'static str, &'static str, &'static str);
 
 include!(concat!(env!("OUT_DIR"), "/concept_maps.rs"));
 
-/// One row of a concept map: the FHIR code, its display and its code system.
+/// One row of a concept map: the FHIR code, its display and its code system (the IG's, `'static`, or a site's
+/// own, borrowed from the route's options).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Concept {
-    pub code: &'static str,
-    pub display: &'static str,
-    pub system: &'static str,
+pub struct Concept<'s> {
+    pub code: &'s str,
+    pub display: &'s str,
+    pub system: &'s str,
 }
 
 /// The IG's translation of `code` in the concept map `map` (its name in the IG: `AdministrativeSex`,
 /// `PatientClass[EncounterClass]`...), if the map has an unconditional row for it.
-pub fn lookup(map: &str, code: &str) -> Option<Concept> {
+pub fn lookup(map: &str, code: &str) -> Option<Concept<'static>> {
     let rows = map_rows(map)?;
     let i = rows.binary_search_by(|r| r.0.cmp(code)).ok()?;
     let (_, code, display, system) = rows[i];

@@ -13,7 +13,6 @@ use crate::common::*;
 use crate::dt::{Ctx, Table, Target};
 use crate::extra::{self, Unique};
 use crate::json::Writer;
-use crate::vocab;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::Segment;
 
@@ -493,7 +492,7 @@ fn immunization_body(
         match cx.field(rxa, 20) {
             None => "completed",
             Some(c) => {
-                vocab::lookup("CompletionStatus", &c)
+                cx.lookup("CompletionStatus", &c)
                     .ok_or(FhirError::Required("RXA-20 (a code of HL7 table 0322)"))?
                     .code
             }

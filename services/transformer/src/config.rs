@@ -17,7 +17,7 @@ pub struct RoutesConfig {
     pub kubernetes: bool,
     /// Namespace to watch (default: the pod's namespace from `POD_NAMESPACE`, else the kubeconfig's).
     pub namespace: Option<String>,
-    /// How often the routes file is checked for changes.
+    /// How often the routes file, and the files routes read (`toFhir` code maps), are checked for changes.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "hl7gw_runtime::config::duration_schema")]
     pub reload_interval: Duration,

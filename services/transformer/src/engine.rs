@@ -113,6 +113,8 @@ enum Step {
 pub struct FhirStep {
     pub options: hl7gw_fhir::Options,
     pub skip_unsupported: bool,
+    /// The files its options were read from (code maps): the routes are read again when one changes.
+    pub files: Vec<std::path::PathBuf>,
 }
 
 /// A plugin step's settings.
@@ -302,6 +304,17 @@ impl Route {
             .map(|a| (a.message, a.content_type))
     }
 
+    /// The files the route's steps read when it was compiled (a `toFhir` step's code maps).
+    pub fn files(&self) -> impl Iterator<Item = &std::path::Path> {
+        self.steps
+            .iter()
+            .flat_map(|s| match s {
+                Step::ToFhir(f) => f.files.as_slice(),
+                _ => &[],
+            })
+            .map(std::path::PathBuf::as_path)
+    }
+
     /// Runs the steps on `raw` and returns the result, its content type and its output key.
     pub async fn run<P: PluginCaller>(
         &self,
@@ -477,6 +490,15 @@ fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, Str
         };
         write.insert(rtype.clone(), mode);
     }
+    let code_maps = |maps: &BTreeMap<String, String>| -> Result<_, String> {
+        maps.iter()
+            .map(|(name, path)| {
+                hl7gw_fhir::CodeMap::load(std::path::Path::new(path))
+                    .map(|m| (name.clone(), std::sync::Arc::new(m)))
+                    .map_err(|e| format!("toFhir codeMaps.{name}: {e}"))
+            })
+            .collect()
+    };
     let mut senders = BTreeMap::new();
     for (name, s) in &f.senders {
         senders.insert(
@@ -485,9 +507,15 @@ fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, Str
                 authority: s.authority.clone(),
                 timezone: zone(&s.timezone).map_err(|e| format!("senders.{name}: {e}"))?,
                 patient_identifier: rule(&s.patient_identifier),
+                code_maps: code_maps(&s.code_maps).map_err(|e| format!("senders.{name}: {e}"))?,
             },
         );
     }
+    let field_maps = f
+        .field_maps
+        .iter()
+        .map(|m| hl7gw_fhir::FieldMap::parse(&m.from, &m.to).map_err(|e| format!("toFhir {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(hl7gw_fhir::Options {
         bundle_type: match f.bundle_type.unwrap_or_default() {
             FhirBundleType::Transaction => hl7gw_fhir::BundleType::Transaction,
@@ -506,6 +534,8 @@ fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, Str
         patient_identifier: rule(&f.patient_identifier),
         senders,
         unscoped_identifiers_global: f.unscoped_identifiers == Some(FhirUnscoped::Global),
+        code_maps: code_maps(&f.code_maps)?,
+        field_maps,
     })
 }
 
@@ -596,6 +626,12 @@ fn compile_step(t: &Transform) -> Result<Step, String> {
         steps.push(Step::ToFhir(Box::new(FhirStep {
             options: fhir_options(f)?,
             skip_unsupported: f.on_unsupported == Some(crate::route::FhirOnUnsupported::Skip),
+            files: f
+                .code_maps
+                .values()
+                .chain(f.senders.values().flat_map(|s| s.code_maps.values()))
+                .map(std::path::PathBuf::from)
+                .collect(),
         })));
     }
     if let Some(p) = &t.plugin {
@@ -823,6 +859,8 @@ pub fn to_json(env: &Envelope, msg: &Message<'_>, charset: Charset) -> Result<Ve
 #[derive(Debug, Default)]
 pub struct Routes {
     pub routes: Vec<Arc<Route>>,
+    /// The files the routes read (code maps) as they were when compiled (`source::files_fingerprint`).
+    pub files: u64,
     /// Positions in `routes` (ascending) by literal message type, then by literal trigger.
     by_type: HashMap<String, TypeIndex>,
     /// Routes any message may match: no `messageTypes`, or a type pattern with a wildcard.
@@ -865,6 +903,7 @@ impl Routes {
         }
         Self {
             routes,
+            files: 0,
             by_type,
             any_type,
         }

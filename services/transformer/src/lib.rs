@@ -202,6 +202,7 @@ impl hl7gw_runtime::service::Service for App {
             Routes::Kubernetes(api) => tokio::spawn(source::watch_kubernetes(
                 *api,
                 live.clone(),
+                cfg.routes.reload_interval,
                 metrics.clone(),
                 side_stop.clone(),
             )),

@@ -242,6 +242,16 @@ pub struct ToFhirStep {
     /// for an `ADT^*` route that should not fill the DLQ with events it does not map.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unsupported: Option<FhirOnUnsupported>,
+    /// A site's concept maps, each a file (FHIR ConceptMap JSON, `.json`, or the IG's CSV layout; a mounted
+    /// ConfigMap's key is a file too), by the IG concept map it overrides and extends (`AdministrativeSex`,
+    /// `PatientClass[EncounterClass]`) or by a v2 coding system name (CWE-3, `99LAB`) whose codes it translates.
+    /// Read when the route loads, and again when a file changes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub code_maps: BTreeMap<String, String>,
+    /// v2 fields written as extensions: `{from: ZPI-3, to: "Patient.extension[<url>].valueString"}` (value
+    /// types String, Code, Boolean, Integer, Decimal, DateTime, CodeableConcept, Identifier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub field_maps: Vec<FhirFieldMap>,
     /// `report` (default: segments and fields with a value that no map covers are counted in
     /// `hl7gw_transformer_fhir_unmapped_total{route}` and listed by id, never value, in the message's span,
     /// `hl7.fhir.unmapped`) or `extension` (also kept with their values in the Bundle's `meta.extension`).
@@ -293,6 +303,19 @@ pub struct FhirSender {
     /// This sender's patient match key, instead of the route's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patient_identifier: Option<FhirIdentifierRule>,
+    /// This sender's code maps (files, as the route's `codeMaps`), before the route's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub code_maps: BTreeMap<String, String>,
+}
+
+/// `toFhir.fieldMaps[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FhirFieldMap {
+    /// The v2 field: `SEG-n` or `SEG-n-c` (the message's first segment of that name; every repetition).
+    pub from: String,
+    /// The extension: `<ResourceType>.extension[<url>].value<Type>`.
+    pub to: String,
 }
 
 /// `toFhir.unscopedIdentifiers`.

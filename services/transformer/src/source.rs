@@ -121,7 +121,9 @@ pub fn compile_all(docs: &[RouteDoc], previous: &Routes) -> (Routes, Vec<Verdict
             refused,
         });
     }
-    (Routes::new(out.into_values().collect()), verdicts)
+    let mut routes = Routes::new(out.into_values().collect());
+    routes.files = files_fingerprint(&routes);
+    (routes, verdicts)
 }
 
 /// Splits a routes file into named documents; a document that is not an `HL7Route` is refused by name.
@@ -229,7 +231,23 @@ pub fn load_file_at_start(
     Some(bytes)
 }
 
-/// Re-reads the routes file whenever its content differs from `loaded` (what was loaded last), until `stop`.
+/// The files the live routes read (a `toFhir` step's code maps) and their contents, hashed: when it changes,
+/// the routes are compiled again (a code map's file, or a mounted ConfigMap's key, is hot-reloaded like the
+/// routes). Small files, read every reload interval.
+pub fn files_fingerprint(routes: &Routes) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in &routes.routes {
+        for f in r.files() {
+            f.hash(&mut h);
+            std::fs::read(f).ok().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// Re-reads the routes file whenever its content differs from `loaded` (what was loaded last), or a file the
+/// routes read changed ([`files_fingerprint`]), until `stop`.
 pub async fn watch_file(
     path: PathBuf,
     loaded: Option<Vec<u8>>,
@@ -248,7 +266,8 @@ pub async fn watch_file(
             // Missing (or being replaced): the routes loaded last keep running.
             continue;
         };
-        if last.as_deref() == Some(now.as_slice()) {
+        let routes = live.get();
+        if last.as_deref() == Some(now.as_slice()) && files_fingerprint(&routes) == routes.files {
             continue;
         }
         // A file being written (truncated, then filled) must not be taken half-written, which could remove
@@ -273,6 +292,7 @@ pub async fn watch_file(
 pub async fn watch_kubernetes(
     api: Api<HL7Route>,
     live: Arc<LiveRoutes>,
+    interval: Duration,
     metrics: TransformerMetrics,
     stop: CancellationToken,
 ) {
@@ -283,7 +303,22 @@ pub async fn watch_kubernetes(
     loop {
         let ev = tokio::select! {
             _ = stop.cancelled() => return,
-            ev = stream.next() => ev,
+            ev = stream.next() => Some(ev),
+            // A file a route reads (a mounted ConfigMap's code map) changed: the routes are compiled again.
+            _ = tokio::time::sleep(interval) => None,
+        };
+        let Some(ev) = ev else {
+            let routes = live.get();
+            if objects.is_empty() || files_fingerprint(&routes) == routes.files {
+                continue;
+            }
+            let docs: Vec<RouteDoc> = objects
+                .iter()
+                .map(|(n, o)| (n.clone(), Ok(o.clone())))
+                .collect();
+            let (routes, verdicts) = compile_all(&docs, &live.get());
+            publish(&live, routes, &verdicts, &metrics);
+            continue;
         };
         let changed = match ev {
             None => return,
@@ -386,6 +421,91 @@ spec:
 
         let (fresh, _) = compile_all(&docs, &Routes::default());
         assert_eq!(fresh.routes.len(), 1, "a new bad route is simply refused");
+    }
+
+    struct NoPlugins;
+    impl crate::engine::PluginCaller for NoPlugins {
+        async fn call(
+            &self,
+            _: &crate::engine::Plugin,
+            _: hl7gw_runtime::proto::v1::TransformRequest,
+        ) -> Result<(Vec<u8>, String), String> {
+            Err("no plugins here".into())
+        }
+    }
+
+    /// The Patient's gender in the Bundle the first live route makes of an A04 whose PID-8 is the local `9`
+    /// (and the ZPI-2 its field map writes).
+    async fn gender(live: &LiveRoutes) -> String {
+        let raw = b"MSH|^~\\&|A|F|B|G|20260101||ADT^A04|C1|P|2.5\rPID|1||1^^^H^MR||DOE^J||19700101|9\rZPI|1|ST MARY\r";
+        let env = hl7gw_runtime::proto::v1::Envelope::default();
+        let routes = live.get();
+        let (out, _) = routes.routes[0]
+            .apply(&env, raw, hl7v2::Charset::Utf8, &NoPlugins)
+            .await
+            .unwrap();
+        let b: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        // The Z-segment's field, where the route's field map puts it.
+        assert_eq!(
+            b["entry"][0]["resource"]["extension"][0]["valueString"], "ST MARY",
+            "{b}"
+        );
+        b["entry"][0]["resource"]["gender"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// A route's code map (a file) and field map change the Bundle; the code map is read again when its file
+    /// changes, as the routes file is: no restart, no rebuild.
+    #[tokio::test]
+    async fn a_changed_code_map_file_is_picked_up_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let map = dir.path().join("sex.csv");
+        let write_map = |fhir: &str| {
+            std::fs::write(
+                &map,
+                format!("h,,,,,,,,,\nh,,,,,,,,,\n9,x,L,,,,{fhir},,,http://hl7.org/fhir/administrative-gender\n"),
+            )
+            .unwrap();
+        };
+        write_map("unknown");
+        let routes_file = dir.path().join("routes.yaml");
+        std::fs::write(
+            &routes_file,
+            format!(
+                "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: fhir}}\nspec:\n  \
+                 transforms: [{{toFhir: {{codeMaps: {{AdministrativeSex: '{}'}}, fieldMaps: [{{from: ZPI-2, \
+                 to: 'Patient.extension[https://hospital.example/fhir/StructureDefinition/parish].valueString'}}]}}}}]\n  \
+                 destinations: [fhir]\n",
+                map.display()
+            ),
+        )
+        .unwrap();
+        let (_reg, metrics) = TransformerMetrics::registered();
+        let live = Arc::new(LiveRoutes::default());
+        let loaded = load_file_at_start(&routes_file, &live, &metrics);
+        assert_eq!(gender(&live).await, "unknown");
+        let stop = CancellationToken::new();
+        let watcher = tokio::spawn(watch_file(
+            routes_file,
+            loaded,
+            Duration::from_millis(50),
+            live.clone(),
+            metrics,
+            stop.clone(),
+        ));
+        write_map("other");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while gender(&live).await != "other" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the changed map was not read again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        watcher.await.unwrap();
     }
 
     #[test]
