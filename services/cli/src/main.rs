@@ -17,6 +17,7 @@ macro_rules! log {
 
 mod admin;
 mod commands;
+mod fhir;
 mod ops;
 mod receive;
 mod receive_http;
@@ -47,6 +48,9 @@ enum Command {
         #[arg(long, default_value = "accept")]
         outcome: commands::OutcomeArg,
     },
+    /// Convert message files to FHIR R4 Bundles as a route's toFhir step would, offline (settings from a
+    /// routes file or flags): each Bundle on stdout, what was not mapped on stderr.
+    Fhir(fhir::FhirArgs),
     /// Send message files to an MLLP receiver (TLS optional) and print each ACK.
     Send(send::SendArgs),
     /// Listen for MLLP connections, store each message as a file and ACK it.
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Flat { files } => commands::flat(&files),
         Command::Ack { file, outcome } => commands::ack(&file, outcome),
+        Command::Fhir(args) => fhir::run(args),
         Command::Send(args) => send::run(args),
         Command::Receive(args) => receive::run(args),
         Command::Deadletters(args) => admin::deadletters(args),

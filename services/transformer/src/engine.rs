@@ -462,7 +462,7 @@ type StepsDone = (
 
 /// A `toFhir` step's settings as the converter's options; a bad time zone, resource type or write mode is
 /// refused when the route loads.
-fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, String> {
+pub fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, String> {
     use crate::route::{FhirBundleType, FhirUnmapped, FhirUnscoped, FhirWrite};
     let zone = |tz: &Option<String>| -> Result<Option<hl7gw_fhir::TimeZone>, String> {
         tz.as_deref()
