@@ -11,7 +11,8 @@ use hl7v2::message::{Segment, Value};
 pub(crate) const PID_MAPPED: &[usize] = &[
     1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 19, 24, 25, 29, 30,
 ];
-pub(crate) const PV1_MAPPED: &[usize] = &[1, 2, 3, 4, 7, 8, 9, 10, 14, 17, 19, 36, 44, 45];
+pub(crate) const PV1_MAPPED: &[usize] =
+    &[1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 14, 17, 19, 36, 42, 44, 45];
 pub(crate) const PV2_MAPPED: &[usize] = &[3];
 pub(crate) const NK1_MAPPED: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16];
 pub(crate) const AL1_MAPPED: &[usize] = &[1, 2, 3, 4, 5, 6];
@@ -925,13 +926,41 @@ pub(crate) fn encounter_body(
         );
         w.end_object();
     }
-    if let Some(place) = cx.rep1(pv1, 3).and_then(|pl| cx.location_text(pl)) {
-        w.array("location");
+    // Where the patient is (PV1-3), was (PV1-6), is for now (PV1-11) and will be (PV1-42), as the IG's PV1 map
+    // says: each a Location (with the levels above it, the PL[Location] map), written after the Encounter.
+    let planned = cx.field(pv1, 2).as_deref() == Some("P");
+    let places = [
+        (3, if planned { "planned" } else { "active" }),
+        (6, "completed"),
+        (11, "active"),
+        (42, "reserved"),
+    ];
+    let mut any = false;
+    for (n, status) in places {
+        let Some(pl) = cx.rep1(pv1, n) else {
+            continue;
+        };
+        let levels = crate::pl::pl_locations(cx, pl);
+        let Some(place) = levels.last() else {
+            cx.dropped(pv1, n);
+            continue;
+        };
+        if !any {
+            w.array("location");
+            any = true;
+        }
         w.begin_object();
         w.object("location");
-        w.string("display", &place);
+        w.string_parts("reference", &["urn:uuid:", &place.target.id]);
+        if let Some(text) = cx.location_text(pl) {
+            w.string("display", &text);
+        }
         w.end_object();
+        w.string("status", status);
         w.end_object();
+        cx.pending_locations.borrow_mut().extend(levels);
+    }
+    if any {
         w.end_array();
     }
 }

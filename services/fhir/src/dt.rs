@@ -43,6 +43,9 @@ pub(crate) struct Ctx<'a, 'm> {
     /// The field maps ([`Options::field_maps`]) written into some resource, by index: their fields count as
     /// mapped.
     field_maps_written: std::cell::RefCell<Vec<usize>>,
+    /// Locations an Encounter named (PV1-3/6/11/42), written as entries right after it, each once.
+    pub pending_locations: std::cell::RefCell<Vec<crate::pl::PlLocation>>,
+    locations_written: std::collections::HashSet<Uuid>,
     /// Resources referenced by a condition instead of an entry ([`Write::Reference`]): their derived id and
     /// the conditional reference that replaces `urn:uuid:<id>` in the Bundle.
     pub conditional_refs: Vec<(Uuid, String)>,
@@ -175,6 +178,8 @@ impl<'a, 'm> Ctx<'a, 'm> {
             entry_mark: (0, false),
             conditional_refs: Vec::new(),
             field_maps_written: std::cell::RefCell::new(Vec::new()),
+            pending_locations: std::cell::RefCell::new(Vec::new()),
+            locations_written: std::collections::HashSet::new(),
         }
     }
 
@@ -596,6 +601,8 @@ impl<'a, 'm> Ctx<'a, 'm> {
                     self.resources -= 1;
                     self.conditional_refs
                         .push((t.id, format!("{}?{q}", t.rtype)));
+                    // Its Locations go with it.
+                    self.pending_locations.get_mut().clear();
                     return;
                 }
                 (Some(q), Write::CreateIfAbsent) => {
@@ -620,6 +627,20 @@ impl<'a, 'm> Ctx<'a, 'm> {
             }
         }
         w.end_object();
+        self.write_pending_locations(w);
+    }
+
+    /// The Locations the entry just closed named, each once per Bundle.
+    fn write_pending_locations(&mut self, w: &mut Writer<'_>) {
+        let pending = std::mem::take(self.pending_locations.get_mut());
+        for l in pending {
+            if !self.locations_written.insert(l.target.id) {
+                continue;
+            }
+            self.begin_entry(w, &l.target);
+            crate::pl::location_body(w, &l);
+            self.end_entry(w, &l.target);
+        }
     }
 
     // ---- data types ----

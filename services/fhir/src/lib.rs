@@ -15,6 +15,7 @@ pub mod json;
 mod local;
 mod mdm;
 mod order;
+mod pl;
 mod siu;
 mod time;
 pub mod vocab;

@@ -1150,3 +1150,53 @@ fn a_sites_code_maps_and_field_maps_change_the_bundle() {
         assert!(crate::FieldMap::parse(from, to).is_err(), "{from} -> {to}");
     }
 }
+
+#[test]
+fn a_transfer_names_the_new_and_the_prior_location_each_a_location_with_its_levels() {
+    let m = "MSH|^~\\&|ADT|F|HL7GW|HL7GW|20260201080000||ADT^A02^ADT_A02|C1|P|2.5.1\r\
+             PID|1||1^^^H^MR||DOE^JANE\r\
+             PV1|1|I|W5^202^B^HOSP||||||||||||||||V1^^^H^VN||||||||||||||||||||||||20260201073000\r";
+    // PV1-6 (prior location) after PV1-3: fields 4 and 5 empty.
+    let m = m.replace("|W5^202^B^HOSP||||||", "|W5^202^B^HOSP|||W4^101^A^HOSP|||");
+    let (b, _) = convert_json(m.as_bytes(), &Options::default());
+    let encounter = entries(&b)
+        .iter()
+        .find(|e| e["resource"]["resourceType"] == "Encounter")
+        .map(|e| e["resource"].clone())
+        .expect("an Encounter");
+    let places = encounter["location"].as_array().expect("locations");
+    assert_eq!(places.len(), 2, "{encounter}");
+    assert_eq!(places[0]["status"], "active");
+    assert_eq!(places[1]["status"], "completed");
+    let bed = resolve(&b, &places[0]["location"]);
+    assert_eq!(bed["name"], "B");
+    assert_eq!(bed["physicalType"]["coding"][0]["code"], "bd");
+    let room = resolve(&b, &bed["partOf"]);
+    assert_eq!(
+        (
+            room["name"].as_str(),
+            room["physicalType"]["coding"][0]["code"].as_str()
+        ),
+        (Some("202"), Some("ro"))
+    );
+    let ward = resolve(&b, &room["partOf"]);
+    assert_eq!(ward["name"], "W5");
+    let site = resolve(&b, &ward["partOf"]);
+    assert_eq!(site["physicalType"]["coding"][0]["code"], "si");
+    // The facility both places share is one Location, written once.
+    let locations: Vec<&Json> = entries(&b)
+        .iter()
+        .filter(|e| e["resource"]["resourceType"] == "Location")
+        .collect();
+    assert_eq!(locations.len(), 7, "HOSP, W5, 202, B, W4, 101, A");
+    // The same place in another message is the same Location.
+    let (again, _) = convert_json(m.replace("C1", "C2").as_bytes(), &Options::default());
+    let ids = |b: &Json| -> Vec<Json> {
+        entries(b)
+            .iter()
+            .filter(|e| e["resource"]["resourceType"] == "Location")
+            .map(|e| e["fullUrl"].clone())
+            .collect()
+    };
+    assert_eq!(ids(&b), ids(&again));
+}

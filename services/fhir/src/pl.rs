@@ -1,0 +1,86 @@
+//! PL (person location) → Locations, as the IG's PL[Location] map says: one Location per level the PL names
+//! (facility, building, floor, point of care, room, bed), each `partOf` the next level above it, the most
+//! specific one the place the Encounter references.
+
+use crate::dt::{Ctx, Target};
+use crate::json::Writer;
+use hl7v2::message::Value;
+
+/// A level of a PL: its component, the R4 location-physical-type code and display (none for a point of care:
+/// the IG leaves it open).
+const LEVELS: &[(usize, Option<(&str, &str)>)] = &[
+    (4, Some(("si", "Site"))),
+    (7, Some(("bu", "Building"))),
+    (8, Some(("lvl", "Level"))),
+    (1, None),
+    (2, Some(("ro", "Room"))),
+    (3, Some(("bd", "Bed"))),
+];
+
+/// One Location of a PL.
+#[derive(Debug, Clone)]
+pub(crate) struct PlLocation {
+    pub target: Target,
+    name: String,
+    physical_type: Option<(&'static str, &'static str)>,
+    part_of: Option<crate::dt::Uuid>,
+    /// PL-9, on the most specific level.
+    description: Option<String>,
+}
+
+/// The Locations of a PL, the facility first and the most specific last. Each level's id derives from the
+/// levels above it and itself (room `101` of ward `W4` is not room `101` of ward `W5`), so the same place is one
+/// Location in every message.
+pub(crate) fn pl_locations(cx: &Ctx<'_, '_>, pl: Value<'_>) -> Vec<PlLocation> {
+    let comps: Vec<Option<Value<'_>>> = (1..=9).map(|n| pl.component(n)).collect();
+    let mut key: Vec<String> = Vec::new();
+    let mut out: Vec<PlLocation> = Vec::new();
+    for &(n, physical_type) in LEVELS {
+        let Some(name) = cx.text(comps[n - 1].and_then(|c| c.subcomponent(1))) else {
+            continue;
+        };
+        key.push(format!("{n}={name}"));
+        let parts: Vec<&str> = key.iter().map(String::as_str).collect();
+        let target = cx.target("Location", &parts, None);
+        let part_of = out.last().map(|p| p.target.id);
+        out.push(PlLocation {
+            target,
+            name: name.into_owned(),
+            physical_type,
+            part_of,
+            description: None,
+        });
+    }
+    if let Some(last) = out.last_mut() {
+        last.description = cx.text(comps[8]).map(|d| d.into_owned());
+    }
+    out
+}
+
+/// The Location's elements.
+pub(crate) fn location_body(w: &mut Writer<'_>, l: &PlLocation) {
+    w.string("name", &l.name);
+    if let Some(d) = &l.description {
+        w.string("description", d);
+    }
+    w.string("mode", "instance");
+    if let Some((code, display)) = l.physical_type {
+        w.object("physicalType");
+        w.array("coding");
+        w.begin_object();
+        w.string(
+            "system",
+            "http://terminology.hl7.org/CodeSystem/location-physical-type",
+        );
+        w.string("code", code);
+        w.string("display", display);
+        w.end_object();
+        w.end_array();
+        w.end_object();
+    }
+    if let Some(p) = &l.part_of {
+        w.object("partOf");
+        w.string_parts("reference", &["urn:uuid:", p]);
+        w.end_object();
+    }
+}
