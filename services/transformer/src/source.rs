@@ -309,15 +309,9 @@ pub async fn watch_kubernetes(
         };
         let Some(ev) = ev else {
             let routes = live.get();
-            if objects.is_empty() || files_fingerprint(&routes) == routes.files {
-                continue;
+            if !objects.is_empty() && files_fingerprint(&routes) != routes.files {
+                compile_objects(&objects, &live, &metrics);
             }
-            let docs: Vec<RouteDoc> = objects
-                .iter()
-                .map(|(n, o)| (n.clone(), Ok(o.clone())))
-                .collect();
-            let (routes, verdicts) = compile_all(&docs, &live.get());
-            publish(&live, routes, &verdicts, &metrics);
             continue;
         };
         let changed = match ev {
@@ -352,18 +346,27 @@ pub async fn watch_kubernetes(
         if !changed {
             continue;
         }
-        let docs: Vec<RouteDoc> = objects
-            .iter()
-            .map(|(n, o)| (n.clone(), Ok(o.clone())))
-            .collect();
-        let (routes, verdicts) = compile_all(&docs, &live.get());
-        publish(&live, routes, &verdicts, &metrics);
-        for v in verdicts {
+        for v in compile_objects(&objects, &live, &metrics) {
             if let Some(o) = objects.get(&v.name) {
                 write_status(&api, o, &v).await;
             }
         }
     }
+}
+
+/// Compiles the watched `HL7Route`s and makes them the live set; what became of each.
+fn compile_objects(
+    objects: &BTreeMap<String, HL7Route>,
+    live: &LiveRoutes,
+    metrics: &TransformerMetrics,
+) -> Vec<Verdict> {
+    let docs: Vec<RouteDoc> = objects
+        .iter()
+        .map(|(n, o)| (n.clone(), Ok(o.clone())))
+        .collect();
+    let (routes, verdicts) = compile_all(&docs, &live.get());
+    publish(live, routes, &verdicts, metrics);
+    verdicts
 }
 
 /// Writes a route's status unless it already says the same for this generation.
