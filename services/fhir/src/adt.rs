@@ -3,10 +3,17 @@
 //! XCN fields), OBX → Observation, AL1 → AllergyIntolerance, DG1 → Condition, IN1 → Coverage, and a
 //! Provenance of the transformation.
 
-use crate::common::*;
-use crate::dt::Ctx;
-use crate::dt::Target;
+use crate::common::{
+    AL1_MAPPED, IN1_MAPPED, MSH_MAPPED, NK1_MAPPED, ObsLinks, PV1_MAPPED, PV2_MAPPED, allergy_body,
+    begin_bundle, condition_body, condition_target, coverage_body, encounter_body,
+    encounter_target, message_header, n_key, note_no_encounter, observation_body,
+    observation_people, observation_target, patient_body, patient_key, patient_target,
+    provenance_and_end, pv1_participants, reference, related_person_body, write_items,
+};
+use crate::context::{Ctx, Target};
+use crate::datatypes::xcn::{Person, Practitioners};
 use crate::extra::Unique;
+use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome, Write};
 
@@ -53,7 +60,7 @@ pub(crate) fn convert(
     let frame = begin_bundle(cx, &mut w, &key);
 
     // Every entry's fullUrl, for the Provenance's targets.
-    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
+    let mut targets: Vec<Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         let focus: Vec<&_> = std::iter::once(&patient)
             .chain(encounter.as_ref())

@@ -1,9 +1,15 @@
 //! What the message maps share: the Bundle's frame, the segment maps of PID, PV1/PV2, NK1, AL1, DG1, IN1, OBX
 //! and NTE, practitioners from XCN/CNN, the MessageHeader and the Provenance of the transformation.
 
-use crate::dt::{Ctx, Table, Target};
+use crate::context::{Ctx, Target};
+use crate::datatypes::cwe::{Table, primary_coding};
+use crate::datatypes::cx::{ei_key, identifier_item};
+use crate::datatypes::dtm::{fhir_time, period};
+use crate::datatypes::nm::{is_decimal, normalise_decimal};
+use crate::datatypes::pl::pl_locations;
+use crate::datatypes::xcn::{Person, Practitioners, practitioner_refs, practitioner_target};
+use crate::ids::{Uuid, percent_encode, uuid_of};
 use crate::json::Writer;
-use crate::vocab;
 use crate::{BundleType, FhirError, Outcome, Unmapped};
 use hl7v2::message::{Segment, Value};
 
@@ -11,15 +17,23 @@ use hl7v2::message::{Segment, Value};
 pub(crate) const PID_MAPPED: &[usize] = &[
     1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 19, 24, 25, 29, 30,
 ];
+
 pub(crate) const PV1_MAPPED: &[usize] =
     &[1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 14, 17, 19, 36, 42, 44, 45];
+
 pub(crate) const PV2_MAPPED: &[usize] = &[3];
+
 pub(crate) const NK1_MAPPED: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16];
+
 pub(crate) const AL1_MAPPED: &[usize] = &[1, 2, 3, 4, 5, 6];
+
 pub(crate) const DG1_MAPPED: &[usize] = &[1, 3, 4, 5, 19, 20];
+
 /// A DG1 whose identifier an earlier entry carries: DG1-20 reported.
 const DG1_MAPPED_REPEAT: &[usize] = &[1, 3, 4, 5, 19];
+
 pub(crate) const IN1_MAPPED: &[usize] = &[1, 2, 3, 4, 12, 13, 15, 17];
+
 pub(crate) const MSH_MAPPED: &[usize] = &[3, 4, 5, 6, 7, 9, 10, 11, 12, 18];
 
 /// XCN fields of PV1 and their participation types (v3-ParticipationType).
@@ -35,73 +49,6 @@ pub(crate) fn n_key(cx: &Ctx<'_, '_>, seg: &Segment<'_>, position: &str) -> Stri
     cx.field(seg, 1)
         .map(|s| s.into_owned())
         .unwrap_or_else(|| position.to_owned())
-}
-
-/// EI → (system, value): EI-1 with the authority of EI-2..4 (components, or subcomponents when `sub`: an EI
-/// inside an EIP or a CX).
-pub(crate) fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>, sub: bool) -> Option<(String, String)> {
-    let part = |n: usize| {
-        if sub {
-            cx.text(ei.subcomponent(n))
-        } else {
-            cx.comp(ei, n)
-        }
-    };
-    let value = part(1)?;
-    let ns = part(2);
-    let system = match (part(3), part(4).as_deref()) {
-        (Some(uid), Some("ISO")) if crate::dt::is_oid(&uid) => format!("urn:oid:{uid}"),
-        (Some(uid), Some("URI" | "URL")) => uid.into_owned(),
-        _ => match ns {
-            Some(ns) => cx
-                .opts
-                .identifier_systems
-                .get(ns.as_ref())
-                .cloned()
-                .unwrap_or_else(|| {
-                    let prefix = cx
-                        .opts
-                        .identifier_system_prefix
-                        .as_deref()
-                        .unwrap_or("urn:hl7gw:id:");
-                    let mut s = String::with_capacity(prefix.len() + ns.len() + 8);
-                    s.push_str(prefix);
-                    crate::dt::percent_encode(&mut s, &ns);
-                    s
-                }),
-            None => "urn:hl7gw:id:unknown".to_owned(),
-        },
-    };
-    Some((system, value.into_owned()))
-}
-
-/// An Identifier array item: `system`, `value`, and a v2-0203 `type` (PLAC, FILL...).
-pub(crate) fn identifier_item(w: &mut Writer<'_>, key: &(String, String), type_code: Option<&str>) {
-    w.begin_object();
-    if let Some(code) = type_code {
-        crate::dt::identifier_type(w, code, true);
-    }
-    w.string("system", &key.0);
-    w.string("value", &key.1);
-    w.end_object();
-}
-
-/// The first coding a CodeableConcept of `cwe` (without a table) writes: (system, if it has one, code). What a
-/// conditional update names beside the identifier (`&code=`), so it is the coding the resource carries.
-pub(crate) fn primary_coding(
-    cx: &Ctx<'_, '_>,
-    cwe: Option<Value<'_>>,
-) -> Option<(Option<String>, String)> {
-    let cwe = cwe?;
-    [(1, 3), (4, 6), (10, 12)].into_iter().find_map(|(c, s)| {
-        let code = cx.comp(cwe, c)?;
-        let system = cx
-            .comp(cwe, s)
-            .and_then(|n| cx.coding_system_ref(&n))
-            .filter(|sys| vocab::fits(sys, &code))
-            .map(|sys| sys.into_owned());
-        Some((system, code.into_owned()))
-    })
 }
 
 /// A ServiceRequest, DiagnosticReport or Observation with a business identifier: updated by the identifier
@@ -153,7 +100,7 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
     w.begin_object();
     w.string("resourceType", "Bundle");
-    let bundle_id = crate::dt::uuid_of("Bundle", &msg_key);
+    let bundle_id = uuid_of("Bundle", &msg_key);
     w.string("id", &bundle_id);
     w.object("identifier");
     if let Some(system) = cx.hd_system(cx.msh(3), false) {
@@ -342,7 +289,7 @@ pub(crate) fn message_header(
         w.begin_object();
         w.string("name", d);
         let mut endpoint = "urn:hl7gw:application:".to_owned();
-        crate::dt::percent_encode(&mut endpoint, d);
+        percent_encode(&mut endpoint, d);
         w.string("endpoint", &endpoint);
         w.end_object();
         w.end_array();
@@ -357,7 +304,7 @@ pub(crate) fn message_header(
         .filter(|s| s.starts_with("urn:oid:") || s.contains("://"))
         .unwrap_or_else(|| {
             let mut e = "urn:hl7gw:application:".to_owned();
-            crate::dt::percent_encode(&mut e, &src);
+            percent_encode(&mut e, &src);
             e
         });
     w.string("endpoint", &endpoint);
@@ -632,178 +579,6 @@ fn yes_no(v: &str) -> Option<bool> {
     }
 }
 
-/// A person named by an XCN (ORC-12, OBR-16, OBX-16, NTE-5, PV1-7...) or by the CNN of an NDL (OBR-32..35;
-/// before v2.5 a CN, written like an XCN).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Person<'a> {
-    Xcn(Value<'a>),
-    /// NDL-1: the CNN's parts are subcomponents.
-    Cnn(Value<'a>),
-}
-
-impl<'a> Person<'a> {
-    /// The person of an NDL repetition: a CNN in its first component, or (before v2.5, or written so) a CN
-    /// whose parts are the components.
-    pub fn of_ndl(cx: &Ctx<'a, '_>, ndl: Value<'a>) -> Self {
-        let version = cx.msg.header().version;
-        let old = matches!(version, b"2.1" | b"2.2" | b"2.3" | b"2.3.1" | b"2.4");
-        let first = ndl.component(1).unwrap_or(ndl);
-        if old && !first.raw().contains(&cx.msg.delimiters().subcomponent) {
-            Person::Xcn(ndl)
-        } else {
-            Person::Cnn(first)
-        }
-    }
-
-    /// Part `n` of the XCN layout: 1 id, 2 family name, 3 given, 4 further given, 5 suffix, 6 prefix.
-    fn part(&self, cx: &Ctx<'a, '_>, n: usize) -> Option<std::borrow::Cow<'a, str>> {
-        match self {
-            Person::Xcn(x) if n == 2 => cx.text(x.component(2).and_then(|c| c.subcomponent(1))),
-            Person::Xcn(x) => cx.comp(*x, n),
-            Person::Cnn(c) => cx.text(c.subcomponent(n)),
-        }
-    }
-
-    /// The identifier's system: XCN-9 (an HD in subcomponents), or CNN-9..11.
-    fn system(&self, cx: &Ctx<'a, '_>) -> String {
-        match self {
-            Person::Xcn(x) => cx.hd_system(x.component(9), true),
-            Person::Cnn(c) => cx.hd_system_of(
-                cx.text(c.subcomponent(9)),
-                cx.text(c.subcomponent(10)),
-                cx.text(c.subcomponent(11)),
-            ),
-        }
-        .unwrap_or_else(|| "urn:hl7gw:id:practitioner".to_owned())
-    }
-}
-
-/// A practitioner: by its id (XCN-1, authority XCN-9), else by its name.
-pub(crate) fn practitioner_target(cx: &Ctx<'_, '_>, p: Person<'_>) -> Option<Target> {
-    let id = p.part(cx, 1);
-    let family = p.part(cx, 2);
-    let given = p.part(cx, 3);
-    match id {
-        Some(id) => {
-            let system = p.system(cx);
-            let id = id.into_owned();
-            Some(cx.target(
-                "Practitioner",
-                &[&system, &id],
-                Some((system.clone(), id.clone())),
-            ))
-        }
-        None if family.is_some() || given.is_some() => Some(cx.target(
-            "Practitioner",
-            &[
-                family.as_deref().unwrap_or_default(),
-                given.as_deref().unwrap_or_default(),
-            ],
-            None,
-        )),
-        None => None,
-    }
-}
-
-pub(crate) fn practitioner_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, p: Person<'_>) {
-    if let Some(id) = p.part(cx, 1) {
-        let system = p.system(cx);
-        w.array("identifier");
-        w.begin_object();
-        w.string("system", &system);
-        w.string("value", &id);
-        w.end_object();
-        w.end_array();
-    }
-    let family = p.part(cx, 2);
-    let given = [p.part(cx, 3), p.part(cx, 4)];
-    let suffix = p.part(cx, 5);
-    let prefix = p.part(cx, 6);
-    if family.is_some() || given.iter().any(Option::is_some) {
-        w.array("name");
-        crate::dt::write_name(
-            w,
-            None,
-            family.as_deref(),
-            &[given[0].as_deref(), given[1].as_deref()],
-            &[prefix.as_deref()],
-            &[suffix.as_deref()],
-        );
-        w.end_array();
-    }
-}
-
-/// The Practitioners of a Bundle, each written once (a transaction may not hold the same conditional update
-/// twice), in the order they are first named.
-#[derive(Debug, Default)]
-pub(crate) struct Practitioners<'a> {
-    list: Vec<(Target, Person<'a>)>,
-    seen: std::collections::HashSet<crate::dt::Uuid>,
-}
-
-impl<'a> Practitioners<'a> {
-    /// Adds the practitioner `p` names (if it names one) and returns its target.
-    pub fn add(&mut self, cx: &Ctx<'a, '_>, p: Person<'a>) -> Option<Target> {
-        let t = practitioner_target(cx, p)?;
-        self.add_target(&t, p);
-        Some(t)
-    }
-
-    /// Adds `p` by the target [`practitioner_target`] made of it already (PV1's participants have theirs):
-    /// no second id derived.
-    pub fn add_target(&mut self, t: &Target, p: Person<'a>) {
-        // A set beside the list: a message naming thousands of people costs linear time, not quadratic.
-        if self.seen.insert(t.id) {
-            self.list.push((t.clone(), p));
-        }
-    }
-
-    /// Adds each repetition of an XCN field.
-    pub fn add_xcn_field(&mut self, cx: &Ctx<'a, '_>, seg: &Segment<'a>, n: usize) {
-        for x in cx.reps(seg, n) {
-            self.add(cx, Person::Xcn(x));
-        }
-    }
-
-    /// Writes them, each as an entry, and adds their fullUrls to `targets`.
-    pub fn write(
-        &self,
-        cx: &mut Ctx<'_, '_>,
-        w: &mut Writer<'_>,
-        targets: &mut Vec<crate::dt::Uuid>,
-    ) {
-        for (t, p) in &self.list {
-            cx.begin_entry(w, t);
-            practitioner_body(cx, w, *p);
-            cx.end_entry(w, t);
-            targets.push(t.id);
-        }
-    }
-}
-
-/// References to the practitioners of an XCN field, as an array under `key`.
-pub(crate) fn practitioner_refs(
-    cx: &Ctx<'_, '_>,
-    w: &mut Writer<'_>,
-    key: &str,
-    people: &[Person<'_>],
-) {
-    let targets: Vec<Target> = people
-        .iter()
-        .filter_map(|p| practitioner_target(cx, *p))
-        .collect();
-    if targets.is_empty() {
-        return;
-    }
-    w.array(key);
-    for t in &targets {
-        w.begin_object();
-        w.string_parts("reference", &["urn:uuid:", &t.id]);
-        w.end_object();
-    }
-    w.end_array();
-}
-
 /// The PV1[Encounter] and PV2[Encounter] maps. `event`: the ADT trigger, whose IG map gives the status.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encounter_body(
@@ -904,7 +679,7 @@ pub(crate) fn encounter_body(
             cx.dropped(pv1, n);
         }
     }
-    crate::dt::period(w, "period", start.as_deref(), end.as_deref());
+    period(w, "period", start.as_deref(), end.as_deref());
     if let Some(pv2) = pv2 {
         let reasons = cx.reps(pv2, 3);
         write_items(w, "reasonCode", &reasons, |w, v| {
@@ -940,7 +715,7 @@ pub(crate) fn encounter_body(
         let Some(pl) = cx.rep1(pv1, n) else {
             continue;
         };
-        let levels = crate::pl::pl_locations(cx, pl);
+        let levels = pl_locations(cx, pl);
         let Some(place) = levels.last() else {
             cx.dropped(pv1, n);
             continue;
@@ -1010,7 +785,7 @@ pub(crate) fn related_person_body(
     write_items(w, "address", &addresses, |w, v| cx.address(w, *v));
     let start = cx.field(nk1, 8).and_then(|d| cx.date(&d));
     let end = cx.field(nk1, 9).and_then(|d| cx.date(&d));
-    crate::dt::period(w, "period", start.as_deref(), end.as_deref());
+    period(w, "period", start.as_deref(), end.as_deref());
 }
 
 pub(crate) fn allergy_body(
@@ -1160,7 +935,7 @@ pub(crate) fn coverage_body(
             cx.dropped(in1, n);
         }
     }
-    crate::dt::period(w, "period", start.as_deref(), end.as_deref());
+    period(w, "period", start.as_deref(), end.as_deref());
     // payor (1..*): the insurance company by its id (IN1-3) and name (IN1-4).
     let company = cx.rep1(in1, 3).and_then(|c| cx.cx_key(c));
     let name = cx.rep1(in1, 4).and_then(|x| cx.comp(x, 1));
@@ -1644,31 +1419,6 @@ fn structured_numeric(
     ValueUse { value: true, units }
 }
 
-/// v2 TM (`HH[MM[SS[.S+]]]`, no offset) as FHIR `time`.
-fn fhir_time(v2: &str) -> Option<String> {
-    let (digits, frac) = match v2.split_once('.') {
-        Some((d, f)) => (d, Some(f)),
-        None => (v2, None),
-    };
-    if !matches!(digits.len(), 2 | 4 | 6) || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let part = |i: usize| digits.get(i..i + 2).unwrap_or("00");
-    let (h, m, s) = (part(0), part(2), part(4));
-    if h > "23" || m > "59" || s > "59" {
-        return None;
-    }
-    let mut t = format!("{h}:{m}:{s}");
-    if let Some(f) = frac {
-        if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        t.push('.');
-        t.push_str(f);
-    }
-    Some(t)
-}
-
 /// A Quantity under `key`: the value, the unit from OBX-6 (UCUM when OBX-6.3 says so).
 fn quantity(
     cx: &Ctx<'_, '_>,
@@ -1698,51 +1448,6 @@ fn quantity(
     w.end_object();
 }
 
-/// True for a decimal FHIR (and JSON) accept once normalised: optional sign, digits, optional fraction.
-pub(crate) fn is_decimal(s: &str) -> bool {
-    let s = s.strip_prefix(['-', '+']).unwrap_or(s);
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    (!int.is_empty() || !frac.is_empty())
-        && int.bytes().all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// A v2 NM (checked by [`is_decimal`]) as a JSON number: no `+`, no leading zeros, a digit on each side of
-/// the point.
-pub(crate) fn normalise_decimal(s: &str) -> std::borrow::Cow<'_, str> {
-    // Most values are written so already: borrowed as they are.
-    let unsigned = s.strip_prefix('-').unwrap_or(s);
-    let (int, frac) = unsigned
-        .split_once('.')
-        .map_or((unsigned, None), |(i, f)| (i, Some(f)));
-    if !int.is_empty()
-        && (int == "0" || !int.starts_with('0'))
-        && frac.is_none_or(|f| !f.is_empty())
-        && int
-            .bytes()
-            .chain(frac.unwrap_or_default().bytes())
-            .all(|b| b.is_ascii_digit())
-    {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let (neg, digits) = match s.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, s.strip_prefix('+').unwrap_or(s)),
-    };
-    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    let int = int.trim_start_matches('0');
-    let mut out = String::with_capacity(s.len() + 1);
-    if neg {
-        out.push('-');
-    }
-    out.push_str(if int.is_empty() { "0" } else { int });
-    if !frac.is_empty() {
-        out.push('.');
-        out.push_str(frac);
-    }
-    std::borrow::Cow::Owned(out)
-}
-
 /// EVN fields the Provenance maps (EVN-1, EVN-2, EVN-4, EVN-6); the others are reported unmapped.
 pub(crate) const EVN_MAPPED: &[usize] = &[1, 2, 4, 6];
 
@@ -1752,7 +1457,7 @@ pub(crate) fn provenance_and_end<'a>(
     cx: &mut Ctx<'a, '_>,
     w: &mut Writer<'_>,
     msg_key: &[&str],
-    targets: &[crate::dt::Uuid],
+    targets: &[Uuid],
     evn: Option<&Segment<'a>>,
     frame: &Frame,
 ) -> Outcome {
@@ -1769,7 +1474,7 @@ pub(crate) fn provenance_and_end<'a>(
 pub(crate) fn provenance_body(
     cx: &Ctx<'_, '_>,
     w: &mut Writer<'_>,
-    targets: &[crate::dt::Uuid],
+    targets: &[Uuid],
     evn: Option<&Segment<'_>>,
     timestamp: Option<&str>,
 ) {

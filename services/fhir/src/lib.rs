@@ -9,13 +9,14 @@
 
 mod adt;
 mod common;
-mod dt;
+mod context;
+mod datatypes;
 mod extra;
+mod ids;
 pub mod json;
 mod local;
 mod mdm;
 mod order;
-mod pl;
 mod siu;
 mod time;
 pub mod vocab;
@@ -242,7 +243,7 @@ pub fn convert_received(
     if !supports(msg) {
         return Err(FhirError::Unsupported(kind));
     }
-    let mut cx = dt::Ctx::new(msg, charset, opts);
+    let mut cx = context::Ctx::new(msg, charset, opts);
     cx.received_at = received_at.or(opts.received_at.as_deref());
     let start = out.len();
     let done = match h.message_type {

@@ -10,8 +10,16 @@
 //! The conditional update: DocumentReference by its unique document number (TXA-12), else its file name
 //! (TXA-16); without either, an id derived from the message.
 
-use crate::common::*;
-use crate::dt::{Ctx, Table, Target};
+use crate::common::{
+    MSH_MAPPED, PV1_MAPPED, begin_bundle, encounter_body, encounter_target, message_header,
+    note_no_encounter, patient_body, patient_target, provenance_and_end, pv1_participants,
+    reference, write_items,
+};
+use crate::context::{Ctx, Target};
+use crate::datatypes::cwe::Table;
+use crate::datatypes::cx::ei_key;
+use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
+use crate::ids::{Uuid, is_oid};
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -136,7 +144,7 @@ pub(crate) fn convert(
 
     let mut w = Writer::new(out);
     let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
+    let mut targets: Vec<Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         message_header(cx, &mut w, &msg_key, &[&patient, &doc])?;
     }
@@ -187,7 +195,7 @@ fn document_number(cx: &Ctx<'_, '_>, txa: &Segment<'_>) -> Option<(String, Strin
     let ei = txa.field(12).and_then(|f| f.repetition(1))?;
     let value = cx.comp(ei, 1)?;
     let authority = [2, 3].iter().any(|&n| cx.comp(ei, n).is_some());
-    if !authority && crate::dt::is_oid(&value) {
+    if !authority && is_oid(&value) {
         return Some(("urn:ietf:rfc:3986".to_owned(), format!("urn:oid:{value}")));
     }
     ei_key(cx, ei, false)

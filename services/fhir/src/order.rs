@@ -20,8 +20,21 @@
 //! identifier that two different resources of one message carry (CDC case notifications repeat OBR-3 in
 //! every OBR) is not used for a conditional update: each of them gets an id derived from it and its rank.
 
-use crate::common::*;
-use crate::dt::{Ctx, Table, Target, uuid_of};
+use crate::common::{
+    AL1_MAPPED, IN1_MAPPED, MSH_MAPPED, NK1_MAPPED, NTE_MAPPED, ObsLinks, PID_MAPPED, PV1_MAPPED,
+    PV2_MAPPED, allergy_body, begin_bundle, coded_target, condition_body, condition_target,
+    coverage_body, encounter_body, encounter_target, end_bundle, message_header, n_key,
+    note_author, note_no_encounter, notes_items, observation_body, observation_people,
+    observation_target, patient_body, patient_target, provenance_body, pv1_participants, reference,
+    related_person_body, write_items,
+};
+use crate::context::{Ctx, Target};
+use crate::datatypes::cwe::{Table, primary_coding};
+use crate::datatypes::cx::{ei_key, identifier_item};
+use crate::datatypes::dtm::date_or_period;
+use crate::datatypes::nm::{is_decimal, normalise_decimal};
+use crate::datatypes::xcn::{Person, Practitioners, practitioner_refs, practitioner_target};
+use crate::ids::{Uuid, uuid_of};
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::Segment;
@@ -190,8 +203,8 @@ pub(crate) fn convert(
         message_header(cx, &mut w, &msg_key, &focus)?;
     }
 
-    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
-    let mut written: Vec<crate::dt::Uuid> = Vec::new();
+    let mut targets: Vec<Uuid> = Vec::new();
+    let mut written: Vec<Uuid> = Vec::new();
     for (i, p) in pats.iter().enumerate() {
         let patient = p.patient.as_ref().expect("planned");
         // A repeated patient is written once; its PID's fields count as mapped like the first one's.
@@ -388,7 +401,7 @@ fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool) {
 
 /// Pass 2: every resource's target (id, and the business identifier a transaction updates it by).
 fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
-    let mut patients: Vec<crate::dt::Uuid> = Vec::new();
+    let mut patients: Vec<Uuid> = Vec::new();
     for (pi, p) in pats.iter_mut().enumerate() {
         let pn = pi.to_string();
         let fallback: Vec<&str> = msg_key.iter().copied().chain([pn.as_str()]).collect();
@@ -451,7 +464,7 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
         p.patient = Some(patient);
     }
     // A repeated SPM (same identifier, same segment) is the same specimen: written once.
-    let mut seen: Vec<(crate::dt::Uuid, &[u8])> = Vec::new();
+    let mut seen: Vec<(Uuid, &[u8])> = Vec::new();
     for s in pats
         .iter_mut()
         .flat_map(|p| &mut p.orders)
@@ -573,7 +586,7 @@ fn each_target<'p>(pats: &'p mut [Pat<'_>]) -> Vec<&'p mut Target> {
 /// `coded_target`) gets one derived from it and its rank.
 fn uniquify(pats: &mut [Pat<'_>]) {
     let mut rank: HashMap<String, usize> = HashMap::new();
-    let mut ids: HashMap<crate::dt::Uuid, usize> = HashMap::new();
+    let mut ids: HashMap<Uuid, usize> = HashMap::new();
     for t in each_target(pats) {
         let Some((s, v)) = &t.by else {
             let r = ids.entry(t.id).or_default();
@@ -688,7 +701,7 @@ fn observation_entry<'a>(
     w: &mut Writer<'_>,
     o: &Obs<'a>,
     links: ObsLinks<'_, '_>,
-    targets: &mut Vec<crate::dt::Uuid>,
+    targets: &mut Vec<Uuid>,
 ) {
     let t = o.target.as_ref().expect("planned");
     let links = ObsLinks {
@@ -713,7 +726,7 @@ fn order_entries<'a>(
     map: Kind,
     p: &Pat<'a>,
     o: &Order<'a>,
-    targets: &mut Vec<crate::dt::Uuid>,
+    targets: &mut Vec<Uuid>,
 ) {
     let patient = p.patient.as_ref().expect("planned");
     let request = o.request.as_ref().expect("planned");
@@ -1047,7 +1060,7 @@ fn report_body(
                 cx.dropped(obr, n);
             }
         }
-        crate::dt::date_or_period(
+        date_or_period(
             w,
             "effectiveDateTime",
             "effectivePeriod",
@@ -1157,7 +1170,7 @@ fn specimen_body(
         || site.is_some_and(|s| cx.cwe_valued(s))
     {
         w.object("collection");
-        crate::dt::date_or_period(
+        date_or_period(
             w,
             "collectedDateTime",
             "collectedPeriod",

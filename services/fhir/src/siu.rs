@@ -8,9 +8,19 @@
 //! The conditional update: Appointment by the filler appointment id (SCH-2), else the placer's (SCH-1);
 //! without either, an id derived from the message.
 
-use crate::common::*;
-use crate::dt::{Ctx, Table, Target};
-use crate::extra;
+use crate::common::{
+    MSH_MAPPED, NTE_MAPPED, ObsLinks, PV1_MAPPED, PV2_MAPPED, begin_bundle, condition_body,
+    condition_target, encounter_body, encounter_target, message_header, observation_body,
+    observation_people, observation_target, patient_body, patient_target, provenance_and_end,
+    pv1_participants, reference, write_items,
+};
+use crate::context::{Ctx, Target};
+use crate::datatypes::cwe::{Table, coding_item};
+use crate::datatypes::cx::{ei_key, identifier_item};
+use crate::datatypes::dtm::{add_seconds, duration_seconds, period};
+use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
+use crate::extra::Unique;
+use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -230,7 +240,7 @@ pub(crate) fn convert(
 
     let mut w = Writer::new(out);
     let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
+    let mut targets: Vec<Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         let focus: Vec<&Target> = std::iter::once(&appointment)
             .chain(patient.as_ref())
@@ -274,7 +284,7 @@ pub(crate) fn convert(
         }
     }
     // Each condition (OBX-21 and code, DG1-20) used once.
-    let mut unique = extra::Unique::default();
+    let mut unique = Unique::default();
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();
         let parent = patient
@@ -525,8 +535,8 @@ fn times(
     if let (Some(s), None) = (&start, &end)
         && let Some(d) = cx.field(sch, 9)
     {
-        end = extra::duration_seconds(cx, &d, sch.field(10).and_then(|f| f.repetition(1)))
-            .and_then(|secs| extra::add_seconds(s, secs));
+        end = duration_seconds(cx, &d, sch.field(10).and_then(|f| f.repetition(1)))
+            .and_then(|secs| add_seconds(s, secs));
     }
     if start.is_some() && end.is_some() {
         return (start, end, Source::Sch);
@@ -542,10 +552,8 @@ fn times(
         if let Some(s) = cx.field(ais, 4).and_then(|d| cx.instant(&d)) {
             let e = cx
                 .field(ais, 7)
-                .and_then(|d| {
-                    extra::duration_seconds(cx, &d, ais.field(8).and_then(|f| f.repetition(1)))
-                })
-                .and_then(|secs| extra::add_seconds(&s, secs));
+                .and_then(|d| duration_seconds(cx, &d, ais.field(8).and_then(|f| f.repetition(1))))
+                .and_then(|secs| add_seconds(&s, secs));
             if e.is_some() {
                 return (Some(s), e, Source::Ais(i));
             }
@@ -650,7 +658,7 @@ fn appointment_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, sch: &Segment<'_>, l: 
     // minutesDuration: SCH-9 in SCH-10's units (default minutes).
     match cx
         .field(sch, 9)
-        .and_then(|d| extra::duration_seconds(cx, &d, sch.field(10).and_then(|f| f.repetition(1))))
+        .and_then(|d| duration_seconds(cx, &d, sch.field(10).and_then(|f| f.repetition(1))))
         .map(|s| (s + 30) / 60)
         .filter(|m| *m > 0)
     {
@@ -683,7 +691,7 @@ fn appointment_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, sch: &Segment<'_>, l: 
         match n {
             20 => {
                 w.array("coding");
-                extra::coding_item(
+                coding_item(
                     w,
                     "http://terminology.hl7.org/CodeSystem/provenance-participant-type",
                     "enterer",
@@ -730,13 +738,9 @@ fn appointment_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, sch: &Segment<'_>, l: 
         let end = start.as_deref().and_then(|s| {
             cx.field(&p.seg, lay.duration)
                 .and_then(|d| {
-                    extra::duration_seconds(
-                        cx,
-                        &d,
-                        p.seg.field(lay.units).and_then(|f| f.repetition(1)),
-                    )
+                    duration_seconds(cx, &d, p.seg.field(lay.units).and_then(|f| f.repetition(1)))
                 })
-                .and_then(|secs| extra::add_seconds(s, secs))
+                .and_then(|secs| add_seconds(s, secs))
         });
         if start.is_none() {
             cx.dropped(&p.seg, lay.start);
@@ -744,7 +748,7 @@ fn appointment_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, sch: &Segment<'_>, l: 
         if end.is_none() {
             cx.dropped(&p.seg, lay.duration);
         }
-        crate::dt::period(w, "period", start.as_deref(), end.as_deref());
+        period(w, "period", start.as_deref(), end.as_deref());
         w.end_object();
     }
     w.end_array();

@@ -184,11 +184,11 @@ fn unmapped_values_are_kept_when_the_route_asks() {
 #[test]
 fn times_without_an_offset_keep_their_date_unless_the_route_gives_one() {
     assert_eq!(
-        dt::dtm("20240102030405", None, false).as_deref(),
+        datatypes::dtm::dtm("20240102030405", None, false).as_deref(),
         Some("2024-01-02")
     );
     assert_eq!(
-        dt::dtm(
+        datatypes::dtm::dtm(
             "20240102030405",
             Some(&TimeZone::parse("-05:00").expect("offset")),
             false
@@ -197,16 +197,19 @@ fn times_without_an_offset_keep_their_date_unless_the_route_gives_one() {
         Some("2024-01-02T03:04:05-05:00")
     );
     assert_eq!(
-        dt::dtm("202401020304-0500", None, false).as_deref(),
+        datatypes::dtm::dtm("202401020304-0500", None, false).as_deref(),
         Some("2024-01-02T03:04:00-05:00")
     );
     assert_eq!(
-        dt::dtm("20240102030405.123+0000", None, true).as_deref(),
+        datatypes::dtm::dtm("20240102030405.123+0000", None, true).as_deref(),
         Some("2024-01-02T03:04:05.123+00:00")
     );
-    assert_eq!(dt::dtm("202401", None, false).as_deref(), Some("2024-01"));
-    assert_eq!(dt::dtm("2024010", None, false), None);
-    assert_eq!(dt::dtm("20240102", None, true), None);
+    assert_eq!(
+        datatypes::dtm::dtm("202401", None, false).as_deref(),
+        Some("2024-01")
+    );
+    assert_eq!(datatypes::dtm::dtm("2024010", None, false), None);
+    assert_eq!(datatypes::dtm::dtm("20240102", None, true), None);
 }
 
 #[test]
@@ -915,7 +918,7 @@ fn who_owns_a_resource_updates_it_the_others_create_it_if_absent_or_reference_it
 #[test]
 fn iana_zones_give_each_date_its_own_offset_and_impossible_times_are_left_out() {
     let ny = TimeZone::parse("America/New_York").expect("a zone");
-    let at = |v: &str, instant: bool| dt::dtm(v, Some(&ny), instant);
+    let at = |v: &str, instant: bool| datatypes::dtm::dtm(v, Some(&ny), instant);
     assert_eq!(
         at("20260115103000", false).as_deref(),
         Some("2026-01-15T10:30:00-05:00")
@@ -945,10 +948,10 @@ fn iana_zones_give_each_date_its_own_offset_and_impossible_times_are_left_out() 
         "202401011030+2500",
         "00000101",
     ] {
-        assert_eq!(dt::dtm(bad, None, false), None, "{bad}");
+        assert_eq!(datatypes::dtm::dtm(bad, None, false), None, "{bad}");
     }
     assert_eq!(
-        dt::dtm("20240229", None, false).as_deref(),
+        datatypes::dtm::dtm("20240229", None, false).as_deref(),
         Some("2024-02-29")
     );
     assert!(TimeZone::parse("Mars/Olympus_Mons").is_err());

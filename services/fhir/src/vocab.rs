@@ -87,7 +87,7 @@ pub fn coding_system(name: &str) -> Option<&'static str> {
 /// The system of a coding system named by an OID that [`coding_system`] does not know: an HL7 v2 table
 /// (`2.16.840.1.113883.12.<n>`) as its terminology.hl7.org code system, any other as `urn:oid:`.
 pub fn oid_system(oid: &str) -> Option<String> {
-    if !crate::dt::is_oid(oid) {
+    if !crate::ids::is_oid(oid) {
         return None;
     }
     if let Some(n) = oid.strip_prefix("2.16.840.1.113883.12.")

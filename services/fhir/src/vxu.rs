@@ -9,9 +9,20 @@
 //! either, an id derived from the patient, the vaccine (RXA-5), the time (RXA-3) and the group's position.
 //! Organization by its code in its coding system (MVX), Location by its name.
 
-use crate::common::*;
-use crate::dt::{Ctx, Table, Target};
-use crate::extra::{self, Unique};
+use crate::common::{
+    MSH_MAPPED, NK1_MAPPED, NTE_MAPPED, ObsLinks, PV1_MAPPED, PV2_MAPPED, begin_bundle,
+    encounter_body, encounter_target, message_header, n_key, note_no_encounter, observation_body,
+    observation_people, observation_target, patient_body, patient_target, provenance_and_end,
+    pv1_participants, reference, related_person_body, write_items,
+};
+use crate::context::{Ctx, Target};
+use crate::datatypes::cwe::{Table, coded};
+use crate::datatypes::cx::{ei_key, identifier_item};
+use crate::datatypes::nm::{is_decimal, normalise_decimal};
+use crate::datatypes::xad::address_object;
+use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
+use crate::extra::{Org, Unique, organization, organization_entry};
+use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::Segment;
@@ -150,7 +161,7 @@ pub(crate) fn convert(
     }
     let mut unique = Unique::default();
     let mut immunizations: Vec<Target> = Vec::new();
-    let mut orgs: Vec<extra::Org> = Vec::new();
+    let mut orgs: Vec<Org> = Vec::new();
     let mut locations: Vec<Option<Target>> = Vec::new();
     for (i, o) in orders.iter().enumerate() {
         let rxa = o.rxa.as_ref().ok_or(FhirError::Required("RXA"))?;
@@ -163,7 +174,7 @@ pub(crate) fn convert(
         if let Some(org) = rxa
             .field(17)
             .and_then(|f| f.repetition(1))
-            .and_then(|c| extra::organization(cx, c))
+            .and_then(|c| organization(cx, c))
             && !orgs.iter().any(|x| x.target.id == org.target.id)
         {
             orgs.push(org);
@@ -176,7 +187,7 @@ pub(crate) fn convert(
 
     let mut w = Writer::new(out);
     let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<crate::dt::Uuid> = Vec::new();
+    let mut targets: Vec<Uuid> = Vec::new();
     if cx.opts.bundle_type == BundleType::Message {
         let focus: Vec<&Target> = std::iter::once(&patient)
             .chain(immunizations.iter())
@@ -192,10 +203,10 @@ pub(crate) fn convert(
 
     practitioners.write(cx, &mut w, &mut targets);
     for org in &orgs {
-        extra::organization_entry(cx, &mut w, org);
+        organization_entry(cx, &mut w, org);
         targets.push(org.target.id);
     }
-    let mut written_locations: Vec<crate::dt::Uuid> = Vec::new();
+    let mut written_locations: Vec<Uuid> = Vec::new();
     for (o, loc) in orders.iter().zip(&locations) {
         if let (Some(rxa), Some(loc)) = (&o.rxa, loc)
             && !written_locations.contains(&loc.id)
@@ -257,7 +268,7 @@ pub(crate) fn convert(
         let org = rxa
             .field(17)
             .and_then(|f| f.repetition(1))
-            .and_then(|c| extra::organization(cx, c));
+            .and_then(|c| organization(cx, c));
         cx.begin_entry(&mut w, imm);
         let mut rxa_mapped = RXA_MAPPED.to_vec();
         let orc_mapped = immunization_body(
@@ -317,7 +328,7 @@ fn write_observations<'a>(
     parent: &str,
     part_of: Option<&Target>,
     links: ObsLinks<'_, '_>,
-    targets: &mut Vec<crate::dt::Uuid>,
+    targets: &mut Vec<Uuid>,
 ) {
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();
@@ -409,7 +420,7 @@ fn location_body(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, rxa: &Segment<'_>) {
         w.string("name", &name);
     }
     if let Some(xad) = rxa.field(28).and_then(|f| f.repetition(1))
-        && !extra::address_object(cx, w, "address", xad)
+        && !address_object(cx, w, "address", xad)
     {
         cx.dropped(rxa, 28);
     }
@@ -614,7 +625,7 @@ fn immunization_body(
         w.array("performer");
         for (t, code, display) in &performers {
             w.begin_object();
-            extra::coded(
+            coded(
                 w,
                 "function",
                 "http://terminology.hl7.org/CodeSystem/v2-0443",

@@ -1,10 +1,27 @@
 //! PL (person location) → Locations, as the IG's PL[Location] map says: one Location per level the PL names
 //! (facility, building, floor, point of care, room, bed), each `partOf` the next level above it, the most
-//! specific one the place the Encounter references.
+//! specific one the place the Encounter references; and the PL's display text.
 
-use crate::dt::{Ctx, Target};
+use crate::context::{Ctx, Target};
+use crate::datatypes::components;
+use crate::ids::Uuid;
 use crate::json::Writer;
 use hl7v2::message::Value;
+use std::borrow::Cow;
+
+impl<'a, 'm> Ctx<'a, 'm> {
+    /// PL → a location's display text: point of care, room, bed, facility, building, floor.
+    pub fn location_text(&self, pl: Value<'a>) -> Option<String> {
+        let c = components::<8>(pl);
+        let mut parts: Vec<Cow<'_, str>> = [1, 2, 3]
+            .iter()
+            .filter_map(|&n| self.text(c[n - 1]))
+            .collect();
+        parts.extend(self.text(c[3].and_then(|c| c.subcomponent(1))));
+        parts.extend([7, 8].iter().filter_map(|&n| self.text(c[n - 1])));
+        (!parts.is_empty()).then(|| parts.join(" "))
+    }
+}
 
 /// A level of a PL: its component, the R4 location-physical-type code and display (none for a point of care:
 /// the IG leaves it open).
@@ -23,7 +40,7 @@ pub(crate) struct PlLocation {
     pub target: Target,
     name: String,
     physical_type: Option<(&'static str, &'static str)>,
-    part_of: Option<crate::dt::Uuid>,
+    part_of: Option<Uuid>,
     /// PL-9, on the most specific level.
     description: Option<String>,
 }
