@@ -7,20 +7,16 @@
 //! identifiers (or, without one, from the message), so converting the same message twice gives the same
 //! Bundle, and a transaction Bundle updates what an earlier delivery created instead of duplicating it.
 
-mod adt;
-mod common;
+mod bundle;
 mod context;
 mod datatypes;
-mod extra;
 mod ids;
 pub mod json;
 mod local;
-mod mdm;
-mod order;
-mod siu;
+mod messages;
+mod segments;
 mod time;
 pub mod vocab;
-mod vxu;
 
 use hl7v2::{Charset, Message};
 use std::collections::BTreeMap;
@@ -247,11 +243,11 @@ pub fn convert_received(
     cx.received_at = received_at.or(opts.received_at.as_deref());
     let start = out.len();
     let done = match h.message_type {
-        b"ADT" => adt::convert(&mut cx, &kind, out),
-        b"ORU" | b"ORM" | b"OML" => order::convert(&mut cx, &kind, out),
-        b"VXU" => vxu::convert(&mut cx, &kind, out),
-        b"MDM" => mdm::convert(&mut cx, &kind, out),
-        b"SIU" => siu::convert(&mut cx, &kind, out),
+        b"ADT" => messages::adt::convert(&mut cx, &kind, out),
+        b"ORU" | b"ORM" | b"OML" => messages::order::convert(&mut cx, &kind, out),
+        b"VXU" => messages::vxu::convert(&mut cx, &kind, out),
+        b"MDM" => messages::mdm::convert(&mut cx, &kind, out),
+        b"SIU" => messages::siu::convert(&mut cx, &kind, out),
         _ => Err(FhirError::Unsupported(kind)),
     };
     // A refusal found while writing (an identity that could be anyone's) wins: nothing of the Bundle stays.

@@ -658,20 +658,20 @@ fn an_mdm_t02_becomes_a_document_reference_with_its_attachments() {
     );
     assert_eq!(
         content[0]["attachment"]["data"],
-        crate::mdm::base64(
+        crate::messages::mdm::base64(
             b"Admitted for observation.\nDischarged home in good condition.\nFollow-up in \ntwo weeks."
         )
     );
     // The NTE after the FT.
     assert_eq!(
         content[1]["attachment"]["data"],
-        crate::mdm::base64(b"Dictated, then reviewed")
+        crate::messages::mdm::base64(b"Dictated, then reviewed")
     );
     // ED: base64 as sent, the type from ED-2/ED-3.
     assert_eq!(content[2]["attachment"]["contentType"], "application/pdf");
     assert_eq!(
         content[2]["attachment"]["data"],
-        crate::mdm::base64(b"%PDF-1.4\n% hl7gw sample, no patient data\n%%EOF\n")
+        crate::messages::mdm::base64(b"%PDF-1.4\n% hl7gw sample, no patient data\n%%EOF\n")
     );
     // RP: by url.
     assert_eq!(

@@ -9,23 +9,26 @@
 //! either, an id derived from the patient, the vaccine (RXA-5), the time (RXA-3) and the group's position.
 //! Organization by its code in its coding system (MVX), Location by its name.
 
-use crate::common::{
-    MSH_MAPPED, NK1_MAPPED, NTE_MAPPED, ObsLinks, PV1_MAPPED, PV2_MAPPED, begin_bundle,
-    encounter_body, encounter_target, message_header, n_key, note_no_encounter, observation_body,
-    observation_people, observation_target, patient_body, patient_target, provenance_and_end,
-    pv1_participants, reference, related_person_body, write_items,
-};
+use crate::bundle::{Unique, begin_bundle, provenance_and_end, reference};
 use crate::context::{Ctx, Target};
 use crate::datatypes::cwe::{Table, coded};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::nm::{is_decimal, normalise_decimal};
 use crate::datatypes::xad::address_object;
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
-use crate::extra::{Org, Unique, organization, organization_entry};
 use crate::ids::Uuid;
 use crate::json::Writer;
+use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::nk1::{NK1_MAPPED, related_person_body};
+use crate::segments::nte::NTE_MAPPED;
+use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
+use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pv1::{
+    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
+};
+use crate::segments::{n_key, write_items};
 use crate::{BundleType, FhirError, Outcome};
-use hl7v2::message::Segment;
+use hl7v2::message::{Segment, Value};
 
 /// The fields of the segments the ORC[Immunization], RXA[Immunization] and RXR[Immunization] maps write.
 const ORC_MAPPED: &[usize] = &[2, 3, 4, 9, 12];
@@ -642,4 +645,57 @@ fn immunization_body(
         cx.codeable_concept_item(w, *v, None)
     });
     Ok(orc_mapped)
+}
+
+/// A CWE naming an organization (RXA-17, a manufacturer): its identifier (CWE-1 in the coding system
+/// CWE-3 names, as `MVX`) and its name (CWE-2, else CWE-1).
+#[derive(Debug, Clone)]
+pub(crate) struct Org {
+    pub target: Target,
+    pub identifier: Option<(String, String)>,
+    pub name: Option<String>,
+}
+
+/// The Organization of a CWE, if it has a code or a text.
+pub(crate) fn organization(cx: &Ctx<'_, '_>, cwe: Value<'_>) -> Option<Org> {
+    let code = cx.comp(cwe, 1);
+    let name = cx
+        .comp(cwe, 2)
+        .or_else(|| code.clone())
+        .map(|n| n.into_owned());
+    let system = cx.comp(cwe, 3).and_then(|s| cx.coding_system(&s));
+    let identifier = match (&system, &code) {
+        (Some(s), Some(c)) => Some((s.clone(), c.to_string())),
+        _ => None,
+    };
+    let target = match &identifier {
+        Some((s, v)) => cx.target("Organization", &[s, v], Some((s.clone(), v.clone()))),
+        None => cx.target(
+            "Organization",
+            &[code.as_deref().unwrap_or_default(), name.as_deref()?],
+            None,
+        ),
+    };
+    Some(Org {
+        target,
+        identifier,
+        name,
+    })
+}
+
+/// Writes an Organization entry.
+pub(crate) fn organization_entry(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, org: &Org) {
+    cx.begin_entry(w, &org.target);
+    if let Some((system, value)) = &org.identifier {
+        w.array("identifier");
+        w.begin_object();
+        w.string("system", system);
+        w.string("value", value);
+        w.end_object();
+        w.end_array();
+    }
+    if let Some(n) = &org.name {
+        w.string("name", n);
+    }
+    cx.end_entry(w, &org.target);
 }

@@ -3,18 +3,22 @@
 //! XCN fields), OBX → Observation, AL1 → AllergyIntolerance, DG1 → Condition, IN1 → Coverage, and a
 //! Provenance of the transformation.
 
-use crate::common::{
-    AL1_MAPPED, IN1_MAPPED, MSH_MAPPED, NK1_MAPPED, ObsLinks, PV1_MAPPED, PV2_MAPPED, allergy_body,
-    begin_bundle, condition_body, condition_target, coverage_body, encounter_body,
-    encounter_target, message_header, n_key, note_no_encounter, observation_body,
-    observation_people, observation_target, patient_body, patient_key, patient_target,
-    provenance_and_end, pv1_participants, reference, related_person_body, write_items,
-};
+use crate::bundle::{Unique, begin_bundle, provenance_and_end, reference};
 use crate::context::{Ctx, Target};
 use crate::datatypes::xcn::{Person, Practitioners};
-use crate::extra::Unique;
 use crate::ids::Uuid;
 use crate::json::Writer;
+use crate::segments::al1::{AL1_MAPPED, allergy_body};
+use crate::segments::dg1::{condition_body, condition_target};
+use crate::segments::in1::{IN1_MAPPED, coverage_body};
+use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::nk1::{NK1_MAPPED, related_person_body};
+use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
+use crate::segments::pid::{patient_body, patient_key, patient_target};
+use crate::segments::pv1::{
+    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
+};
+use crate::segments::{n_key, write_items};
 use crate::{BundleType, FhirError, Outcome, Write};
 
 pub(crate) fn convert(

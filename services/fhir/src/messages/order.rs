@@ -20,14 +20,7 @@
 //! identifier that two different resources of one message carry (CDC case notifications repeat OBR-3 in
 //! every OBR) is not used for a conditional update: each of them gets an id derived from it and its rank.
 
-use crate::common::{
-    AL1_MAPPED, IN1_MAPPED, MSH_MAPPED, NK1_MAPPED, NTE_MAPPED, ObsLinks, PID_MAPPED, PV1_MAPPED,
-    PV2_MAPPED, allergy_body, begin_bundle, coded_target, condition_body, condition_target,
-    coverage_body, encounter_body, encounter_target, end_bundle, message_header, n_key,
-    note_author, note_no_encounter, notes_items, observation_body, observation_people,
-    observation_target, patient_body, patient_target, provenance_body, pv1_participants, reference,
-    related_person_body, write_items,
-};
+use crate::bundle::{begin_bundle, end_bundle, reference};
 use crate::context::{Ctx, Target};
 use crate::datatypes::cwe::{Table, primary_coding};
 use crate::datatypes::cx::{ei_key, identifier_item};
@@ -36,6 +29,19 @@ use crate::datatypes::nm::{is_decimal, normalise_decimal};
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_refs, practitioner_target};
 use crate::ids::{Uuid, uuid_of};
 use crate::json::Writer;
+use crate::segments::al1::{AL1_MAPPED, allergy_body};
+use crate::segments::dg1::{condition_body, condition_target};
+use crate::segments::evn::provenance_body;
+use crate::segments::in1::{IN1_MAPPED, coverage_body};
+use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::nk1::{NK1_MAPPED, related_person_body};
+use crate::segments::nte::{NTE_MAPPED, note_author, notes_items};
+use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
+use crate::segments::pid::{PID_MAPPED, patient_body, patient_target};
+use crate::segments::pv1::{
+    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
+};
+use crate::segments::{coded_target, n_key, write_items};
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::Segment;
 use std::collections::HashMap;

@@ -8,20 +8,23 @@
 //! The conditional update: Appointment by the filler appointment id (SCH-2), else the placer's (SCH-1);
 //! without either, an id derived from the message.
 
-use crate::common::{
-    MSH_MAPPED, NTE_MAPPED, ObsLinks, PV1_MAPPED, PV2_MAPPED, begin_bundle, condition_body,
-    condition_target, encounter_body, encounter_target, message_header, observation_body,
-    observation_people, observation_target, patient_body, patient_target, provenance_and_end,
-    pv1_participants, reference, write_items,
-};
+use crate::bundle::{Unique, begin_bundle, provenance_and_end, reference};
 use crate::context::{Ctx, Target};
 use crate::datatypes::cwe::{Table, coding_item};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::{add_seconds, duration_seconds, period};
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
-use crate::extra::Unique;
 use crate::ids::Uuid;
 use crate::json::Writer;
+use crate::segments::dg1::{condition_body, condition_target};
+use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::nte::NTE_MAPPED;
+use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
+use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pv1::{
+    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, pv1_participants,
+};
+use crate::segments::write_items;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 use std::borrow::Cow;

@@ -10,17 +10,19 @@
 //! The conditional update: DocumentReference by its unique document number (TXA-12), else its file name
 //! (TXA-16); without either, an id derived from the message.
 
-use crate::common::{
-    MSH_MAPPED, PV1_MAPPED, begin_bundle, encounter_body, encounter_target, message_header,
-    note_no_encounter, patient_body, patient_target, provenance_and_end, pv1_participants,
-    reference, write_items,
-};
+use crate::bundle::{begin_bundle, provenance_and_end, reference};
 use crate::context::{Ctx, Target};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
 use crate::ids::{Uuid, is_oid};
 use crate::json::Writer;
+use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pv1::{
+    PV1_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
+};
+use crate::segments::write_items;
 use crate::{BundleType, FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 

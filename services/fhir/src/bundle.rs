@@ -1,0 +1,156 @@
+//! The Bundle's frame: its opening (id, identifier, type, timestamp, and the MessageHeader of a message
+//! Bundle), references between its entries, conditional updates kept unique, and its end with the Provenance.
+
+use crate::context::{Ctx, Target};
+use crate::ids::{Uuid, uuid_of};
+use crate::json::Writer;
+use crate::segments::evn::{EVN_MAPPED, provenance_body};
+use crate::{BundleType, Outcome, Unmapped};
+use hl7v2::message::Segment;
+use std::collections::HashSet;
+
+/// An open Bundle: its timestamp, and where its `entry` array starts (dropped if it stays empty).
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub timestamp: Option<String>,
+    entries_at: usize,
+}
+
+/// Opens the Bundle: its id and identifier (the message's), type, timestamp (MSH-7 with an offset, else when
+/// the gateway received the message), and the `entry` array.
+pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 3]) -> Frame {
+    let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
+    w.begin_object();
+    w.string("resourceType", "Bundle");
+    let bundle_id = uuid_of("Bundle", &msg_key);
+    w.string("id", &bundle_id);
+    w.object("identifier");
+    if let Some(system) = cx.hd_system(cx.msh(3), false) {
+        w.string("system", &system);
+    }
+    w.string("value", &key[2]);
+    w.end_object();
+    w.string(
+        "type",
+        match cx.opts.bundle_type {
+            BundleType::Transaction => "transaction",
+            BundleType::Message => "message",
+        },
+    );
+    let msh7 = cx.text(cx.msh(7));
+    let timestamp = msh7
+        .as_deref()
+        .and_then(|t| cx.instant(t))
+        .or_else(|| cx.received_at.map(str::to_owned));
+    if let Some(ts) = &timestamp {
+        w.string("timestamp", ts);
+    }
+    let entries_at = w.len();
+    w.array("entry");
+    Frame {
+        timestamp,
+        entries_at,
+    }
+}
+
+/// Closes the `entry` array and the Bundle (with what no map covered, and its values, in `meta` when the
+/// route keeps them), and says what was converted.
+pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
+    cx.take_dropped();
+    w.end_array();
+    // Resources only referenced (write: reference): their references name the condition.
+    for (id, condition) in std::mem::take(&mut cx.conditional_refs) {
+        w.replace_strings(frame.entries_at, &format!("urn:uuid:{id}"), &condition);
+    }
+    if cx.resources == 0 {
+        // FHIR has no empty arrays.
+        w.truncate(frame.entries_at, true);
+    }
+    if cx.opts.unmapped == Unmapped::Extension && !cx.unmapped_values.is_empty() {
+        w.object("meta");
+        w.array("extension");
+        for (id, value) in &cx.unmapped_values {
+            w.begin_object();
+            w.string("url", "https://hl7gw.io/fhir/StructureDefinition/unmapped");
+            w.string_parts("valueString", &[id, "=", value]);
+            w.end_object();
+        }
+        w.end_array();
+        w.end_object();
+    }
+    w.end_object();
+    Outcome {
+        resources: cx.resources,
+        unmapped: std::mem::take(&mut cx.unmapped),
+    }
+}
+
+pub(crate) fn reference(w: &mut Writer<'_>, key: &str, t: &Target) {
+    w.object(key);
+    w.string_parts("reference", &["urn:uuid:", &t.id]);
+    w.end_object();
+}
+
+/// The Bundle's last entry, the Provenance of this conversion (its targets: the resources written, and the
+/// event of EVN when there is one), then the Bundle's end.
+pub(crate) fn provenance_and_end<'a>(
+    cx: &mut Ctx<'a, '_>,
+    w: &mut Writer<'_>,
+    msg_key: &[&str],
+    targets: &[Uuid],
+    evn: Option<&Segment<'a>>,
+    frame: &Frame,
+) -> Outcome {
+    let prov = cx.target("Provenance", msg_key, None);
+    cx.begin_entry(w, &prov);
+    provenance_body(cx, w, targets, evn, frame.timestamp.as_deref());
+    cx.end_entry(w, &prov);
+    if let Some(evn) = evn {
+        cx.note_unmapped(evn, EVN_MAPPED);
+    }
+    end_bundle(cx, w, frame)
+}
+
+/// The conditional updates of one Bundle: a condition (business identifier, and code when it names one) two
+/// resources of the message share is used for the first only; the others get an id derived from it and their
+/// position (a transaction may not hold the same conditional update twice) and are marked
+/// [`Target::repeat`]: they do not carry the identifier, so the first one's condition matches it alone, in
+/// this message and in later ones.
+#[derive(Debug, Default)]
+pub(crate) struct Unique {
+    seen: HashSet<String>,
+    ids: HashSet<Uuid>,
+}
+
+impl Unique {
+    /// `t`, or (its condition already used) a target by id derived from it and `position`; a target by id
+    /// whose id an earlier one has (a code-less order number, see `coded_target`) gets one derived from it
+    /// and `position`.
+    pub fn check(&mut self, cx: &Ctx<'_, '_>, t: Target, position: &str) -> Target {
+        let Some((s, v)) = &t.by else {
+            if self.ids.insert(t.id) {
+                return t;
+            }
+            let mut r = cx.target(t.rtype, &[&t.id, position], None);
+            self.ids.insert(r.id);
+            r.repeat = t.repeat;
+            return r;
+        };
+        let (cs, cc) = t.code.as_ref().map_or(("", ""), |(cs, cc)| {
+            (cs.as_deref().unwrap_or_default(), cc.as_str())
+        });
+        // Unit separators: no system, value or code holds one.
+        if self
+            .seen
+            .insert(format!("{}\u{1f}{s}\u{1f}{v}\u{1f}{cs}\u{1f}{cc}", t.rtype))
+        {
+            return t;
+        }
+        let mut r = match &t.code {
+            Some(_) => cx.target(t.rtype, &[s, v, cs, cc, position], None),
+            None => cx.target(t.rtype, &[s, v, position], None),
+        };
+        r.repeat = true;
+        r
+    }
+}

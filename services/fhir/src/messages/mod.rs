@@ -1,0 +1,8 @@
+//! The IG's message maps, one file per message structure: each groups its message's segments, works out the
+//! resources' targets, then writes the Bundle through the segment and data type maps.
+
+pub(crate) mod adt;
+pub(crate) mod mdm;
+pub(crate) mod order;
+pub(crate) mod siu;
+pub(crate) mod vxu;
