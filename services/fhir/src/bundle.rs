@@ -5,7 +5,8 @@ use crate::context::{Ctx, Target};
 use crate::ids::{Uuid, uuid_of};
 use crate::json::Writer;
 use crate::segments::evn::{EVN_MAPPED, provenance_body};
-use crate::{BundleType, Outcome, Unmapped};
+use crate::segments::msh::message_header;
+use crate::{BundleType, FhirError, Outcome, Unmapped};
 use hl7v2::message::Segment;
 use std::collections::HashSet;
 
@@ -53,6 +54,22 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
     }
 }
 
+/// The opening every message map shares: the Bundle ([`begin_bundle`]) and, in a message Bundle, the
+/// MessageHeader about `focus` (worked out only then) as its first entry.
+pub(crate) fn open_bundle<'t>(
+    cx: &mut Ctx<'_, '_>,
+    w: &mut Writer<'_>,
+    key: &[String; 3],
+    focus: impl FnOnce() -> Vec<&'t Target>,
+) -> Result<Frame, FhirError> {
+    let frame = begin_bundle(cx, w, key);
+    if cx.opts.bundle_type == BundleType::Message {
+        let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
+        message_header(cx, w, &msg_key, &focus())?;
+    }
+    Ok(frame)
+}
+
 /// Closes the `entry` array and the Bundle (with what no map covered, and its values, in `meta` when the
 /// route keeps them), and says what was converted.
 pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
@@ -83,12 +100,6 @@ pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame
         resources: cx.resources,
         unmapped: std::mem::take(&mut cx.unmapped),
     }
-}
-
-pub(crate) fn reference(w: &mut Writer<'_>, key: &str, t: &Target) {
-    w.object(key);
-    w.string_parts("reference", &["urn:uuid:", &t.id]);
-    w.end_object();
 }
 
 /// The Bundle's last entry, the Provenance of this conversion (its targets: the resources written, and the

@@ -134,6 +134,13 @@ pub(crate) struct Target {
     pub write: Write,
 }
 
+/// A Reference under `key` to the entry of `t` (its `urn:uuid:` fullUrl).
+pub(crate) fn reference(w: &mut Writer<'_>, key: &str, t: &Target) {
+    w.object(key);
+    w.string_parts("reference", &["urn:uuid:", &t.id]);
+    w.end_object();
+}
+
 impl<'a, 'm> Ctx<'a, 'm> {
     pub fn new(msg: &'m Message<'a>, charset: Charset, opts: &'m Options) -> Self {
         let sender = sender_of(msg, charset, opts);

@@ -3,15 +3,15 @@
 //! XCN fields), OBX → Observation, AL1 → AllergyIntolerance, DG1 → Condition, IN1 → Coverage, and a
 //! Provenance of the transformation.
 
-use crate::bundle::{Unique, begin_bundle, provenance_and_end, reference};
-use crate::context::{Ctx, Target};
+use crate::bundle::{Unique, open_bundle, provenance_and_end};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::xcn::{Person, Practitioners};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::al1::{AL1_MAPPED, allergy_body};
 use crate::segments::dg1::{condition_body, condition_target};
 use crate::segments::in1::{IN1_MAPPED, coverage_body};
-use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_key, patient_target};
@@ -19,7 +19,7 @@ use crate::segments::pv1::{
     PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
 };
 use crate::segments::{n_key, write_items};
-use crate::{BundleType, FhirError, Outcome, Write};
+use crate::{FhirError, Outcome, Write};
 
 pub(crate) fn convert(
     cx: &mut Ctx<'_, '_>,
@@ -61,16 +61,14 @@ pub(crate) fn convert(
     }
 
     let mut w = Writer::new(out);
-    let frame = begin_bundle(cx, &mut w, &key);
+    let frame = open_bundle(cx, &mut w, &key, || {
+        std::iter::once(&patient)
+            .chain(encounter.as_ref())
+            .collect()
+    })?;
 
     // Every entry's fullUrl, for the Provenance's targets.
     let mut targets: Vec<Uuid> = Vec::new();
-    if cx.opts.bundle_type == BundleType::Message {
-        let focus: Vec<&_> = std::iter::once(&patient)
-            .chain(encounter.as_ref())
-            .collect();
-        message_header(cx, &mut w, &msg_key, &focus)?;
-    }
 
     // Patient (and the one it replaces).
     cx.begin_entry(&mut w, &patient);

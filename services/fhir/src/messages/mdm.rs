@@ -10,20 +10,20 @@
 //! The conditional update: DocumentReference by its unique document number (TXA-12), else its file name
 //! (TXA-16); without either, an id derived from the message.
 
-use crate::bundle::{begin_bundle, provenance_and_end, reference};
-use crate::context::{Ctx, Target};
+use crate::bundle::{open_bundle, provenance_and_end};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
 use crate::ids::{Uuid, is_oid};
 use crate::json::Writer;
-use crate::segments::msh::{MSH_MAPPED, message_header};
-use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::msh::MSH_MAPPED;
+use crate::segments::pid::{patient_entry, patient_target};
 use crate::segments::pv1::{
     PV1_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
 };
 use crate::segments::write_items;
-use crate::{BundleType, FhirError, Outcome};
+use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 
 /// The TXA fields the TXA[DocumentReference] map writes (with TXA-4, TXA-5 and TXA-22, see [`txa_body`]).
@@ -145,16 +145,9 @@ pub(crate) fn convert(
     let doc = document_target(cx, &txa, &msg_key);
 
     let mut w = Writer::new(out);
-    let frame = begin_bundle(cx, &mut w, &key);
+    let frame = open_bundle(cx, &mut w, &key, || vec![&patient, &doc])?;
     let mut targets: Vec<Uuid> = Vec::new();
-    if cx.opts.bundle_type == BundleType::Message {
-        message_header(cx, &mut w, &msg_key, &[&patient, &doc])?;
-    }
-    cx.begin_entry(&mut w, &patient);
-    let pid_mapped = patient_body(cx, &mut w, &pid);
-    cx.end_entry(&mut w, &patient);
-    targets.push(patient.id);
-    cx.note_unmapped(&pid, &pid_mapped);
+    patient_entry(cx, &mut w, &pid, &patient, &mut targets);
 
     practitioners.write(cx, &mut w, &mut targets);
 

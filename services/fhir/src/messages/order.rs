@@ -20,8 +20,8 @@
 //! identifier that two different resources of one message carry (CDC case notifications repeat OBR-3 in
 //! every OBR) is not used for a conditional update: each of them gets an id derived from it and its rank.
 
-use crate::bundle::{begin_bundle, end_bundle, reference};
-use crate::context::{Ctx, Target};
+use crate::bundle::{end_bundle, open_bundle};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, primary_coding};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::date_or_period;
@@ -33,7 +33,7 @@ use crate::segments::al1::{AL1_MAPPED, allergy_body};
 use crate::segments::dg1::{condition_body, condition_target};
 use crate::segments::evn::provenance_body;
 use crate::segments::in1::{IN1_MAPPED, coverage_body};
-use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::nte::{NTE_MAPPED, note_author, notes_items};
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
@@ -42,7 +42,7 @@ use crate::segments::pv1::{
     PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
 };
 use crate::segments::{coded_target, n_key, write_items};
-use crate::{BundleType, FhirError, Outcome};
+use crate::{FhirError, Outcome};
 use hl7v2::message::Segment;
 use std::collections::HashMap;
 
@@ -193,8 +193,7 @@ pub(crate) fn convert(
     }
 
     let mut w = Writer::new(out);
-    let frame = begin_bundle(cx, &mut w, &key);
-    if cx.opts.bundle_type == BundleType::Message {
+    let frame = open_bundle(cx, &mut w, &key, || {
         let mut focus: Vec<&Target> = pats
             .iter()
             .flat_map(|p| &p.orders)
@@ -206,8 +205,8 @@ pub(crate) fn convert(
         if focus.is_empty() {
             focus.extend(pats.iter().filter_map(|p| p.patient.as_ref()));
         }
-        message_header(cx, &mut w, &msg_key, &focus)?;
-    }
+        focus
+    })?;
 
     let mut targets: Vec<Uuid> = Vec::new();
     let mut written: Vec<Uuid> = Vec::new();

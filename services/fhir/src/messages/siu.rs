@@ -8,8 +8,8 @@
 //! The conditional update: Appointment by the filler appointment id (SCH-2), else the placer's (SCH-1);
 //! without either, an id derived from the message.
 
-use crate::bundle::{Unique, begin_bundle, provenance_and_end, reference};
-use crate::context::{Ctx, Target};
+use crate::bundle::{Unique, open_bundle, provenance_and_end};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coding_item};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::{add_seconds, duration_seconds, period};
@@ -17,15 +17,15 @@ use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::dg1::{condition_body, condition_target};
-use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nte::NTE_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
-use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pid::{patient_entry, patient_target};
 use crate::segments::pv1::{
     PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, pv1_participants,
 };
 use crate::segments::write_items;
-use crate::{BundleType, FhirError, Outcome};
+use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 use std::borrow::Cow;
 
@@ -242,20 +242,14 @@ pub(crate) fn convert(
     }
 
     let mut w = Writer::new(out);
-    let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<Uuid> = Vec::new();
-    if cx.opts.bundle_type == BundleType::Message {
-        let focus: Vec<&Target> = std::iter::once(&appointment)
+    let frame = open_bundle(cx, &mut w, &key, || {
+        std::iter::once(&appointment)
             .chain(patient.as_ref())
-            .collect();
-        message_header(cx, &mut w, &msg_key, &focus)?;
-    }
+            .collect()
+    })?;
+    let mut targets: Vec<Uuid> = Vec::new();
     if let (Some(pid), Some(patient)) = (&pid, &patient) {
-        cx.begin_entry(&mut w, patient);
-        let pid_mapped = patient_body(cx, &mut w, pid);
-        cx.end_entry(&mut w, patient);
-        targets.push(patient.id);
-        cx.note_unmapped(pid, &pid_mapped);
+        patient_entry(cx, &mut w, pid, patient, &mut targets);
     }
     practitioners.write(cx, &mut w, &mut targets);
     for (t, name) in &locations {

@@ -9,8 +9,8 @@
 //! either, an id derived from the patient, the vaccine (RXA-5), the time (RXA-3) and the group's position.
 //! Organization by its code in its coding system (MVX), Location by its name.
 
-use crate::bundle::{Unique, begin_bundle, provenance_and_end, reference};
-use crate::context::{Ctx, Target};
+use crate::bundle::{Unique, open_bundle, provenance_and_end};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coded};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::nm::{is_decimal, normalise_decimal};
@@ -18,16 +18,16 @@ use crate::datatypes::xad::address_object;
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
 use crate::ids::Uuid;
 use crate::json::Writer;
-use crate::segments::msh::{MSH_MAPPED, message_header};
+use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::nte::NTE_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
-use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pid::{patient_entry, patient_target};
 use crate::segments::pv1::{
     PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
 };
 use crate::segments::{n_key, write_items};
-use crate::{BundleType, FhirError, Outcome};
+use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 
 /// The fields of the segments the ORC[Immunization], RXA[Immunization] and RXR[Immunization] maps write.
@@ -189,20 +189,14 @@ pub(crate) fn convert(
     }
 
     let mut w = Writer::new(out);
-    let frame = begin_bundle(cx, &mut w, &key);
-    let mut targets: Vec<Uuid> = Vec::new();
-    if cx.opts.bundle_type == BundleType::Message {
-        let focus: Vec<&Target> = std::iter::once(&patient)
+    let frame = open_bundle(cx, &mut w, &key, || {
+        std::iter::once(&patient)
             .chain(immunizations.iter())
-            .collect();
-        message_header(cx, &mut w, &msg_key, &focus)?;
-    }
+            .collect()
+    })?;
+    let mut targets: Vec<Uuid> = Vec::new();
 
-    cx.begin_entry(&mut w, &patient);
-    let pid_mapped = patient_body(cx, &mut w, &pid);
-    cx.end_entry(&mut w, &patient);
-    targets.push(patient.id);
-    cx.note_unmapped(&pid, &pid_mapped);
+    patient_entry(cx, &mut w, &pid, &patient, &mut targets);
 
     practitioners.write(cx, &mut w, &mut targets);
     for org in &orgs {

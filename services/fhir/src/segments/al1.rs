@@ -1,7 +1,6 @@
 //! AL1 → AllergyIntolerance (the AL1[AllergyIntolerance] map).
 
-use crate::bundle::reference;
-use crate::context::{Ctx, Target};
+use crate::context::{Ctx, Target, reference};
 use crate::json::Writer;
 use hl7v2::message::Segment;
 

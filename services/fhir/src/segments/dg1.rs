@@ -1,7 +1,6 @@
 //! DG1 → Condition (the DG1[Condition] map).
 
-use crate::bundle::reference;
-use crate::context::{Ctx, Target};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cx::ei_key;
 use crate::json::Writer;
 use hl7v2::message::Segment;

@@ -1,7 +1,6 @@
 //! IN1 → Coverage (the IN1[Coverage] map).
 
-use crate::bundle::reference;
-use crate::context::{Ctx, Target};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::dtm::period;
 use crate::json::Writer;

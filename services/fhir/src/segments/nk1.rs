@@ -1,7 +1,6 @@
 //! NK1 → RelatedPerson (the NK1[RelatedPerson] map).
 
-use crate::bundle::reference;
-use crate::context::{Ctx, Target};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::dtm::period;
 use crate::json::Writer;

@@ -1,7 +1,6 @@
 //! NTE → Annotation (`note`), and the practitioner who wrote it.
 
-use crate::bundle::reference;
-use crate::context::Ctx;
+use crate::context::{Ctx, reference};
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
 use crate::json::Writer;
 use crate::segments::write_items;

@@ -1,8 +1,7 @@
 //! OBX → Observation (the OBX[Observation] and OBX[Observation-Component] maps): the value by its type, its
 //! people and links.
 
-use crate::bundle::reference;
-use crate::context::{Ctx, Target};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::primary_coding;
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::fhir_time;

@@ -1,7 +1,6 @@
 //! PV1/PV2 → Encounter (the PV1[Encounter] and PV2[Encounter] maps), its practitioners and Locations.
 
-use crate::bundle::reference;
-use crate::context::{Ctx, Target};
+use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::dtm::period;
 use crate::datatypes::pl::pl_locations;
