@@ -5,7 +5,6 @@
 
 use crate::bundle::{Unique, open_bundle, provenance_and_end};
 use crate::context::{Ctx, Target, reference};
-use crate::datatypes::xcn::{Person, Practitioners};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::al1::{AL1_MAPPED, allergy_body};
@@ -15,9 +14,7 @@ use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_key, patient_target};
-use crate::segments::pv1::{
-    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
-};
+use crate::segments::pv1::{PV1_MAPPED, PV2_MAPPED, encounter_body, note_no_encounter, visit};
 use crate::segments::{n_key, write_items};
 use crate::{FhirError, Outcome, Write};
 
@@ -44,18 +41,8 @@ pub(crate) fn convert(
         (Some(mrg), "A34" | "A40") => merged_target(cx, mrg).filter(|t| t.id != patient.id),
         _ => None,
     };
-    let encounter = pv1
-        .as_ref()
-        .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
-    let participants = match &pv1 {
-        Some(pv1) => pv1_participants(cx, pv1),
-        None => Vec::new(),
-    };
     // The practitioners: of the visit, then those who observed (OBX-16).
-    let mut practitioners = Practitioners::default();
-    for (_, _, _, t, xcn) in &participants {
-        practitioners.add_target(t, Person::Xcn(*xcn));
-    }
+    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), Some(&patient));
     for seg in msg.segments().filter(|s| s.name() == b"OBX") {
         observation_people(cx, &mut practitioners, &seg, &[]);
     }

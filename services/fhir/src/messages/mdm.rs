@@ -14,14 +14,12 @@ use crate::bundle::{open_bundle, provenance_and_end};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;
-use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
+use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::ids::{Uuid, is_oid};
 use crate::json::Writer;
 use crate::segments::msh::MSH_MAPPED;
 use crate::segments::pid::{patient_entry, patient_target};
-use crate::segments::pv1::{
-    PV1_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
-};
+use crate::segments::pv1::{PV1_MAPPED, encounter_body, note_no_encounter, visit};
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -128,17 +126,7 @@ pub(crate) fn convert(
     }
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let encounter = pv1
-        .as_ref()
-        .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
-    let participants = match &pv1 {
-        Some(pv1) => pv1_participants(cx, pv1),
-        None => Vec::new(),
-    };
-    let mut practitioners = Practitioners::default();
-    for (_, _, _, _, xcn) in &participants {
-        practitioners.add(cx, Person::Xcn(*xcn));
-    }
+    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), Some(&patient));
     for n in [9, 5, 10, 22] {
         practitioners.add_xcn_field(cx, &txa, n);
     }

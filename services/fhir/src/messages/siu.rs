@@ -13,7 +13,7 @@ use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coding_item};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::{add_seconds, duration_seconds, period};
-use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
+use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::dg1::{condition_body, condition_target};
@@ -21,9 +21,7 @@ use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nte::NTE_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
 use crate::segments::pid::{patient_entry, patient_target};
-use crate::segments::pv1::{
-    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, pv1_participants,
-};
+use crate::segments::pv1::{PV1_MAPPED, PV2_MAPPED, encounter_body, visit};
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -172,17 +170,7 @@ pub(crate) fn convert(
     }
 
     let patient = pid.as_ref().map(|pid| patient_target(cx, pid, &msg_key));
-    let encounter = pv1
-        .as_ref()
-        .and_then(|pv1| encounter_target(cx, pv1, patient.as_ref()));
-    let participants = match &pv1 {
-        Some(pv1) => pv1_participants(cx, pv1),
-        None => Vec::new(),
-    };
-    let mut practitioners = Practitioners::default();
-    for (_, _, _, _, xcn) in &participants {
-        practitioners.add(cx, Person::Xcn(*xcn));
-    }
+    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), patient.as_ref());
     for n in [12, 16, 20] {
         practitioners.add_xcn_field(cx, &sch, n);
     }

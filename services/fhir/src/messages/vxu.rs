@@ -15,7 +15,7 @@ use crate::datatypes::cwe::{Table, coded};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::nm::{is_decimal, normalise_decimal};
 use crate::datatypes::xad::address_object;
-use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
+use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::msh::MSH_MAPPED;
@@ -23,9 +23,7 @@ use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::nte::NTE_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
 use crate::segments::pid::{patient_entry, patient_target};
-use crate::segments::pv1::{
-    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
-};
+use crate::segments::pv1::{PV1_MAPPED, PV2_MAPPED, encounter_body, note_no_encounter, visit};
 use crate::segments::{n_key, write_items};
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -151,17 +149,7 @@ pub(crate) fn convert(
     }
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let encounter = pv1
-        .as_ref()
-        .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
-    let participants = match &pv1 {
-        Some(pv1) => pv1_participants(cx, pv1),
-        None => Vec::new(),
-    };
-    let mut practitioners = Practitioners::default();
-    for (_, _, _, _, xcn) in &participants {
-        practitioners.add(cx, Person::Xcn(*xcn));
-    }
+    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), Some(&patient));
     let mut unique = Unique::default();
     let mut immunizations: Vec<Target> = Vec::new();
     let mut orgs: Vec<Org> = Vec::new();

@@ -4,7 +4,7 @@ use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::dtm::period;
 use crate::datatypes::pl::pl_locations;
-use crate::datatypes::xcn::{Person, practitioner_target};
+use crate::datatypes::xcn::{Person, Practitioners, practitioner_target};
 use crate::json::Writer;
 use crate::segments::write_items;
 use hl7v2::message::{Segment, Value};
@@ -74,6 +74,25 @@ pub(crate) fn pv1_participants<'a>(cx: &Ctx<'a, '_>, pv1: &Segment<'a>) -> Vec<P
             Some((n, code, display, t, xcn))
         })
         .collect()
+}
+
+/// The visit of a message's PV1, if it has one: its Encounter ([`encounter_target`]), its participants
+/// ([`pv1_participants`]), and the Practitioners of the Bundle, those participants first.
+pub(crate) fn visit<'a>(
+    cx: &Ctx<'a, '_>,
+    pv1: Option<&Segment<'a>>,
+    patient: Option<&Target>,
+) -> (Option<Target>, Vec<Participant<'a>>, Practitioners<'a>) {
+    let encounter = pv1.and_then(|pv1| encounter_target(cx, pv1, patient));
+    let participants = match pv1 {
+        Some(pv1) => pv1_participants(cx, pv1),
+        None => Vec::new(),
+    };
+    let mut practitioners = Practitioners::default();
+    for (_, _, _, t, xcn) in &participants {
+        practitioners.add_target(t, Person::Xcn(*xcn));
+    }
+    (encounter, participants, practitioners)
 }
 
 /// The PV1[Encounter] and PV2[Encounter] maps. `event`: the ADT trigger, whose IG map gives the status.
