@@ -23,15 +23,15 @@ impl<'a, 'm> Ctx<'a, 'm> {
     }
 }
 
-/// A level of a PL: its component, the R4 location-physical-type code and display (none for a point of care:
-/// the IG leaves it open).
-const LEVELS: &[(usize, Option<(&str, &str)>)] = &[
-    (4, Some(("si", "Site"))),
-    (7, Some(("bu", "Building"))),
-    (8, Some(("lvl", "Level"))),
-    (1, None),
-    (2, Some(("ro", "Room"))),
-    (3, Some(("bd", "Bed"))),
+/// A level of a PL: its component (and that number as text, a part of the derived ids), the R4
+/// location-physical-type code and display (none for a point of care: the IG leaves it open).
+const LEVELS: &[(usize, &str, Option<(&str, &str)>)] = &[
+    (4, "4", Some(("si", "Site"))),
+    (7, "7", Some(("bu", "Building"))),
+    (8, "8", Some(("lvl", "Level"))),
+    (1, "1", None),
+    (2, "2", Some(("ro", "Room"))),
+    (3, "3", Some(("bd", "Bed"))),
 ];
 
 /// One Location of a PL.
@@ -48,28 +48,35 @@ pub(crate) struct PlLocation {
 /// The Locations of a PL, the facility first and the most specific last. Each level's id derives from the
 /// levels above it and itself (room `101` of ward `W4` is not room `101` of ward `W5`), so the same place is one
 /// Location in every message.
-pub(crate) fn pl_locations(cx: &Ctx<'_, '_>, pl: Value<'_>) -> Vec<PlLocation> {
-    let comps: Vec<Option<Value<'_>>> = (1..=9).map(|n| pl.component(n)).collect();
-    let mut key: Vec<String> = Vec::new();
-    let mut out: Vec<PlLocation> = Vec::new();
-    for &(n, physical_type) in LEVELS {
-        let Some(name) = cx.text(comps[n - 1].and_then(|c| c.subcomponent(1))) else {
+pub(crate) fn pl_locations<'a>(cx: &Ctx<'a, '_>, pl: Value<'a>) -> Vec<PlLocation> {
+    let comps = components::<9>(pl);
+    let names: [Option<Cow<'a, str>>; 6] = std::array::from_fn(|i| {
+        let n = LEVELS[i].0;
+        cx.text(comps[n - 1].and_then(|c| c.subcomponent(1)))
+    });
+    // The derived id's key: each level above and this one, as (component number, name) pairs.
+    let mut key: [&str; 12] = [""; 12];
+    let mut out: Vec<PlLocation> = Vec::with_capacity(LEVELS.len());
+    let mut at = 0;
+    for (&(_, label, physical_type), name) in LEVELS.iter().zip(&names) {
+        let Some(name) = name else {
             continue;
         };
-        key.push(format!("{n}={name}"));
-        let parts: Vec<&str> = key.iter().map(String::as_str).collect();
-        let target = cx.target("Location", &parts, None);
+        key[at] = label;
+        key[at + 1] = name;
+        at += 2;
+        let target = cx.target("Location", &key[..at], None);
         let part_of = out.last().map(|p| p.target.id);
         out.push(PlLocation {
             target,
-            name: name.into_owned(),
+            name: name.to_string(),
             physical_type,
             part_of,
             description: None,
         });
     }
     if let Some(last) = out.last_mut() {
-        last.description = cx.text(comps[8]).map(|d| d.into_owned());
+        last.description = cx.text(comps[8]).map(Cow::into_owned);
     }
     out
 }
