@@ -23,9 +23,12 @@ impl<'a, 'm> Ctx<'a, 'm> {
     }
 }
 
+/// A location-physical-type code and its display.
+type PhysicalType = (&'static str, &'static str);
+
 /// A level of a PL: its component (and that number as text, a part of the derived ids), the R4
 /// location-physical-type code and display (none for a point of care: the IG leaves it open).
-const LEVELS: &[(usize, &str, Option<(&str, &str)>)] = &[
+const LEVELS: &[(usize, &str, Option<PhysicalType>)] = &[
     (4, "4", Some(("si", "Site"))),
     (7, "7", Some(("bu", "Building"))),
     (8, "8", Some(("lvl", "Level"))),
@@ -39,7 +42,7 @@ const LEVELS: &[(usize, &str, Option<(&str, &str)>)] = &[
 pub(crate) struct PlLocation {
     pub target: Target,
     name: String,
-    physical_type: Option<(&'static str, &'static str)>,
+    physical_type: Option<PhysicalType>,
     part_of: Option<Uuid>,
     /// PL-9, on the most specific level.
     description: Option<String>,
