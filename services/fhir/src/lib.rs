@@ -174,10 +174,10 @@ impl FhirError {
 /// The message types and triggers [`convert`] maps.
 pub const SUPPORTED: &[&str] = &[
     "ADT^A01", "ADT^A02", "ADT^A03", "ADT^A04", "ADT^A05", "ADT^A06", "ADT^A07", "ADT^A08",
-    "ADT^A09", "ADT^A10", "ADT^A11", "ADT^A12", "ADT^A13", "ADT^A14", "ADT^A28", "ADT^A31",
-    "ADT^A34", "ADT^A40", "ORU^R01", "ORM^O01", "OML^O21", "VXU^V04", "MDM^T02", "MDM^T04",
-    "MDM^T06", "MDM^T08", "MDM^T10", "SIU^S12", "SIU^S13", "SIU^S14", "SIU^S15", "SIU^S16",
-    "SIU^S17", "SIU^S26",
+    "ADT^A09", "ADT^A10", "ADT^A11", "ADT^A12", "ADT^A13", "ADT^A14", "ADT^A17", "ADT^A28",
+    "ADT^A31", "ADT^A34", "ADT^A40", "ORU^R01", "ORM^O01", "OML^O21", "VXU^V04", "MDM^T02",
+    "MDM^T04", "MDM^T06", "MDM^T08", "MDM^T10", "SIU^S12", "SIU^S13", "SIU^S14", "SIU^S15",
+    "SIU^S16", "SIU^S17", "SIU^S26",
 ];
 
 /// The resource types [`convert`] writes (the keys [`Options::write`] takes).

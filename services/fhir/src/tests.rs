@@ -1203,3 +1203,52 @@ fn a_transfer_names_the_new_and_the_prior_location_each_a_location_with_its_leve
     };
     assert_eq!(ids(&b), ids(&again));
 }
+
+#[test]
+fn a_swap_a17_moves_two_patients_each_with_its_visit_and_results() {
+    let m = "MSH|^~\\&|ADT|F|HL7GW|HL7GW|20260201080000||ADT^A17^ADT_A17|S1|P|2.5.1\r\
+             EVN|A17|20260201080000\r\
+             PID|1||P1^^^H^MR||ONE^ANN\r\
+             PV1|1|I|W5^201^A^HOSP||||||||||||||||V1^^^H^VN\r\
+             OBX|1|NM|8867-4^Heart rate^LN||72|/min\r\
+             PID|2||P2^^^H^MR||TWO^BEN\r\
+             PV1|1|I|W5^202^B^HOSP||||||||||||||||V2^^^H^VN\r\
+             OBX|1|NM|8867-4^Heart rate^LN||80|/min\r";
+    let (b, outcome) = convert_json(m.as_bytes(), &Options::default());
+    let of = |ty: &str| -> Vec<Json> {
+        entries(&b)
+            .iter()
+            .filter(|e| e["resource"]["resourceType"] == ty)
+            .cloned()
+            .collect()
+    };
+    let patients = of("Patient");
+    let encounters = of("Encounter");
+    assert_eq!((patients.len(), encounters.len()), (2, 2));
+    // Not the owner of the demographics: created if absent; the visits are updated (ADT owns them).
+    assert!(patients.iter().all(|p| p["request"]["method"] == "POST"));
+    assert!(encounters.iter().all(|e| e["request"]["method"] == "PUT"));
+    for (i, obs) in of("Observation").iter().enumerate() {
+        assert_eq!(
+            obs["resource"]["subject"]["reference"],
+            patients[i]["fullUrl"]
+        );
+        assert_eq!(
+            obs["resource"]["encounter"]["reference"],
+            encounters[i]["fullUrl"]
+        );
+    }
+    let bed = |e: &Json| resolve(&b, &e["resource"]["location"][0]["location"])["name"].clone();
+    assert_eq!(
+        (bed(&encounters[0]), bed(&encounters[1])),
+        ("A".into(), "B".into())
+    );
+    assert!(outcome.unmapped.is_empty(), "{outcome:?}");
+    // One patient only: refused, it is not a swap.
+    let one = m.split("PID|2").next().expect("first group");
+    let msg = hl7v2::Message::parse(one.as_bytes()).expect("parse");
+    assert!(matches!(
+        convert(&msg, Charset::Utf8, &Options::default(), &mut Vec::new()),
+        Err(FhirError::Required(_))
+    ));
+}

@@ -238,3 +238,29 @@ MRG|MRN200^^^HOSP_A^MR||||||OKAFOR^JAMES
     delivered(&server, a40, &opts);
     assert_eq!(server.counts()["Patient"], 2);
 }
+
+#[test]
+fn a_swap_moves_two_patients_to_each_others_beds() {
+    let server = FhirServer::start(0, &[]);
+    let opts = Options::default();
+    let a17 = "
+MSH|^~\\&|ADT|HOSP_A|HL7GW|HL7GW|20260201080000||ADT^A17^ADT_A17|S1|P|2.5.1
+EVN|A17|20260201080000
+PID|1||MRN1^^^HOSP_A^MR||ONE^ANN
+PV1|1|I|W5^201^A^HOSP_A||||||||||||||||V1^^^HOSP_A^VN
+PID|2||MRN2^^^HOSP_A^MR||TWO^BEN
+PV1|1|I|W5^202^B^HOSP_A||||||||||||||||V2^^^HOSP_A^VN
+";
+    delivered(&server, a17, &opts);
+    let counts = server.counts();
+    assert_eq!(
+        (counts["Patient"], counts["Encounter"]),
+        (2, 2),
+        "{counts:?}"
+    );
+    let visit = one(&server, "Encounter?identifier=urn:hl7gw:id:HOSP_A%7CV2");
+    assert_eq!(visit["location"][0]["status"], "active", "{visit}");
+    // Delivered again, nothing is added.
+    delivered(&server, a17, &opts);
+    assert_eq!(server.counts()["Location"], counts["Location"]);
+}

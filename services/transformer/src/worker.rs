@@ -1657,7 +1657,7 @@ mod tests {
     }
 
     /// An `ADT^*` route to FHIR with `onUnsupported: skip`: a merge it maps goes out, an event it does not map
-    /// (A17) makes no output and no dead letter, but a `dropped` event naming the route, and a count.
+    /// (A47) makes no output and no dead letter, but a `dropped` event naming the route, and a count.
     #[tokio::test]
     async fn to_fhir_skips_types_it_does_not_map_when_the_route_says_so() {
         let routes = [route(
@@ -1665,9 +1665,9 @@ mod tests {
             "{match: {messageTypes: ['ADT^*']}, transforms: [{toFhir: {onUnsupported: skip}}], destinations: [fhir]}",
         )];
         let cfg = Config::default();
-        let a17 =
-            b"MSH|^~\\&|A|F|B|G|20260101||ADT^A17|S1|P|2.5\rPID|1||P1^^^F^MR\rPID|2||P2^^^F^MR\r";
-        let (r, _) = run(&cfg, &routes, &inbound(a17)).await;
+        let a47 =
+            b"MSH|^~\\&|A|F|B|G|20260101||ADT^A47|S1|P|2.5\rPID|1||P1^^^F^MR\rMRG|P0^^^F^MR\r";
+        let (r, _) = run(&cfg, &routes, &inbound(a47)).await;
         assert!(r.records.is_empty(), "{:?}", r.records.len());
         let e = r.dropped.first().expect("a dropped event");
         assert_eq!(
@@ -1683,7 +1683,7 @@ mod tests {
             "fhir",
             "{match: {messageTypes: ['ADT^*']}, transforms: [{toFhir: {}}], destinations: [fhir]}",
         )];
-        let (r, _) = run(&cfg, &strict, &inbound(a17)).await;
+        let (r, _) = run(&cfg, &strict, &inbound(a47)).await;
         assert_eq!(r.records[0].topic, "hl7.dlq");
     }
 

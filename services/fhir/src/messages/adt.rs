@@ -5,6 +5,7 @@
 
 use crate::bundle::{Unique, open_bundle, provenance_and_end};
 use crate::context::{Ctx, Target, reference};
+use crate::datatypes::xcn::{Person, Practitioners};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::al1::{AL1_MAPPED, allergy_body};
@@ -14,9 +15,12 @@ use crate::segments::msh::MSH_MAPPED;
 use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_key, patient_target};
-use crate::segments::pv1::{PV1_MAPPED, PV2_MAPPED, encounter_body, note_no_encounter, visit};
+use crate::segments::pv1::{
+    PV1_MAPPED, PV2_MAPPED, Participant, encounter_body, note_no_encounter, visit,
+};
 use crate::segments::{n_key, write_items};
 use crate::{FhirError, Outcome, Write};
+use hl7v2::message::Segment;
 
 pub(crate) fn convert(
     cx: &mut Ctx<'_, '_>,
@@ -24,6 +28,9 @@ pub(crate) fn convert(
     out: &mut Vec<u8>,
 ) -> Result<Outcome, FhirError> {
     let msg = cx.msg;
+    if kind == "ADT^A17" {
+        return convert_swap(cx, out);
+    }
     let pid = msg.segment("PID", 1).ok_or(FhirError::Missing {
         message: kind.to_owned(),
         segment: "PID",
@@ -225,4 +232,140 @@ fn patient_link(w: &mut Writer<'_>, other: &Target, kind: &str) {
     w.string("type", kind);
     w.end_object();
     w.end_array();
+}
+
+/// ADT^A17 (swap patients, the IG's ADT_A17 map): two patient groups (PID, PD1, PV1, PV2, DB1, OBX), each a
+/// Patient, its Encounter at its new place and its Observations, in one Bundle.
+fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, FhirError> {
+    let msg = cx.msg;
+    let segs: Vec<Segment<'_>> = msg.segments().collect();
+    let starts: Vec<usize> = segs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.name() == b"PID")
+        .map(|(i, _)| i)
+        .collect();
+    if starts.len() != 2 {
+        return Err(FhirError::Required("a second PID (A17 swaps two patients)"));
+    }
+    let key = cx.message_key();
+    let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
+    let mut groups: Vec<SwapGroup<'_>> = Vec::with_capacity(2);
+    let mut practitioners = Practitioners::default();
+    for (g, &start) in starts.iter().enumerate() {
+        let end = starts.get(g + 1).copied().unwrap_or(segs.len());
+        let find = |name: &[u8]| segs[start..end].iter().find(|s| s.name() == name).copied();
+        let gn = g.to_string();
+        let fallback: Vec<&str> = msg_key.iter().copied().chain([gn.as_str()]).collect();
+        let patient = patient_target(cx, &segs[start], &fallback);
+        let (pv1, pv2) = (find(b"PV1"), find(b"PV2"));
+        let (encounter, participants, _) = visit(cx, pv1.as_ref(), Some(&patient));
+        for (_, _, _, t, xcn) in &participants {
+            practitioners.add_target(t, Person::Xcn(*xcn));
+        }
+        for seg in segs[start..end].iter().filter(|s| s.name() == b"OBX") {
+            observation_people(cx, &mut practitioners, seg, &[]);
+        }
+        groups.push(SwapGroup {
+            range: start..end,
+            patient,
+            pv1,
+            pv2,
+            encounter,
+            participants,
+        });
+    }
+
+    let mut w = Writer::new(out);
+    let frame = open_bundle(cx, &mut w, &key, || {
+        groups
+            .iter()
+            .flat_map(|g| std::iter::once(&g.patient).chain(g.encounter.as_ref()))
+            .collect()
+    })?;
+    let mut targets: Vec<Uuid> = Vec::new();
+    for g in &groups {
+        let pid = &segs[g.range.start];
+        cx.begin_entry(&mut w, &g.patient);
+        let mapped = patient_body(cx, &mut w, pid);
+        cx.end_entry(&mut w, &g.patient);
+        targets.push(g.patient.id);
+        cx.note_unmapped(pid, &mapped);
+    }
+    practitioners.write(cx, &mut w, &mut targets);
+    for g in &groups {
+        match (&g.pv1, &g.encounter) {
+            (Some(pv1), Some(enc)) => {
+                cx.begin_entry(&mut w, enc);
+                encounter_body(
+                    cx,
+                    &mut w,
+                    Some("A17"),
+                    pv1,
+                    g.pv2.as_ref(),
+                    &g.patient,
+                    &g.participants,
+                );
+                cx.end_entry(&mut w, enc);
+                targets.push(enc.id);
+                cx.note_unmapped(pv1, PV1_MAPPED);
+                if let Some(pv2) = &g.pv2 {
+                    cx.note_unmapped(pv2, PV2_MAPPED);
+                }
+            }
+            (Some(pv1), None) => note_no_encounter(cx, pv1, g.pv2.as_ref()),
+            _ => {}
+        }
+    }
+    let mut unique = Unique::default();
+    let mut evn = None;
+    for (i, seg) in segs.iter().enumerate() {
+        let group = groups.iter().find(|g| g.range.contains(&i));
+        match (seg.name(), group) {
+            (b"MSH", _) => cx.note_unmapped(seg, MSH_MAPPED),
+            (b"EVN", _) => evn = Some(*seg),
+            (b"PID", _) => {}
+            (b"PV1" | b"PV2", Some(g))
+                if g.pv1
+                    .is_some_and(|p| p.raw().as_ptr() == seg.raw().as_ptr())
+                    || g.pv2
+                        .is_some_and(|p| p.raw().as_ptr() == seg.raw().as_ptr()) => {}
+            (b"OBX", Some(g)) => {
+                let n = i.to_string();
+                let code = cx.field(seg, 3).unwrap_or_default();
+                let t = observation_target(cx, seg, &[&msg_key.join("|"), "OBX", &code, &n]);
+                let t = unique.check(cx, t, &n);
+                cx.begin_entry(&mut w, &t);
+                let links = ObsLinks {
+                    patient: Some(&g.patient),
+                    encounter: g.encounter.as_ref(),
+                    repeat: t.repeat,
+                    ..ObsLinks::default()
+                };
+                let mapped = observation_body(cx, &mut w, seg, links);
+                cx.end_entry(&mut w, &t);
+                targets.push(t.id);
+                cx.note_unmapped(seg, &mapped);
+            }
+            _ => cx.note_unmapped_segment(seg),
+        }
+    }
+    Ok(provenance_and_end(
+        cx,
+        &mut w,
+        &msg_key,
+        &targets,
+        evn.as_ref(),
+        &frame,
+    ))
+}
+
+/// One patient of an A17: its segments, Patient, visit.
+struct SwapGroup<'a> {
+    range: std::ops::Range<usize>,
+    patient: Target,
+    pv1: Option<Segment<'a>>,
+    pv2: Option<Segment<'a>>,
+    encounter: Option<Target>,
+    participants: Vec<Participant<'a>>,
 }
