@@ -85,27 +85,13 @@ pub(crate) fn convert(
     practitioners.write(cx, &mut w, &mut targets);
 
     // Encounter.
-    if let (Some(pv1), Some(enc)) = (&pv1, &encounter) {
-        let pv2 = msg.segment("PV2", 1);
-        cx.begin_entry(&mut w, enc);
-        encounter_body(
-            cx,
-            &mut w,
-            Some(trigger),
-            pv1,
-            pv2.as_ref(),
-            &patient,
-            &participants,
-        );
-        cx.end_entry(&mut w, enc);
-        targets.push(enc.id);
-        cx.note_unmapped(pv1, PV1_MAPPED);
-        if let Some(pv2) = &pv2 {
-            cx.note_unmapped(pv2, PV2_MAPPED);
-        }
-    } else if let Some(pv1) = &pv1 {
-        note_no_encounter(cx, pv1, msg.segment("PV2", 1).as_ref());
-    }
+    let visit_of = Visit {
+        pv1: pv1.as_ref(),
+        pv2: msg.segment("PV2", 1),
+        encounter: encounter.as_ref(),
+        participants: &participants,
+    };
+    encounter_entry(cx, &mut w, trigger, &visit_of, &patient, &mut targets);
 
     // The repeating segments, in message order; each condition used once.
     let mut unique = Unique::default();
@@ -164,20 +150,13 @@ pub(crate) fn convert(
                 cx.note_unmapped(&seg, IN1_MAPPED);
             }
             b"OBX" => {
-                let code = cx.field(&seg, 3).unwrap_or_default();
-                let t = observation_target(cx, &seg, &[&msg_key.join("|"), "OBX", &code, &n]);
-                let t = unique.check(cx, t, &n);
-                cx.begin_entry(&mut w, &t);
-                let links = ObsLinks {
-                    patient: Some(&patient),
-                    encounter: encounter.as_ref(),
-                    repeat: t.repeat,
-                    ..ObsLinks::default()
+                let at = Obx {
+                    seg: &seg,
+                    position: &n,
+                    msg_key: &msg_key,
                 };
-                let mapped = observation_body(cx, &mut w, &seg, links);
-                cx.end_entry(&mut w, &t);
-                targets.push(t.id);
-                cx.note_unmapped(&seg, &mapped);
+                let subject = (&patient, encounter.as_ref());
+                observation_entry(cx, &mut w, &mut unique, at, subject, &mut targets);
             }
             _ => cx.note_unmapped_segment(&seg),
         }
@@ -294,28 +273,13 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
     }
     practitioners.write(cx, &mut w, &mut targets);
     for g in &groups {
-        match (&g.pv1, &g.encounter) {
-            (Some(pv1), Some(enc)) => {
-                cx.begin_entry(&mut w, enc);
-                encounter_body(
-                    cx,
-                    &mut w,
-                    Some("A17"),
-                    pv1,
-                    g.pv2.as_ref(),
-                    &g.patient,
-                    &g.participants,
-                );
-                cx.end_entry(&mut w, enc);
-                targets.push(enc.id);
-                cx.note_unmapped(pv1, PV1_MAPPED);
-                if let Some(pv2) = &g.pv2 {
-                    cx.note_unmapped(pv2, PV2_MAPPED);
-                }
-            }
-            (Some(pv1), None) => note_no_encounter(cx, pv1, g.pv2.as_ref()),
-            _ => {}
-        }
+        let visit_of = Visit {
+            pv1: g.pv1.as_ref(),
+            pv2: g.pv2,
+            encounter: g.encounter.as_ref(),
+            participants: &g.participants,
+        };
+        encounter_entry(cx, &mut w, "A17", &visit_of, &g.patient, &mut targets);
     }
     let mut unique = Unique::default();
     let mut evn = None;
@@ -332,20 +296,13 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
                         .is_some_and(|p| p.raw().as_ptr() == seg.raw().as_ptr()) => {}
             (b"OBX", Some(g)) => {
                 let n = i.to_string();
-                let code = cx.field(seg, 3).unwrap_or_default();
-                let t = observation_target(cx, seg, &[&msg_key.join("|"), "OBX", &code, &n]);
-                let t = unique.check(cx, t, &n);
-                cx.begin_entry(&mut w, &t);
-                let links = ObsLinks {
-                    patient: Some(&g.patient),
-                    encounter: g.encounter.as_ref(),
-                    repeat: t.repeat,
-                    ..ObsLinks::default()
+                let at = Obx {
+                    seg,
+                    position: &n,
+                    msg_key: &msg_key,
                 };
-                let mapped = observation_body(cx, &mut w, seg, links);
-                cx.end_entry(&mut w, &t);
-                targets.push(t.id);
-                cx.note_unmapped(seg, &mapped);
+                let subject = (&g.patient, g.encounter.as_ref());
+                observation_entry(cx, &mut w, &mut unique, at, subject, &mut targets);
             }
             _ => cx.note_unmapped_segment(seg),
         }
@@ -368,4 +325,83 @@ struct SwapGroup<'a> {
     pv2: Option<Segment<'a>>,
     encounter: Option<Target>,
     participants: Vec<Participant<'a>>,
+}
+
+/// A PV1 (and PV2) with the Encounter and the participants made of it.
+struct Visit<'v, 'a> {
+    pv1: Option<&'v Segment<'a>>,
+    pv2: Option<Segment<'a>>,
+    encounter: Option<&'v Target>,
+    participants: &'v [Participant<'a>],
+}
+
+/// The Encounter of a visit as an entry (its PV1 and PV2 fields noted), or, when the PV1 names no visit, its
+/// fields reported.
+fn encounter_entry<'a>(
+    cx: &mut Ctx<'a, '_>,
+    w: &mut Writer<'_>,
+    trigger: &str,
+    v: &Visit<'_, 'a>,
+    patient: &Target,
+    targets: &mut Vec<Uuid>,
+) {
+    match (v.pv1, v.encounter) {
+        (Some(pv1), Some(enc)) => {
+            cx.begin_entry(w, enc);
+            encounter_body(
+                cx,
+                w,
+                Some(trigger),
+                pv1,
+                v.pv2.as_ref(),
+                patient,
+                v.participants,
+            );
+            cx.end_entry(w, enc);
+            targets.push(enc.id);
+            cx.note_unmapped(pv1, PV1_MAPPED);
+            if let Some(pv2) = &v.pv2 {
+                cx.note_unmapped(pv2, PV2_MAPPED);
+            }
+        }
+        (Some(pv1), None) => note_no_encounter(cx, pv1, v.pv2.as_ref()),
+        _ => {}
+    }
+}
+
+/// An OBX, its position in the message and the message's key (the Observation's derived id without OBX-21).
+struct Obx<'s, 'a> {
+    seg: &'s Segment<'a>,
+    position: &'s str,
+    msg_key: &'s [&'s str],
+}
+
+/// An OBX as an Observation entry of `subject` (the patient, and the encounter when there is one), each
+/// condition used once.
+fn observation_entry<'a>(
+    cx: &mut Ctx<'a, '_>,
+    w: &mut Writer<'_>,
+    unique: &mut Unique,
+    at: Obx<'_, 'a>,
+    subject: (&Target, Option<&Target>),
+    targets: &mut Vec<Uuid>,
+) {
+    let code = cx.field(at.seg, 3).unwrap_or_default();
+    let t = observation_target(
+        cx,
+        at.seg,
+        &[&at.msg_key.join("|"), "OBX", &code, at.position],
+    );
+    let t = unique.check(cx, t, at.position);
+    cx.begin_entry(w, &t);
+    let links = ObsLinks {
+        patient: Some(subject.0),
+        encounter: subject.1,
+        repeat: t.repeat,
+        ..ObsLinks::default()
+    };
+    let mapped = observation_body(cx, w, at.seg, links);
+    cx.end_entry(w, &t);
+    targets.push(t.id);
+    cx.note_unmapped(at.seg, &mapped);
 }
