@@ -73,11 +73,12 @@ pub(crate) fn open_bundle<'t>(
 /// Closes the `entry` array and the Bundle (with what no map covered, and its values, in `meta` when the
 /// route keeps them), and says what was converted.
 pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
+    cx.report_unwritten_field_maps();
     cx.take_dropped();
     w.end_array();
     // Resources only referenced (write: reference): their references name the condition.
     for (id, condition) in std::mem::take(&mut cx.conditional_refs) {
-        w.replace_strings(frame.entries_at, &format!("urn:uuid:{id}"), &condition);
+        w.replace_references(frame.entries_at, &format!("urn:uuid:{id}"), &condition);
     }
     if cx.resources == 0 {
         // FHIR has no empty arrays.

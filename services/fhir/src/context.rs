@@ -174,6 +174,9 @@ impl<'a, 'm> Ctx<'a, 'm> {
     /// cannot take is reported. True when one was written.
     pub fn field_map_extensions(&self, w: &mut Writer<'_>, rtype: &str) -> bool {
         let mut any = false;
+        if !self.field_maps_apply() {
+            return false;
+        }
         for (i, fm) in self.opts.field_maps.iter().enumerate() {
             if fm.resource != rtype {
                 continue;
@@ -208,10 +211,33 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// Whether a field map targets `rtype` and its segment is in the message.
     pub fn has_field_maps(&self, rtype: &str) -> bool {
-        self.opts
-            .field_maps
-            .iter()
-            .any(|fm| fm.resource == rtype && self.msg.segment(&fm.segment, 1).is_some())
+        self.field_maps_apply()
+            && self
+                .opts
+                .field_maps
+                .iter()
+                .any(|fm| fm.resource == rtype && self.msg.segment(&fm.segment, 1).is_some())
+    }
+
+    /// Field maps take the first segment of their name: in a message about one patient only. With several
+    /// PIDs (an A17, an ORU of several patients) that segment may be another patient's, so none is applied and
+    /// the fields are reported ([`Ctx::report_unwritten_field_maps`]).
+    fn field_maps_apply(&self) -> bool {
+        !self.opts.field_maps.is_empty() && self.msg.segment("PID", 2).is_none()
+    }
+
+    /// The field maps no resource took (none of their type in the Bundle, several patients in the message, a
+    /// value their type cannot take): their fields are reported, as any field not written.
+    pub fn report_unwritten_field_maps(&self) {
+        let written = self.field_maps_written.borrow().clone();
+        for (i, fm) in self.opts.field_maps.iter().enumerate() {
+            if written.contains(&i) {
+                continue;
+            }
+            if let Some(seg) = self.msg.segment(&fm.segment, 1) {
+                self.dropped(&seg, fm.field);
+            }
+        }
     }
 
     /// An extension's `value[x]` of a field-mapped value, through the data type writers.
@@ -256,17 +282,17 @@ impl<'a, 'm> Ctx<'a, 'm> {
         }
     }
 
-    /// Whether field `n` of segment `name` is written by a field map (so it is not reported as unmapped).
+    /// Whether field `n` of segment `name` is a field map's (so it is not reported as unmapped here).
     fn field_mapped(&self, name: &str, n: usize) -> bool {
         if self.opts.field_maps.is_empty() {
             return false;
         }
-        let written = self.field_maps_written.borrow();
+        // Written or not: the ones not written are reported once the Bundle is made
+        // (`report_unwritten_field_maps`), when it is known which were.
         self.opts
             .field_maps
             .iter()
-            .enumerate()
-            .any(|(i, fm)| fm.segment == name && fm.field == n && written.contains(&i))
+            .any(|fm| fm.segment == name && fm.field == n)
     }
 
     /// A concept map row: the sender's code map of that name, else the route's, else the IG's map.
@@ -634,14 +660,18 @@ impl<'a, 'm> Ctx<'a, 'm> {
     pub fn cx_system(&self, c: &[Option<Value<'a>>]) -> Option<String> {
         self.hd_system(c[3], true)
             .or_else(|| self.hd_system(c.get(5).copied().flatten(), true))
-            .or_else(|| {
-                self.fallback_system
-                    .get_or_init(|| match self.sender.and_then(|s| s.authority.as_deref()) {
-                        Some(a) => self.hd_system_of(Some(Cow::Borrowed(a)), None, None),
-                        None => self.hd_system(self.msh(4), false),
-                    })
-                    .clone()
+            .or_else(|| self.sender_scope().map(str::to_owned))
+    }
+
+    /// The sender's namespace: its authority in the route, else its sending facility (MSH-4), as a system.
+    /// What scopes the values of this message that name no authority of their own (identifiers, places).
+    pub fn sender_scope(&self) -> Option<&str> {
+        self.fallback_system
+            .get_or_init(|| match self.sender.and_then(|s| s.authority.as_deref()) {
+                Some(a) => self.hd_system_of(Some(Cow::Borrowed(a)), None, None),
+                None => self.hd_system(self.msh(4), false),
             })
+            .as_deref()
     }
 }
 

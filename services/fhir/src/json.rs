@@ -35,18 +35,20 @@ impl<'o> Writer<'o> {
         }
     }
 
-    /// Replaces every `"<from>"` string written after `start` by `"<to>"` (`to` needs no escaping): references
-    /// to an entry that was left out become its condition.
-    pub fn replace_strings(&mut self, start: usize, from: &str, to: &str) {
-        let mut pat = Vec::with_capacity(from.len() + 2);
-        pat.push(b'"');
+    /// Replaces every `"reference":"<from>"` written after `start` by `"reference":"<to>"` (`to` needs no
+    /// escaping): references to an entry that was left out become its condition; any other string equal to
+    /// `from` (a value a sender wrote) stays as it is.
+    pub fn replace_references(&mut self, start: usize, from: &str, to: &str) {
+        const KEY: &[u8] = b"\"reference\":\"";
+        let mut pat = Vec::with_capacity(from.len() + KEY.len() + 1);
+        pat.extend_from_slice(KEY);
         pat.extend_from_slice(from.as_bytes());
         pat.push(b'"');
         let tail = self.out.split_off(start.min(self.out.len()));
         let mut at = 0;
         for i in memchr::memmem::find_iter(&tail, &pat) {
             self.out.extend_from_slice(&tail[at..i]);
-            self.out.push(b'"');
+            self.out.extend_from_slice(KEY);
             self.out.extend_from_slice(to.as_bytes());
             self.out.push(b'"');
             at = i + pat.len();

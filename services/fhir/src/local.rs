@@ -84,7 +84,7 @@ impl CodeMap {
                     .flatten()
                     .find(|t| {
                         !matches!(t["equivalence"].as_str(), Some("unmatched" | "disjoint"))
-                            && t["code"].is_string()
+                            && t["code"].as_str().is_some_and(|c| !c.trim().is_empty())
                     });
                 if let Some(t) = target {
                     rows.entry(code.to_owned()).or_insert(LocalConcept {

@@ -1252,3 +1252,103 @@ fn a_swap_a17_moves_two_patients_each_with_its_visit_and_results() {
         Err(FhirError::Required(_))
     ));
 }
+
+#[test]
+fn review_findings_stay_fixed() {
+    // A suffix that is not an offset FHIR can write is not taken as "no offset" (which would give the time the
+    // route's zone); an ISO date is not cut to its year; a fraction belongs to the seconds.
+    let berlin = TimeZone::parse("Europe/Berlin").expect("a zone");
+    for bad in [
+        "202607151030-05:00",
+        "202607151030-05",
+        "2024-03-15",
+        "202401011030+1401",
+        "2024010112.5",
+        "20240101120000.",
+    ] {
+        assert_eq!(dt_of(bad, &berlin), None, "{bad}");
+    }
+    assert_eq!(
+        dt_of("20240101120000.5+1400", &berlin).as_deref(),
+        Some("2024-01-01T12:00:00.5+14:00")
+    );
+    assert!(TimeZone::parse("+14:30").is_err());
+    // A visit number scoped by its assigning facility (CX-6): the condition and the identifier agree.
+    let m = "MSH|^~\\&|ADT|ADT1|HL7GW|HL7GW|20260201080000||ADT^A08^ADT_A01|C1|P|2.5.1\r\
+             PID|1||1^^^H^MR||DOE^JANE\rPV1|1|I|||||||||||||||||V100^^^^VN^HOSP_B\r";
+    let (b, _) = convert_json(m.as_bytes(), &Options::default());
+    let enc = entries(&b)
+        .iter()
+        .find(|e| e["resource"]["resourceType"] == "Encounter")
+        .expect("an Encounter");
+    assert_eq!(
+        enc["request"]["url"],
+        "Encounter?identifier=urn:hl7gw:id:HOSP_B%7CV100"
+    );
+    assert_eq!(
+        enc["resource"]["identifier"][0]["system"],
+        "urn:hl7gw:id:HOSP_B"
+    );
+    // An A17 whose two PIDs name one patient is refused, not a Bundle with that Patient twice.
+    let a17 = "MSH|^~\\&|ADT|F|HL7GW|HL7GW|20260201080000||ADT^A17|S1|P|2.5.1\r\
+               PID|1||P1^^^H^MR\rPV1|1|I\rPID|2||P1^^^H^MR\rPV1|1|I\r";
+    let msg = hl7v2::Message::parse(a17.as_bytes()).expect("parse");
+    assert!(matches!(
+        convert(&msg, Charset::Utf8, &Options::default(), &mut Vec::new()),
+        Err(FhirError::Required(_))
+    ));
+    // An A40 with two merges: the second group is reported, not silently left out; a route that only
+    // references Patients writes no merge and reports the MRG.
+    let a40 = "MSH|^~\\&|ADT|F|HL7GW|HL7GW|20260201080000||ADT^A40^ADT_A39|M1|P|2.5.1\r\
+               PID|1||P1^^^H^MR\rMRG|P0^^^H^MR\rPID|2||P2^^^H^MR\rMRG|P9^^^H^MR\r";
+    let (_, outcome) = convert_json(a40.as_bytes(), &Options::default());
+    assert!(
+        outcome.unmapped.contains(&"PID".to_owned())
+            && outcome.unmapped.contains(&"MRG".to_owned()),
+        "{outcome:?}"
+    );
+    let reference = Options {
+        write: [("Patient".to_owned(), Write::Reference)].into(),
+        ..Options::default()
+    };
+    let (b, outcome) = convert_json(a40.as_bytes(), &reference);
+    assert!(!b.to_string().contains("replaced-by"));
+    assert!(outcome.unmapped.contains(&"MRG".to_owned()), "{outcome:?}");
+    // Field maps in a message of several patients are not applied (ZPI could be either's): reported.
+    let maps = Options {
+        field_maps: vec![
+            crate::FieldMap::parse(
+                "ZPI-2",
+                "Patient.extension[https://h.example/x].valueString",
+            )
+            .expect("map"),
+        ],
+        ..Options::default()
+    };
+    let two = "MSH|^~\\&|ADT|F|HL7GW|HL7GW|20260201080000||ADT^A17|S1|P|2.5.1\r\
+               PID|1||P1^^^H^MR\rZPI|1|DONOR\rPV1|1|I\rPID|2||P2^^^H^MR\rZPI|1|NONE\rPV1|1|I\r";
+    let (b, outcome) = convert_json(two.as_bytes(), &maps);
+    assert!(!b.to_string().contains("DONOR"));
+    assert!(
+        outcome.unmapped.contains(&"ZPI-2".to_owned()),
+        "{outcome:?}"
+    );
+    // A place without a facility belongs to its sender: two hospitals' W5 are two Locations.
+    let at = |facility: &str| -> Vec<Json> {
+        let m = format!(
+            "MSH|^~\\&|ADT|{facility}|HL7GW|HL7GW|20260201080000||ADT^A01|C1|P|2.5.1\r\
+             PID|1||1^^^H^MR\rPV1|1|I|W5^101||||||||||||||||V1^^^H^VN\r"
+        );
+        let (b, _) = convert_json(m.as_bytes(), &Options::default());
+        entries(&b)
+            .iter()
+            .filter(|e| e["resource"]["resourceType"] == "Location")
+            .map(|e| e["fullUrl"].clone())
+            .collect()
+    };
+    assert_ne!(at("HOSP_A"), at("HOSP_B"));
+}
+
+fn dt_of(v: &str, tz: &TimeZone) -> Option<String> {
+    datatypes::dtm::dtm(v, Some(tz), false)
+}

@@ -42,7 +42,7 @@ impl TimeZone {
             && b[1..3].iter().all(u8::is_ascii_digit)
             && b[3] == b':'
             && b[4..6].iter().all(u8::is_ascii_digit)
-            && s[1..3] <= *"14"
+            && format!("{}{}", &s[1..3], &s[4..6]).as_str() <= "1400"
             && s[4..6] <= *"59";
         if s == "Z" || offset {
             return Ok(Self {

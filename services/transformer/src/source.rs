@@ -257,6 +257,9 @@ pub async fn watch_file(
     stop: CancellationToken,
 ) {
     let mut last = loaded;
+    // The routes' files as they were at the last attempt: a change is tried once, not every interval while
+    // the routes file itself does not load.
+    let mut tried_files = live.get().files;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -266,16 +269,21 @@ pub async fn watch_file(
             // Missing (or being replaced): the routes loaded last keep running.
             continue;
         };
-        let routes = live.get();
-        if last.as_deref() == Some(now.as_slice()) && files_fingerprint(&routes) == routes.files {
+        let files = files_fingerprint(&live.get());
+        if last.as_deref() == Some(now.as_slice())
+            && (files == live.get().files || files == tried_files)
+        {
             continue;
         }
         // A file being written (truncated, then filled) must not be taken half-written, which could remove
-        // routes for a moment: the change is taken once two reads a moment apart agree.
+        // routes or a code map's rows for a moment: the change is taken once two reads a moment apart agree.
         tokio::time::sleep(interval.min(Duration::from_millis(100))).await;
-        if tokio::fs::read(&path).await.ok().as_deref() != Some(now.as_slice()) {
+        if tokio::fs::read(&path).await.ok().as_deref() != Some(now.as_slice())
+            || files_fingerprint(&live.get()) != files
+        {
             continue;
         }
+        tried_files = files;
         let result = load_bytes(&path, &now, &live, &metrics);
         last = Some(now);
         if let Err(e) = result {
@@ -298,6 +306,7 @@ pub async fn watch_kubernetes(
 ) {
     let mut objects: BTreeMap<String, HL7Route> = BTreeMap::new();
     let mut init: Option<BTreeMap<String, HL7Route>> = None;
+    let mut tried_files = live.get().files;
     let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
     futures_util::pin_mut!(stream);
     loop {
@@ -309,8 +318,20 @@ pub async fn watch_kubernetes(
         };
         let Some(ev) = ev else {
             let routes = live.get();
-            if !objects.is_empty() && files_fingerprint(&routes) != routes.files {
-                compile_objects(&objects, &live, &metrics);
+            let files = files_fingerprint(&routes);
+            if objects.is_empty() || files == routes.files || files == tried_files {
+                continue;
+            }
+            // Taken once two reads a moment apart agree (a file being written), and tried once per change.
+            tokio::time::sleep(interval.min(Duration::from_millis(100))).await;
+            if files_fingerprint(&live.get()) != files {
+                continue;
+            }
+            tried_files = files;
+            for v in compile_objects(&objects, &live, &metrics) {
+                if let Some(o) = objects.get(&v.name) {
+                    write_status(&api, o, &v).await;
+                }
             }
             continue;
         };

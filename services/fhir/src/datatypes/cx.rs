@@ -13,7 +13,8 @@ use hl7v2::message::Value;
 impl<'a, 'm> Ctx<'a, 'm> {
     /// CX → Identifier (system and value), if CX-1 has a value.
     pub fn cx_key(&self, cx: Value<'a>) -> Option<(String, String)> {
-        self.cx_key_of(&components::<4>(cx))
+        // Six components: the system may come from CX-6 (the assigning facility), as `identifier()` writes it.
+        self.cx_key_of(&components::<6>(cx))
     }
 
     /// [`Ctx::cx_key`] of a CX's components.

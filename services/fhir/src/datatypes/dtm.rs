@@ -121,20 +121,27 @@ pub(crate) fn dtm_into(
         return false;
     }
     // The message's offset (`+HHMM`), else the route's time zone.
+    // Anything after the digits that is not an offset FHIR can write (`±HHMM` up to ±1400: a `-05:00`, an ISO
+    // date `2024-03-15`) is not taken as "no offset", which would give the time the route's zone instead of
+    // its own: the value is reported.
     let own = match tz {
         Some(z) => {
             let b = z.as_bytes();
-            if b.len() != 5 || !b[1..].iter().all(u8::is_ascii_digit) {
-                // Not an offset: the time is read without one, as before.
-                None
-            } else if &z[1..3] > "14" || &z[3..5] > "59" {
+            if b.len() != 5
+                || !b[1..].iter().all(u8::is_ascii_digit)
+                || &z[1..5] > "1400"
+                || &z[3..5] > "59"
+            {
                 return false;
-            } else {
-                Some(z)
             }
+            Some(z)
         }
         None => None,
     };
+    // A fraction belongs to the seconds (DTM): after anything shorter, or not digits, the value is not one.
+    if frac.is_some_and(|f| n < 14 || f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit())) {
+        return false;
+    }
     let local = match (own, default_tz) {
         (None, Some(zone)) if n > 8 => {
             Some(zone.offset_of(y as i16, mo as i8, day as i8, h as i8, mi as i8, sec as i8))
@@ -170,7 +177,7 @@ pub(crate) fn dtm_into(
     s.extend_from_slice((if n >= 12 { &d[10..12] } else { "00" }).as_bytes());
     s.push(b':');
     s.extend_from_slice((if n >= 14 { &d[12..14] } else { "00" }).as_bytes());
-    if let Some(f) = frac.filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit())) {
+    if let Some(f) = frac {
         s.push(b'.');
         s.extend_from_slice(f.as_bytes());
     }

@@ -49,18 +49,29 @@ pub(crate) struct PlLocation {
 }
 
 /// The Locations of a PL, the facility first and the most specific last. Each level's id derives from the
-/// levels above it and itself (room `101` of ward `W4` is not room `101` of ward `W5`), so the same place is one
-/// Location in every message.
+/// levels above it and itself (room `101` of ward `W4` is not room `101` of ward `W5`), and, without a facility,
+/// the sender's namespace, so the same place is one Location in every message of a sender.
 pub(crate) fn pl_locations<'a>(cx: &Ctx<'a, '_>, pl: Value<'a>) -> Vec<PlLocation> {
     let comps = components::<9>(pl);
     let names: [Option<Cow<'a, str>>; 6] = std::array::from_fn(|i| {
         let n = LEVELS[i].0;
         cx.text(comps[n - 1].and_then(|c| c.subcomponent(1)))
     });
-    // The derived id's key: each level above and this one, as (component number, name) pairs.
-    let mut key: [&str; 12] = [""; 12];
-    let mut out: Vec<PlLocation> = Vec::with_capacity(LEVELS.len());
+    // The derived id's key: each level above and this one, as (component number, name) pairs; under the
+    // sender's namespace when the PL names no facility (two hospitals' ward `W5` are two places).
+    let scope = if names[0].is_none() {
+        cx.sender_scope()
+    } else {
+        None
+    };
+    let mut key: [&str; 14] = [""; 14];
     let mut at = 0;
+    if let Some(scope) = scope {
+        key[0] = "scope";
+        key[1] = scope;
+        at = 2;
+    }
+    let mut out: Vec<PlLocation> = Vec::with_capacity(LEVELS.len());
     for (&(_, label, physical_type), name) in LEVELS.iter().zip(&names) {
         let Some(name) = name else {
             continue;

@@ -44,8 +44,11 @@ pub(crate) fn convert(
     let patient_key = patient.id;
     // A merge (A34, A40): the record MRG names is retired into this one.
     let mrg = msg.segment("MRG", 1);
+    // A route that only references Patients writes no merge: its MRG is reported.
     let merged = match (&mrg, trigger) {
-        (Some(mrg), "A34" | "A40") => merged_target(cx, mrg).filter(|t| t.id != patient.id),
+        (Some(mrg), "A34" | "A40") => {
+            merged_target(cx, mrg).filter(|t| t.id != patient.id && t.write != Write::Reference)
+        }
         _ => None,
     };
     // The practitioners: of the visit, then those who observed (OBX-16).
@@ -101,8 +104,12 @@ pub(crate) fn convert(
         let n = i.to_string();
         match name {
             b"MSH" => cx.note_unmapped(&seg, MSH_MAPPED),
-            b"PID" | b"PV1" | b"PV2" => {}
-            b"MRG" if merged.is_some() => {}
+            // The first PID, PV1, PV2 (and MRG of a merge) are written above; any further group (an A40's
+            // second merge) is reported, never silently left out.
+            b"PID" if same(&seg, Some(&pid)) => {}
+            b"PV1" if same(&seg, pv1.as_ref()) => {}
+            b"PV2" if same(&seg, msg.segment("PV2", 1).as_ref()) => {}
+            b"MRG" if merged.is_some() && same(&seg, mrg.as_ref()) => {}
             b"EVN" => evn = Some(seg),
             b"NK1" => {
                 let t = cx.target(
@@ -171,6 +178,11 @@ pub(crate) fn convert(
         evn.as_ref(),
         &frame,
     ))
+}
+
+/// Whether `seg` is `other` (the same bytes of the message).
+fn same(seg: &Segment<'_>, other: Option<&Segment<'_>>) -> bool {
+    other.is_some_and(|o| std::ptr::eq(o.raw().as_ptr(), seg.raw().as_ptr()))
 }
 
 /// MRG's fields the merge writes: the prior identifiers (1, and the older 4) and the prior name (7).
@@ -255,6 +267,12 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
         });
     }
 
+    if groups[0].patient.id == groups[1].patient.id {
+        // Both PIDs name one patient: no swap to write (and one Patient twice would fail the transaction).
+        return Err(FhirError::Required(
+            "a second patient (both PIDs of the A17 name one)",
+        ));
+    }
     let mut w = Writer::new(out);
     let frame = open_bundle(cx, &mut w, &key, || {
         groups
