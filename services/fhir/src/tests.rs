@@ -1352,3 +1352,30 @@ fn review_findings_stay_fixed() {
 fn dt_of(v: &str, tz: &TimeZone) -> Option<String> {
     datatypes::dtm::dtm(v, Some(tz), false)
 }
+
+#[test]
+fn a_diagnosis_id_without_authority_belongs_to_its_sender() {
+    let with = |facility: &str, pid: &str| -> String {
+        let m = format!(
+            "MSH|^~\\&|ADT|{facility}|HL7GW|HL7GW|20260201080000||ADT^A08^ADT_A01|C1|P|2.5.1\r\
+             PID|1||{pid}^^^H^MR\rDG1|1||I10^Hypertension^I10||20260101|||||||||||||||1\r"
+        );
+        let (b, _) = convert_json(m.as_bytes(), &Options::default());
+        let c = entries(&b)
+            .iter()
+            .find(|e| e["resource"]["resourceType"] == "Condition")
+            .expect("a Condition")
+            .clone();
+        assert_eq!(
+            c["request"]["url"]
+                .as_str()
+                .map(|u| u.contains("identifier=")),
+            Some(true),
+            "{c}"
+        );
+        c["request"]["url"].as_str().unwrap_or_default().to_owned()
+    };
+    // Two senders' DG1-20 `1`: two Conditions, not one whose subject the later message would take.
+    assert_ne!(with("HOSP_A", "P1"), with("HOSP_B", "P2"));
+    assert!(with("HOSP_A", "P1").contains("urn:hl7gw:id:HOSP_A%7C1"));
+}

@@ -103,6 +103,10 @@ pub(crate) fn identifier_type(w: &mut Writer<'_>, code: &str, ours: bool) {
     w.end_object();
 }
 
+/// The system of an EI that names no namespace: order numbers share it across senders on purpose (placer and
+/// filler name one order); a DG1-20 takes the sender's instead (`segments::dg1`).
+pub(crate) const UNSCOPED_EI_SYSTEM: &str = "urn:hl7gw:id:unknown";
+
 /// EI → (system, value): EI-1 with the authority of EI-2..4 (components, or subcomponents when `sub`: an EI
 /// inside an EIP or a CX).
 pub(crate) fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>, sub: bool) -> Option<(String, String)> {
@@ -135,7 +139,7 @@ pub(crate) fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>, sub: bool) -> Option<(Stri
                     percent_encode(&mut s, &ns);
                     s
                 }),
-            None => "urn:hl7gw:id:unknown".to_owned(),
+            None => UNSCOPED_EI_SYSTEM.to_owned(),
         },
     };
     Some((system, value.into_owned()))

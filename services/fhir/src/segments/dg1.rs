@@ -21,8 +21,7 @@ pub(crate) fn condition_body(
     patient: &Target,
 ) -> &'static [usize] {
     if !t.repeat
-        && let Some(ei) = cx.rep1(dg1, 20)
-        && let Some((system, value)) = ei_key(cx, ei, false)
+        && let Some((system, value)) = condition_key(cx, dg1)
     {
         w.array("identifier");
         w.begin_object();
@@ -60,10 +59,22 @@ pub(crate) fn condition_target(
     patient_key: &str,
     position: &str,
 ) -> Target {
-    let by = cx.rep1(dg1, 20).and_then(|ei| ei_key(cx, ei, false));
+    let by = condition_key(cx, dg1);
     let code = cx.field(dg1, 3).unwrap_or_default();
     match by {
         Some((s, v)) => cx.target("Condition", &[&s, &v], Some((s.clone(), v.clone()))),
         None => cx.target("Condition", &[patient_key, "DG1", &code, position], None),
     }
+}
+
+/// DG1-20 as the Condition's business identifier. An id without an assigning authority is the sender's (its
+/// authority in the route, else MSH-4), as patient identifiers are: `1` from two senders is two diagnoses of two
+/// patients, not one Condition whose subject the later message would take. Without any scope it is no business
+/// identifier at all (the Condition is keyed by its patient), never a global one.
+fn condition_key(cx: &Ctx<'_, '_>, dg1: &Segment<'_>) -> Option<(String, String)> {
+    let (system, value) = cx.rep1(dg1, 20).and_then(|ei| ei_key(cx, ei, false))?;
+    if system != crate::datatypes::cx::UNSCOPED_EI_SYSTEM {
+        return Some((system, value));
+    }
+    Some((cx.sender_scope()?.to_owned(), value))
 }
