@@ -5,7 +5,7 @@ use crate::IdentifierRule;
 use crate::context::Ctx;
 use crate::datatypes::components;
 use crate::datatypes::dtm::period;
-use crate::ids::{is_oid, percent_encode};
+use crate::ids::is_oid;
 use crate::json::Writer;
 use crate::vocab;
 use hl7v2::message::Value;
@@ -122,23 +122,9 @@ pub(crate) fn ei_key(cx: &Ctx<'_, '_>, ei: Value<'_>, sub: bool) -> Option<(Stri
     let system = match (part(3), part(4).as_deref()) {
         (Some(uid), Some("ISO")) if is_oid(&uid) => format!("urn:oid:{uid}"),
         (Some(uid), Some("URI" | "URL")) => uid.into_owned(),
+        // A namespace id through `identifierSystems`, else the prefix: as an HD's ([`Ctx::hd_system_of`]).
         _ => match ns {
-            Some(ns) => cx
-                .opts
-                .identifier_systems
-                .get(ns.as_ref())
-                .cloned()
-                .unwrap_or_else(|| {
-                    let prefix = cx
-                        .opts
-                        .identifier_system_prefix
-                        .as_deref()
-                        .unwrap_or("urn:hl7gw:id:");
-                    let mut s = String::with_capacity(prefix.len() + ns.len() + 8);
-                    s.push_str(prefix);
-                    percent_encode(&mut s, &ns);
-                    s
-                }),
+            Some(ns) => cx.hd_system_of(Some(ns), None, None).unwrap_or_default(),
             None => UNSCOPED_EI_SYSTEM.to_owned(),
         },
     };
