@@ -246,6 +246,14 @@ pub fn files_fingerprint(routes: &Routes) -> u64 {
     h.finish()
 }
 
+/// [`files_fingerprint`] of the live routes, read on the blocking pool (file reads, off the watcher's task).
+async fn files_now(live: &Arc<LiveRoutes>) -> u64 {
+    let routes = live.get();
+    tokio::task::spawn_blocking(move || files_fingerprint(&routes))
+        .await
+        .unwrap_or_default()
+}
+
 /// Re-reads the routes file whenever its content differs from `loaded` (what was loaded last), or a file the
 /// routes read changed ([`files_fingerprint`]), until `stop`.
 pub async fn watch_file(
@@ -269,7 +277,7 @@ pub async fn watch_file(
             // Missing (or being replaced): the routes loaded last keep running.
             continue;
         };
-        let files = files_fingerprint(&live.get());
+        let files = files_now(&live).await;
         if last.as_deref() == Some(now.as_slice())
             && (files == live.get().files || files == tried_files)
         {
@@ -279,7 +287,7 @@ pub async fn watch_file(
         // routes or a code map's rows for a moment: the change is taken once two reads a moment apart agree.
         tokio::time::sleep(interval.min(Duration::from_millis(100))).await;
         if tokio::fs::read(&path).await.ok().as_deref() != Some(now.as_slice())
-            || files_fingerprint(&live.get()) != files
+            || files_now(&live).await != files
         {
             continue;
         }
@@ -318,13 +326,13 @@ pub async fn watch_kubernetes(
         };
         let Some(ev) = ev else {
             let routes = live.get();
-            let files = files_fingerprint(&routes);
+            let files = files_now(&live).await;
             if objects.is_empty() || files == routes.files || files == tried_files {
                 continue;
             }
             // Taken once two reads a moment apart agree (a file being written), and tried once per change.
             tokio::time::sleep(interval.min(Duration::from_millis(100))).await;
-            if files_fingerprint(&live.get()) != files {
+            if files_now(&live).await != files {
                 continue;
             }
             tried_files = files;
