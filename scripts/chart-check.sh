@@ -20,7 +20,8 @@
 #   3. helm template | kubeconform -strict against Kubernetes 1.36 schemas (scripts/tools.sh) and the CRDs' own
 #      schemas: HL7Route from files/crds/, ServiceMonitor, PodMonitor, PrometheusRule, KafkaTopic and
 #      ScaledObject from scripts/chart/crds/ (converted by scripts/chart/crd2schema.py); also every
-#      kustomization under k8s/
+#      kustomization under k8s/; the default render's probes all ask the admin port and it has its 4
+#      NetworkPolicies (on by default)
 #   4. each scripts/chart/bad-values/*.yaml makes `helm template` fail with the message in its `# expect:` line
 #   5. the services accept the configs the chart renders: the real binaries run --check-config on each
 #      Deployment's config file and HL7GW_* variables; the example HL7Routes compile (transformer --check-config),
@@ -194,6 +195,24 @@ EOF
     # that cannot read a metric never scales down.
     if [ "$v" = default ] && grep -Eq '^ +(pods|external):$' "$tmp/rendered-$n.yaml"; then
       die "the default HPAs ask for custom or external metrics"
+    fi
+    # Issue 36: every probe asks the admin port (a gRPC probe waits behind a flood of gRPC connections), and
+    # NetworkPolicies are on by default: one per service and one for the helm test Job's pod.
+    if [ "$v" = default ]; then
+      python3 - "$tmp/rendered-$n.yaml" <<'EOF' || die "the default render: probes or NetworkPolicies (above)"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+bad = [f"{d['metadata']['name']}/{c['name']}: {p}" for d in docs if d["kind"] == "Deployment"
+       for c in d["spec"]["template"]["spec"]["containers"]
+       for p in ("startupProbe", "livenessProbe", "readinessProbe")
+       if (c.get(p) or {}).get("httpGet", {}).get("port") != "admin"]
+policies = [d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"]
+for b in bad:
+    print(f"chart-check:   {b} is not httpGet on the admin port", file=sys.stderr)
+if len(policies) != 4:
+    print(f"chart-check:   NetworkPolicies {policies}, 4 expected", file=sys.stderr)
+sys.exit(1 if bad or len(policies) != 4 else 0)
+EOF
     fi
     if [ "$v" = "$CHART/ci/all-features-values.yaml" ] && [ "$(grep -Ec '^ +(pods|external):$' "$tmp/rendered-$n.yaml")" != 3 ]; then
       die "autoscaling.customMetrics: the HPAs' Pods/External metrics are missing"

@@ -33,6 +33,36 @@
 {{- if hasKey .Values "ingress" -}}
 {{- fail "ingress: the HL7 ingress's values moved to hl7Ingress in chart 0.4.0 (the key `ingress` is kept for a Kubernetes Ingress): rename the block `ingress:` to `hl7Ingress:` in your values (--set ingress.X=... -> --set hl7Ingress.X=...); see the chart README, Upgrading" -}}
 {{- end -}}
+{{- if eq (toString (.Values.probes | default dict).readiness) "grpc" -}}
+{{- fail "probes.readiness: grpc was removed in chart 0.5.0: readiness is always httpGet /readyz on the admin port, which a flood of gRPC connections cannot fill (the same state as the gRPC health service). Remove probes.readiness; to keep a gRPC probe anyway, set <service>.readinessProbe: {grpc: {port: 50051, service: hl7gw.v1.Ingest}} (Transform, Egress); see the chart README, Upgrading" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* `anonymous` on an admin method (every grpcAllow method but the ingress's Ingest: Senders, Transform, Status,
+     ListDeadLetters, Replay, Trace, and any method added later) lets anyone who reaches the gRPC port call it. With
+     plaintext gRPC and no NetworkPolicy that is any pod of the cluster, and anyone on the path: refused unless
+     grpc.allowInsecureAnonymous says so (NOTES.txt warns about it in any case). */}}
+{{- define "hl7gw.anonymousAdminMethods" -}}
+{{- $out := list -}}
+{{- range $component := list "ingress" "transformer" "egress" -}}
+{{- $v := index $.Values (include "hl7gw.valuesKey" $component) -}}
+{{- if $v.enabled -}}
+{{- range $method, $who := ($v.grpcAllow | default dict) -}}
+{{- if and (ne $method "Ingest") (has "anonymous" $who) -}}
+{{- $out = append $out (printf "%s.grpcAllow.%s" (include "hl7gw.valuesKey" $component) $method) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join ", " $out -}}
+{{- end -}}
+
+{{- define "hl7gw.checkAnonymousAdmin" -}}
+{{- with include "hl7gw.anonymousAdminMethods" . -}}
+{{- if and (not $.Values.grpc.tls.secretName) (not $.Values.networkPolicy.enabled) (not $.Values.grpc.allowInsecureAnonymous) -}}
+{{- fail (printf "%s: anonymous on an admin method while gRPC is plaintext (grpc.tls.secretName empty) and networkPolicy.enabled is false lets any pod of the cluster call it unauthenticated. Give callers tokens instead (grpc.tokens.existingSecret, token:<name>; the CLI sends them over kubectl port-forward: see the chart README, Operators), or turn on grpc.tls or networkPolicy.enabled, or set grpc.allowInsecureAnonymous: true to accept it" .) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* dict "root" $ "component" "ingress" -> <fullname>-ingress */}}
@@ -119,11 +149,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- else -}}
 {{- default "default" .Values.transformer.serviceAccount.name -}}
 {{- end -}}
-{{- end -}}
-
-{{/* The gRPC service name each component's health reports under (grpc.health.v1, used by the readiness probe). */}}
-{{- define "hl7gw.grpcServiceName" -}}
-{{- get (dict "ingress" "hl7gw.v1.Ingest" "transformer" "hl7gw.v1.Transform" "egress" "hl7gw.v1.Egress") . -}}
 {{- end -}}
 
 {{/* A probe: the chart's (first) with the component's override (second, <component>.livenessProbe etc.) merged
@@ -264,11 +289,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $g.kubernetesAuth }}{{ $_ := set $out "kubernetes_auth" true }}{{ end -}}
 {{- with (index .root.Values (include "hl7gw.valuesKey" .component)).grpcAllow }}{{ $_ := set $out "allow" . }}{{ end -}}
 {{- if $out }}{{ toYaml $out }}{{ end -}}
-{{- end -}}
-
-{{/* Readiness over gRPC: Kubernetes grpc probes cannot speak TLS, so with grpc.tls the HTTP probe is used. */}}
-{{- define "hl7gw.grpcReadiness" -}}
-{{- if and (eq .Values.probes.readiness "grpc") (not .Values.grpc.tls.secretName) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The service: section every service's config has (listeners, drain, logs). */}}
