@@ -392,10 +392,12 @@ cluster() {
   # NOTES.txt: the defaults' image and destination do not exist, and say so; all-features' image is a real name.
   grep -q "WARNING: the image is the chart's default, hl7gw:" "$tmp/install-dflt.out" &&
     grep -q "WARNING: destination(s) lab (lab-receiver.example.svc:2575)" "$tmp/install-dflt.out" &&
-    grep -q "port-forward svc/dflt-hl7-gateway-ingress-mllp 2575:2575" "$tmp/install-dflt.out" ||
-    { cat "$tmp/install-dflt.out" >&2; die "NOTES.txt of the defaults: warnings or the port-forward missing"; }
+    grep -q "port-forward svc/dflt-hl7-gateway-ingress-mllp 2575:2575" "$tmp/install-dflt.out" &&
+    grep -q "port-forward svc/dflt-hl7-gateway-egress 50051:50051" "$tmp/install-dflt.out" &&
+    grep -q "hl7gw status --to http://127.0.0.1:50051 --token-file" "$tmp/install-dflt.out" ||
+    { cat "$tmp/install-dflt.out" >&2; die "NOTES.txt of the defaults: warnings or the port-forwards missing"; }
   ! grep -q "WARNING: the image" "$tmp/install-all.out" || die "NOTES.txt warns about an image that is set"
-  log "  NOTES.txt: the default image and example destination are warned about; port-forward shown"
+  log "  NOTES.txt: the default image and example destination are warned about; port-forwards (MLLP; gRPC with a token) shown"
 
   step "10. helm upgrade (replicas, HPA bounds, a label; the example routes)"
   helm upgrade all "$CHART" -n hl7gw-all -f "$CHART/ci/all-features-values.yaml" --timeout 60s \
@@ -428,13 +430,14 @@ cluster() {
 
   step "12. bad values refused by helm install"
   for f in scripts/chart/bad-values/05-config-typo.yaml scripts/chart/bad-values/14-transformer-above-partitions.yaml \
-    scripts/chart/bad-values/26-run-as-root.yaml scripts/chart/bad-values/45-ingress-renamed.yaml; do
+    scripts/chart/bad-values/26-run-as-root.yaml scripts/chart/bad-values/45-ingress-renamed.yaml \
+    scripts/chart/bad-values/76-anonymous-admin-without-tls-or-policy.yaml; do
     if helm install bad "$CHART" -n hl7gw-default --set crds.enabled=false -f "$f" --timeout 30s >"$tmp/bad.out" 2>&1; then
       die "helm install accepted $f"
     fi
     ! helm status bad -n hl7gw-default >/dev/null 2>&1 || die "a release was left behind by $f"
   done
-  log "  4 refused, no release left behind"
+  log "  5 refused (anonymous on an admin method without gRPC TLS or NetworkPolicy too), no release left behind"
 
   step "13. helm uninstall"
   helm uninstall all -n hl7gw-all --wait --timeout 60s >/dev/null
