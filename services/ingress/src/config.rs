@@ -116,8 +116,15 @@ pub struct Config {
     pub key_salt_file: Option<PathBuf>,
     /// Largest MLLP payload accepted, in bytes.
     pub max_frame_bytes: usize,
-    /// Most simultaneous MLLP connections; further connections wait in the accept backlog.
+    /// Most simultaneous MLLP connections; at the limit a new one closes a stale one (`evict_after`) or is
+    /// refused (`hl7gw_ingress_connections_refused_total{reason="max_connections"}`).
     pub max_connections: usize,
+    /// Most simultaneous MLLP connections from one client address (the PROXY protocol header's with
+    /// `proxy_protocol`, else the TCP peer's); at the bound a new one closes a stale one of the same address or
+    /// is refused (`reason="max_connections_per_address"`), so one address cannot take every slot. 0: no bound.
+    /// Behind a load balancer or a Service that rewrites source addresses (SNAT) without PROXY protocol, every
+    /// sender has the same address: raise this to `max_connections` or set 0.
+    pub max_connections_per_address: usize,
     /// A connection that completes no frame for this long (since it opened, or since its last complete frame)
     /// is closed, whatever bytes it trickles in between (counted in `hl7gw_ingress_idle_closes_total`).
     #[serde(with = "humantime_serde")]
@@ -157,8 +164,12 @@ pub struct Config {
     pub write_timeout: Duration,
     /// Most concurrent gRPC streams (SendStream and unary calls) per gRPC connection.
     pub grpc_max_concurrent_streams: u32,
-    /// Most gRPC connections open at once; further connections wait in the accept backlog.
+    /// Most gRPC connections open at once; at the limit a new one closes the stalest idle one (no call for
+    /// 5 s, or none ever) or waits up to 5 s for a slot, then is closed.
     pub grpc_max_connections: usize,
+    /// Most gRPC connections open at once from one client address (open streams count); at the bound a new
+    /// one closes an idle one of the same address or is refused. 0: no bound.
+    pub grpc_max_connections_per_address: usize,
     /// Messages per second one connection may send (0: unlimited); faster senders are slowed, not refused.
     pub rate_limit_per_connection: f64,
     /// A resend (the same sending application, sending facility and MSH-10, with the same bytes) within this
@@ -201,8 +212,9 @@ pub struct Config {
     /// Senders that get their own metrics (`hl7gw_ingress_sender_*{sender}`), e.g. for a "sender silent"
     /// alert. Every sender is in the sender view (`Senders`, `hl7gw senders`) whether named or not.
     pub senders: Vec<NamedSender>,
-    /// Most distinct (MSH-3, MSH-4) pairs the sender view tracks; messages of further pairs are counted
-    /// together in its `other` entry (`hl7gw_ingress_senders_untracked_messages_total`).
+    /// Most distinct (MSH-3, MSH-4) pairs the sender view tracks; at the bound a new pair replaces the least
+    /// recent unnamed one, whose counts move to the view's `other` entry
+    /// (`hl7gw_ingress_senders_evicted_total`).
     pub max_senders: usize,
 }
 
@@ -220,6 +232,7 @@ impl Default for Config {
             key_salt_file: None,
             max_frame_bytes: hl7v2::mllp::DEFAULT_MAX_FRAME,
             max_connections: 1024,
+            max_connections_per_address: 256,
             idle_timeout: Duration::from_secs(300),
             frame_timeout: Duration::from_secs(30),
             evict_after: Duration::from_secs(10),
@@ -230,6 +243,7 @@ impl Default for Config {
             write_timeout: Duration::from_secs(30),
             grpc_max_concurrent_streams: 64,
             grpc_max_connections: 1024,
+            grpc_max_connections_per_address: hl7gw_runtime::grpc::MAX_CONNECTIONS_PER_ADDRESS,
             rate_limit_per_connection: 0.0,
             duplicate_window: Duration::from_secs(600),
             duplicate_capacity: 200_000,

@@ -4,8 +4,8 @@
 use crate::budget::{self, Held};
 use crate::config::{ApplicationAck, Config};
 use crate::pipeline::{Action, Origin, Pending, Pipeline};
-use crate::slots::Progress;
 use bytes::BytesMut;
+use hl7gw_runtime::slots::Progress;
 use hl7v2::mllp::{CR, EB, MllpCodec, MllpError, SB};
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,7 +144,7 @@ pub async fn serve<S>(
             _ = stop.cancelled(), if between_frames => break,
             _ = progress.evicted.cancelled() => {
                 m.connections_evicted.inc();
-                tracing::debug!(peer = %origin.peer, "connection closed to make room at max_connections");
+                hl7gw_runtime::limited_debug!("evicted", peer = %origin.peer, "connection closed to make room at a connection bound");
                 break;
             }
             r = tokio::time::timeout_at(deadline, read_more(&mut rd, &mut buf, &budget, &mut reading)) => match r {
@@ -268,7 +268,10 @@ async fn write_loop<W>(
                 }
                 Err(_) => {
                     pipe.metrics.write_timeouts.inc();
-                    tracing::info!("sender did not read its ACKs within write_timeout: closed");
+                    hl7gw_runtime::limited_info!(
+                        "write_timeout",
+                        "sender did not read its ACKs within write_timeout: closed"
+                    );
                     closing.cancel();
                     break;
                 }
@@ -313,7 +316,7 @@ impl RateLimiter {
 mod tests {
     use super::*;
     use crate::pipeline::test_pipeline;
-    use crate::slots::{Slots, Taken};
+    use hl7gw_runtime::slots::{SlotLimits, Slots, Taken};
 
     /// Issue 24, item 3: frames still being read are charged to the process's budget past the first 64 KiB,
     /// so eight connections each half way through a 300 KB frame hold no more than a 512 KiB budget (they wait,
@@ -327,11 +330,16 @@ mod tests {
         };
         let pipe = Arc::new(test_pipeline(cfg.clone()));
         let cfg = Arc::new(cfg);
-        let slots = Slots::new(16, Duration::ZERO);
+        let slots = Slots::new(SlotLimits {
+            max: 16,
+            per_address: 0,
+            evict_after: Duration::ZERO,
+            wait_when_full: false,
+        });
         let mut clients = Vec::new();
         for id in 0..8 {
             let (client, server) = tokio::io::duplex(64 * 1024);
-            let Taken::Free(slot) = slots.take(id) else {
+            let Taken::Free(slot) = slots.take(id, None) else {
                 panic!("a free slot")
             };
             let origin = Origin {

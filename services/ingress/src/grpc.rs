@@ -80,7 +80,17 @@ impl IngestService {
 impl Ingest for IngestService {
     async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
         let origin = self.origin(&req).await?;
-        let p = self.submit(req.into_inner().message, &origin, 1);
+        let message = req.into_inner().message;
+        // Held until the answer is ready, drawn from the process's budget like a stream's messages: many
+        // concurrent unary calls wait for bytes instead of holding any amount.
+        let _bytes = self
+            .pipe
+            .budget
+            .connection(self.cfg.max_in_flight_bytes_per_connection)
+            .acquire(crate::budget::cost(&message))
+            .await
+            .ok_or_else(|| Status::unavailable("the ingress is shutting down"))?;
+        let p = self.submit(message, &origin, 1);
         let reply = self.pipe.resolve(p).await;
         self.pipe
             .answered(&self.pipe.senders.unlisted(&origin), &reply);
@@ -131,7 +141,8 @@ impl Ingest for IngestService {
                     Ok(Err(_)) => break,
                     Err(_) => {
                         pipe.metrics.write_timeouts.inc();
-                        tracing::info!(
+                        hl7gw_runtime::limited_info!(
+                            "write_timeout",
                             "gRPC stream did not read its answers within write_timeout: ended"
                         );
                         ended.end(Status::resource_exhausted(format!(

@@ -13,7 +13,6 @@ pub mod listener;
 pub mod metrics;
 pub mod pipeline;
 pub mod senders;
-pub mod slots;
 pub mod tls;
 
 use config::Config;
@@ -137,6 +136,7 @@ impl hl7gw_runtime::service::Service for App {
             .limits(hl7gw_runtime::grpc::Limits {
                 max_concurrent_streams: Some(cfg.grpc_max_concurrent_streams),
                 max_connections: cfg.grpc_max_connections,
+                max_connections_per_address: cfg.grpc_max_connections_per_address,
             })
             .serve(grpc::service(pipe.clone(), cfg.clone()));
 

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::connection;
 use crate::metrics::{ProtocolLabels, ReasonLabels};
 use crate::pipeline::{Origin, Pipeline};
-use crate::slots::{Progress, Slot, Slots, Taken};
+use hl7gw_runtime::slots::{Progress, Refusal, Slot, SlotLimits, Slots, Taken};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +24,12 @@ pub async fn serve(
     stop: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let slots = Slots::new(cfg.max_connections, cfg.evict_after);
+    let slots = Slots::new(SlotLimits {
+        max: cfg.max_connections,
+        per_address: cfg.max_connections_per_address,
+        evict_after: cfg.evict_after,
+        wait_when_full: false,
+    });
     let ids = AtomicU64::new(0);
     let listener_name: Arc<str> = Arc::from(cfg.listener_name.as_str());
     loop {
@@ -32,7 +37,7 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    hl7gw_runtime::limited_warn!("accept_failed", error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -40,14 +45,17 @@ pub async fn serve(
             _ = stop.cancelled() => break,
         };
         let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
+        // The TCP peer is the client unless a PROXY protocol header names it (then the bound applies once the
+        // header is read).
+        let addr = (!cfg.proxy_protocol).then_some(peer.ip());
         // At the limit the stalest idle or slow connection is closed to make room; when every one is busy or
         // recent, the new connection is closed at once and counted, not left waiting unanswered in the
         // kernel's backlog: the sender sees the close and retries.
-        let free = match slots.take(id) {
+        let free = match slots.take(id, addr) {
             Taken::Free(slot) => Some(slot),
-            Taken::Evicting => None,
-            Taken::Refused => {
-                refuse_at_limit(&pipe, peer);
+            Taken::Wait => None,
+            Taken::Refused(why) => {
+                refuse(&pipe, peer, why);
                 drop(tcp);
                 continue;
             }
@@ -64,35 +72,33 @@ pub async fn serve(
         tracker.spawn(async move {
             let slot: Slot = match free {
                 Some(s) => s,
-                None => match slots.wait(id).await {
+                None => match slots.wait(id, addr).await {
                     Some(s) => s,
                     None => {
-                        refuse_at_limit(&pipe, peer);
+                        refuse(&pipe, peer, Refusal::MaxConnections);
                         return;
                     }
                 },
             };
-            let progress = slot.progress.clone();
             let m = pipe.metrics.clone();
             m.connections
                 .get_or_create(&ProtocolLabels { protocol: "mllp" })
                 .inc();
             m.connections_active.inc();
-            handle(tcp, peer, id, tls, pipe, cfg, stop, name, progress).await;
+            handle(tcp, peer, id, tls, pipe, cfg, stop, name, &slot).await;
             m.connections_active.dec();
             drop(slot);
         });
     }
 }
 
-fn refuse_at_limit(pipe: &Pipeline, peer: SocketAddr) {
+fn refuse(pipe: &Pipeline, peer: SocketAddr, why: Refusal) {
+    let reason = why.reason();
     pipe.metrics
         .connections_refused
-        .get_or_create(&ReasonLabels {
-            reason: "max_connections",
-        })
+        .get_or_create(&ReasonLabels { reason })
         .inc();
-    tracing::debug!(%peer, "connection refused: max_connections reached");
+    hl7gw_runtime::limited_debug!(reason, %peer, reason, "connection refused at its connection bound");
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -105,22 +111,40 @@ async fn handle(
     cfg: Arc<Config>,
     stop: CancellationToken,
     listener: Arc<str>,
-    progress: Arc<Progress>,
+    slot: &Slot,
 ) {
+    let progress: Arc<Progress> = slot.progress.clone();
     let refused = |reason: &'static str| {
         pipe.metrics
             .connections_refused
             .get_or_create(&ReasonLabels { reason })
             .inc();
     };
+    // Handshakes (PROXY header, TLS) are as evictable as a connection that never sent a frame: a flood of
+    // slow handshakes cannot pin the slots until their timeouts.
+    let evicted = || {
+        pipe.metrics.connections_evicted.inc();
+        hl7gw_runtime::limited_debug!("evicted_in_handshake", %peer, "connection closed in its handshake to make room");
+    };
     let mut peer = peer.to_string();
     if cfg.proxy_protocol {
-        match tokio::time::timeout(Duration::from_secs(5), read_proxy_header(&mut tcp)).await {
-            Ok(Ok(Some(addr))) => peer = addr,
+        let header = tokio::select! {
+            r = tokio::time::timeout(Duration::from_secs(5), read_proxy_header(&mut tcp)) => r,
+            _ = progress.evicted.cancelled() => return evicted(),
+        };
+        match header {
+            Ok(Ok(Some(addr))) => {
+                if let Err(why) = slot.bind_address(addr.ip()) {
+                    refuse(&pipe, addr, why);
+                    return;
+                }
+                peer = addr.to_string();
+            }
             Ok(Ok(None)) => {}
             _ => {
                 refused("proxy_header");
-                tracing::info!(
+                hl7gw_runtime::limited_info!(
+                    "proxy_header",
                     peer,
                     "connection without a valid PROXY protocol header closed"
                 );
@@ -138,7 +162,11 @@ async fn handle(
     tracing::debug!(peer = %origin.peer, connection = %origin.connection_id, "connection opened");
     match tls {
         Some(acceptor) => {
-            match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+            let accepted = tokio::select! {
+                r = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)) => r,
+                _ = progress.evicted.cancelled() => return evicted(),
+            };
+            match accepted {
                 Ok(Ok(stream)) => {
                     if let Some(cert) = stream
                         .get_ref()
@@ -152,11 +180,11 @@ async fn handle(
                 }
                 Ok(Err(e)) => {
                     refused("tls_handshake");
-                    tracing::info!(peer = %origin.peer, error = %e, "TLS handshake failed");
+                    hl7gw_runtime::limited_info!("tls_handshake", peer = %origin.peer, error = %e, "TLS handshake failed");
                 }
                 Err(_) => {
                     refused("tls_handshake");
-                    tracing::info!(peer = %origin.peer, "TLS handshake timed out");
+                    hl7gw_runtime::limited_info!("tls_handshake", peer = %origin.peer, "TLS handshake timed out");
                 }
             }
         }
@@ -166,7 +194,7 @@ async fn handle(
 
 /// Reads a PROXY protocol v1 or v2 header (and nothing after it). `Ok(None)`: a LOCAL/UNKNOWN header that
 /// names no client; `Err`: no valid header.
-async fn read_proxy_header(tcp: &mut TcpStream) -> std::io::Result<Option<String>> {
+async fn read_proxy_header(tcp: &mut TcpStream) -> std::io::Result<Option<SocketAddr>> {
     use ppp::PartialResult;
     use tokio::io::AsyncReadExt;
     let mut peek = [0u8; 536];
@@ -180,10 +208,10 @@ async fn read_proxy_header(tcp: &mut TcpStream) -> std::io::Result<Option<String
                 let len = h.header.len();
                 let addr = match h.addresses {
                     ppp::v1::Addresses::Tcp4(a) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)).to_string())
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
                     }
                     ppp::v1::Addresses::Tcp6(a) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)).to_string())
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
                     }
                     ppp::v1::Addresses::Unknown => None,
                 };
@@ -195,10 +223,10 @@ async fn read_proxy_header(tcp: &mut TcpStream) -> std::io::Result<Option<String
                 let len = h.len();
                 let addr = match h.addresses {
                     ppp::v2::Addresses::IPv4(a) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)).to_string())
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
                     }
                     ppp::v2::Addresses::IPv6(a) => {
-                        Some(SocketAddr::from((a.source_address, a.source_port)).to_string())
+                        Some(SocketAddr::from((a.source_address, a.source_port)))
                     }
                     _ => None,
                 };

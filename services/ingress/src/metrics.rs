@@ -77,6 +77,9 @@ hl7gw_runtime::metric_set! {
             "When each sender named in the config last had a message answered (unix time; the process start \
             until its first message)", unit Seconds;
         pub senders_tracked: Gauge = "Distinct (MSH-3, MSH-4) pairs in the sender view (at most max_senders)";
+        pub senders_evicted: Counter =
+            "Sender view entries removed to make room for a new (MSH-3, MSH-4) pair at max_senders (the least recent \
+            unnamed one; its counts move to `other`)";
         pub senders_untracked_messages: Counter =
             "Messages of senders beyond max_senders, counted in the sender view's other entry";
     }
@@ -112,7 +115,8 @@ impl IngressMetrics {
     ) {
         self.rejects.get_or_create(&ReasonLabels { reason }).inc();
         self.message(t, outcome::REJECTED);
-        tracing::info!(
+        hl7gw_runtime::limited_info!(
+            reason,
             reason,
             hl7_error = hl7_code,
             control_id = %String::from_utf8_lossy(&control_id[..control_id.len().min(64)]),
@@ -136,6 +140,6 @@ impl IngressMetrics {
         self.framing_errors
             .get_or_create(&ReasonLabels { reason: kind })
             .inc();
-        tracing::info!(kind, peer, "MLLP framing error");
+        hl7gw_runtime::limited_info!(kind, kind, peer, "MLLP framing error");
     }
 }

@@ -6,10 +6,12 @@
 //! `LAB^1.2.3^ISO` and `LAB` are the same sender `LAB`. Both are cut to the standard's HD length. Messages whose
 //! MSH cannot be read at all (framing errors, no MSH) count on their connection only.
 //!
-//! Bounded: at most `max_senders` (MSH-3, MSH-4) pairs are tracked, for the life of the process (a sender that
-//! stopped sending is what an operator looks for, so none is forgotten); the messages of pairs beyond it are
-//! counted together in `other` and in `hl7gw_ingress_senders_untracked_messages_total`. A connection's entry
-//! goes when it closes. Named senders' metrics are made once at start, so their labels come from the config
+//! Bounded: at most `max_senders` (MSH-3, MSH-4) pairs are tracked. At the bound a new pair takes the place of
+//! the pair whose last message is oldest (its counts move to `other`; counted in
+//! `hl7gw_ingress_senders_evicted_total`), so made-up pairs cannot fill the view for good and a real new sender
+//! still gets its entry; senders named in the config are never evicted (they have their own metrics and their
+//! silence is what an alert looks for). Only when every entry is named do messages of further pairs count in
+//! `other` and in `hl7gw_ingress_senders_untracked_messages_total`. A connection's entry goes when it closes. Named senders' metrics are made once at start, so their labels come from the config
 //! only. One uncontended lock per answered message.
 
 use crate::config::{Config, NamedSender};
@@ -271,40 +273,36 @@ impl Senders {
             if app.is_empty() && fac.is_empty() {
                 return;
             }
-            let known = st.by_app.get_mut(app).and_then(|m| m.get_mut(fac));
-            match known {
-                Some(e) => {
-                    e.counts.add(nak, at);
-                    if *e.last_peer != *conn.peer {
-                        e.last_peer = conn.peer.clone();
-                    }
-                    if *e.last_listener != *conn.listener {
-                        e.last_listener = conn.listener.clone();
-                    }
-                    named = e.named;
+            let at_bound = st.tracked >= self.max;
+            if let Some(e) = st.by_app.get_mut(app).and_then(|m| m.get_mut(fac)) {
+                e.counts.add(nak, at);
+                if *e.last_peer != *conn.peer {
+                    e.last_peer = conn.peer.clone();
                 }
-                None if st.tracked < self.max => {
-                    named = self.match_named(app, fac);
-                    let mut counts = Counts::default();
-                    counts.add(nak, at);
-                    st.by_app.entry(app.into()).or_default().insert(
-                        fac.into(),
-                        Entry {
-                            counts,
-                            named,
-                            first_seen: at,
-                            last_peer: conn.peer.clone(),
-                            last_listener: conn.listener.clone(),
-                        },
-                    );
-                    st.tracked += 1;
-                    self.metrics.senders_tracked.set(st.tracked as i64);
+                if *e.last_listener != *conn.listener {
+                    e.last_listener = conn.listener.clone();
                 }
-                None => {
-                    st.other.add(nak, at);
-                    self.metrics.senders_untracked_messages.inc();
-                    named = self.match_named(app, fac);
-                }
+                named = e.named;
+            } else if !at_bound || self.evict_least_recent(st) {
+                named = self.match_named(app, fac);
+                let mut counts = Counts::default();
+                counts.add(nak, at);
+                st.by_app.entry(app.into()).or_default().insert(
+                    fac.into(),
+                    Entry {
+                        counts,
+                        named,
+                        first_seen: at,
+                        last_peer: conn.peer.clone(),
+                        last_listener: conn.listener.clone(),
+                    },
+                );
+                st.tracked += 1;
+                self.metrics.senders_tracked.set(st.tracked as i64);
+            } else {
+                st.other.add(nak, at);
+                self.metrics.senders_untracked_messages.inc();
+                named = self.match_named(app, fac);
             }
         }
         if let Some(n) = named.and_then(|i| self.named.get(i)) {
@@ -314,6 +312,37 @@ impl Senders {
             }
             n.last.set(unix_seconds(at));
         }
+    }
+
+    /// Removes the unnamed pair whose last message is oldest, its counts added to `other`; false when every
+    /// tracked pair is named (or none is tracked). A scan of the view: it runs only for a new pair at the bound.
+    fn evict_least_recent(&self, st: &mut State) -> bool {
+        let oldest = st
+            .by_app
+            .iter()
+            .flat_map(|(app, m)| m.iter().map(move |(fac, e)| (app, fac, e)))
+            .filter(|(_, _, e)| e.named.is_none())
+            .min_by_key(|(_, _, e)| e.counts.last)
+            .map(|(app, fac, _)| (app.clone(), fac.clone()));
+        let Some((app, fac)) = oldest else {
+            return false;
+        };
+        let Some(m) = st.by_app.get_mut(&app) else {
+            return false;
+        };
+        if let Some(e) = m.remove(&fac) {
+            st.other.messages += e.counts.messages;
+            for (o, n) in st.other.naks.iter_mut().zip(e.counts.naks) {
+                *o += n;
+            }
+            st.other.last = st.other.last.max(e.counts.last);
+        }
+        if m.is_empty() {
+            st.by_app.remove(&app);
+        }
+        st.tracked = st.tracked.saturating_sub(1);
+        self.metrics.senders_evicted.inc();
+        true
     }
 
     /// The view now, senders by application and facility, connections by when they opened; only the
@@ -413,45 +442,57 @@ mod tests {
         s.record(conn, &Header::salvage(bytes), code, SystemTime::now());
     }
 
-    /// Issue 26, item 3: however many (MSH-3, MSH-4) pairs senders make up, the view holds `max_senders`;
-    /// the rest is counted in `other` and in the untracked counter, and a tracked sender goes on counting.
+    /// Issue 26, item 3 and issue 36, item 6: however many (MSH-3, MSH-4) pairs senders make up, the view holds
+    /// `max_senders`, the least recent making room for a new one (their counts in `other`, evictions counted),
+    /// so a real sender arriving after a flood of made-up pairs is listed; a named sender is never evicted.
     #[test]
     fn distinct_senders_are_capped() {
         let cfg = Config {
             max_senders: 10,
+            senders: vec![NamedSender {
+                name: "named".into(),
+                sending_application: "NAMED".into(),
+                sending_facility: None,
+            }],
             ..Config::default()
         };
         let (s, _r) = view(cfg);
         let conn = s.connect(&origin("10.0.0.1:1000"));
+        let t0 = SystemTime::now();
+        let at = |i: u64| t0 + std::time::Duration::from_secs(i);
+        let record_at =
+            |bytes: &[u8], code, i| s.record(&conn, &Header::salvage(bytes), code, at(i));
+        record_at(&msg("NAMED", "FAC"), Some(AckCode::AA), 0);
         for i in 0..500 {
-            record(
-                &s,
-                &conn,
-                &msg(&format!("APP{i}"), "FAC"),
-                Some(AckCode::AA),
-            );
+            record_at(&msg(&format!("APP{i}"), "FAC"), Some(AckCode::AA), i + 1);
         }
-        record(&s, &conn, &msg("APP3", "FAC"), Some(AckCode::AE));
+        record_at(&msg("REAL", "FAC"), Some(AckCode::AE), 1000);
         let v = s.snapshot("");
         assert_eq!(v.tracked, 10);
         assert_eq!(v.max_senders, 10);
         assert_eq!(v.senders.len(), 10);
-        assert_eq!(v.other.as_ref().map(|o| o.messages), Some(490));
-        assert_eq!(s.metrics.senders_untracked_messages.get(), 490);
+        let listed = |app: &str| v.senders.iter().any(|x| x.sending_application == app);
+        assert!(listed("REAL"), "a new sender after the flood is listed");
+        assert!(listed("NAMED"), "a named sender is never evicted");
+        assert!(listed("APP499") && !listed("APP3"), "the least recent went");
+        // 492 made-up pairs evicted (501 pairs + REAL into 10 entries, one of them named), their messages in
+        // `other`.
+        assert_eq!(s.metrics.senders_evicted.get(), 492);
+        assert_eq!(v.other.as_ref().map(|o| o.messages), Some(492));
+        assert_eq!(s.metrics.senders_untracked_messages.get(), 0);
         assert_eq!(s.metrics.senders_tracked.get(), 10);
-        let app3 = v
+        let real = v
             .senders
             .iter()
-            .find(|x| x.sending_application == "APP3")
+            .find(|x| x.sending_application == "REAL")
             .and_then(|x| x.counts.clone())
             .unwrap_or_default();
-        assert_eq!(app3.messages, 2);
-        assert_eq!(app3.naks.get("AE"), Some(&1));
+        assert_eq!(real.naks.get("AE"), Some(&1));
         // The connection counts everything it carried, tracked or not.
         assert_eq!(v.connections.len(), 1);
         assert_eq!(
             v.connections[0].counts.as_ref().map(|c| c.messages),
-            Some(501)
+            Some(502)
         );
     }
 

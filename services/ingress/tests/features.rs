@@ -1464,3 +1464,144 @@ fn java_murmur2_matches_the_java_client() {
         );
     }
 }
+
+/// Issue 36, item 3: never-reading senders from one address (127.0.0.2: each sends messages and reads no ACK,
+/// reconnecting when closed) take at most `max_connections_per_address` slots, so a normal sender from another
+/// address gets its ACK; the flood's extra connections are refused and counted. Before: they held every slot
+/// and the normal sender was refused (0 of 13 in the issue's run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_reading_senders_from_one_address_leave_room_for_the_others() {
+    let (ingress, _) = start([
+        ("HL7GW_MAX_CONNECTIONS", "12".into()),
+        ("HL7GW_MAX_CONNECTIONS_PER_ADDRESS", "4".into()),
+    ]);
+    let addr = ingress.mllp;
+    let flooder = std::net::IpAddr::from([127, 0, 0, 2]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let flood: Vec<_> = (0..30)
+        .map(|i| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.is_cancelled() {
+                    let Ok(mut c) = Mllp::connect_from(flooder, addr).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    // Messages, never an ACK read; held until the listener closes it or the test ends.
+                    for _ in 0..3 {
+                        n += 1;
+                        if c.0
+                            .send(&adt(&format!("FLOOD-{i}-{n}"), "P1")[..])
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = async { while let Some(Ok(_)) = c.0.next().await {} } => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 1..=3 {
+        let started = Instant::now();
+        let mut c = Mllp::connect(addr).await;
+        let ack = c.call(&adt(&format!("OTHER-{i}"), "P1")).await;
+        assert_eq!(
+            ack.as_deref().map(ack_code).as_deref(),
+            Some("AA"),
+            "the normal sender {i}: no ACK after {:?}",
+            started.elapsed()
+        );
+    }
+    let refused = ingress
+        .metric("hl7gw_ingress_connections_refused_total{reason=\"max_connections_per_address\"}");
+    assert!(refused >= 1.0, "per-address refusals counted: {refused}");
+    stop.cancel();
+    for t in flood {
+        let _ = t.await;
+    }
+}
+
+/// Issue 36, item 3: TLS handshakes that never finish are evictable like connections that never sent a frame:
+/// at `max_connections` a new sender closes the oldest of them at once. Before: the handshakes held their slots
+/// until their 10 s timeout, and the sender waited 5 s for an evicted slot and was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_tls_handshakes_are_evicted_for_a_new_sender() {
+    let pki = pki();
+    let mut env = pki.env(false);
+    env.push(("HL7GW_MAX_CONNECTIONS", "3".into()));
+    env.push(("HL7GW_EVICT_AFTER", "1s".into()));
+    let (ingress, _) = start(env);
+    // Three connections that send nothing: each sits in the server's TLS handshake.
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(TcpStream::connect(ingress.mllp).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut conn = tls_connect(ingress.mllp, client_config(&pki, None))
+        .await
+        .expect("TLS handshake");
+    let ack = call_on(&mut conn, &adt("HANDSHAKE-1", "P1"))
+        .await
+        .expect("an ACK over TLS");
+    assert_eq!(msa(&ack).0, "AA");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "served after {:?}: the stalled handshakes were not evicted",
+        started.elapsed()
+    );
+    assert!(ingress.metric("hl7gw_ingress_connections_evicted_total") >= 1.0);
+    drop(stalled);
+}
+
+/// Issue 36, item 6: a unary `Ingest/Send` holds its bytes in the process's in-flight budget until answered,
+/// as a stream's and an MLLP connection's messages do (`hl7gw_ingress_in_flight_bytes`). Before: unary calls
+/// held any amount outside the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_send_draws_on_the_in_flight_budget() {
+    use hl7gw_runtime::proto::v1::SendRequest;
+    use hl7gw_runtime::proto::v1::ingest_client::IngestClient;
+    let mut env = unreachable_env(None);
+    env.push(("HL7GW_ACK_TIMEOUT", "4s".to_owned()));
+    let ingress = Ingress::start_with(&env, &[], false);
+    let url = format!("http://{}", ingress.grpc);
+    let message = adt("UNARY-BUDGET", "P1");
+    let len = message.len();
+    let call = tokio::spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        IngestClient::new(channel)
+            .send(SendRequest {
+                message: message.into(),
+            })
+            .await
+    });
+    // Kafka never confirms: the call waits for its ack_timeout, holding its bytes meanwhile.
+    let held = wait_metric(
+        &ingress,
+        "hl7gw_ingress_in_flight_bytes_bytes",
+        len as f64,
+        Duration::from_secs(3),
+    )
+    .await;
+    let answer = tokio::time::timeout(Duration::from_secs(15), call).await;
+    assert!(
+        held >= len as f64,
+        "in-flight bytes while the call waits: {held} ({answer:?})"
+    );
+    assert_eq!(
+        ingress.metric("hl7gw_ingress_in_flight_bytes_bytes"),
+        0.0,
+        "released once answered"
+    );
+}

@@ -43,7 +43,8 @@ async fn idle_tcp_connections_beyond_the_grpc_limit_do_not_keep_health_checks_an
         ("HL7GW_GRPC_MAX_CONNECTIONS", "8".to_owned()),
         ("HL7GW_GRPC__FIRST_STREAM_TIMEOUT", "1s".to_owned()),
     ]);
-    // 20 connections that send nothing: 8 take every slot, 12 wait in the backlog behind them.
+    // 20 connections that send nothing: 8 take every slot, the others close the oldest of them (none opened a
+    // call) or wait for a slot; every one is closed by its first-stream deadline.
     let mut idle = Vec::new();
     for _ in 0..20 {
         idle.push(tokio::net::TcpStream::connect(ingress.grpc).await.unwrap());
@@ -248,4 +249,59 @@ async fn a_grpc_client_that_stops_answering_pings_is_disconnected() {
     let closed =
         ingress.metric("hl7gw_grpc_connections_closed_total{reason=\"keepalive_timeout\"}");
     assert_eq!(closed, 1.0, "keepalive_timeout closes");
+}
+
+/// Issue 36, item 2: connections from one address (127.0.0.2) each holding an open `Health/Watch` stream take
+/// at most `grpc_max_connections_per_address` slots, so health checks and Sends from another address are
+/// answered; the extra connections are closed at once and counted. Before: they took the whole pool and the
+/// others waited in the backlog (2 of 13 health checks failed in the issue's run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_watch_streams_from_one_address_leave_room_for_the_others() {
+    let (ingress, _t) = start([
+        ("HL7GW_GRPC_MAX_CONNECTIONS", "12".to_owned()),
+        ("HL7GW_GRPC_MAX_CONNECTIONS_PER_ADDRESS", "4".to_owned()),
+    ]);
+    let flooder = std::net::IpAddr::from([127, 0, 0, 2]);
+    let mut watchers = Vec::new();
+    for _ in 0..30 {
+        let ep = endpoint(&ingress).local_address(Some(flooder));
+        watchers.push(tokio::spawn(async move {
+            let Ok(channel) = ep.connect().await else {
+                return;
+            };
+            let mut health = HealthClient::new(channel);
+            if let Ok(stream) = health.watch(HealthCheckRequest::default()).await {
+                let mut stream = stream.into_inner();
+                while let Ok(Some(_)) = stream.message().await {}
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 0..5 {
+        let started = Instant::now();
+        let served = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut health = HealthClient::new(endpoint(&ingress).connect().await.unwrap());
+            health
+                .check(HealthCheckRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        })
+        .await;
+        assert_eq!(
+            served.ok(),
+            Some(1),
+            "health check {i} from another address not served after {:?}",
+            started.elapsed()
+        );
+    }
+    let mut ingest = IngestClient::new(endpoint(&ingress).connect().await.unwrap());
+    assert_eq!(send(&mut ingest, "WATCH1").await.unwrap(), "AA");
+    let refused = ingress
+        .metric("hl7gw_grpc_connections_closed_total{reason=\"max_connections_per_address\"}");
+    assert!(refused >= 1.0, "per-address refusals counted: {refused}");
+    for w in watchers {
+        w.abort();
+    }
 }

@@ -201,7 +201,8 @@ impl GrpcSettings {
 }
 
 /// Serves `routes` (plus reflection) on `listener` with the listener's TLS until `stop`: at most
-/// `limits.max_connections` connections at once, each closed when it opens no call in time, stops answering
+/// `limits.max_connections` connections at once (and `max_connections_per_address` from one address: see
+/// [`crate::slots`]), each closed when it opens no call in time, stops answering
 /// PINGs, grows old or stays idle (the `grpc:` settings), each close counted in `metrics`. On `stop` every
 /// connection gets a GOAWAY; calls in progress have `max_connection_age_grace` to finish.
 pub async fn serve(
@@ -234,11 +235,18 @@ pub async fn serve(
         idle: nonzero(settings.idle_timeout),
     };
     let tasks = tokio_util::task::TaskTracker::new();
+    let slots = crate::slots::Slots::new(crate::slots::SlotLimits {
+        max: limits.max_connections,
+        per_address: limits.max_connections_per_address,
+        evict_after: EVICT_AFTER,
+        wait_when_full: true,
+    });
     accept_loop(
         listener,
-        limits.max_connections,
+        &slots,
+        &metrics,
         stop.clone(),
-        |stream, remote, accepted, permit| {
+        |stream, remote, accepted, slot| {
             let (routes, http2, acceptor, metrics, stop) = (
                 routes.clone(),
                 http2.clone(),
@@ -247,15 +255,22 @@ pub async fn serve(
                 stop.clone(),
             );
             tasks.spawn(async move {
-                let Some(conn) =
-                    handshake(stream, remote, acceptor, accepted, lifetimes, &metrics).await
+                let Some(slot) = slot.get().await else {
+                    metrics.closed(crate::slots::Refusal::MaxConnections.reason());
+                    return;
+                };
+                let progress = slot.progress.clone();
+                let Some(conn) = handshake(
+                    stream, remote, acceptor, accepted, lifetimes, &metrics, &progress,
+                )
+                .await
                 else {
                     return;
                 };
                 metrics.connections.inc();
-                serve_connection(conn, routes, http2, lifetimes, &metrics, stop).await;
+                serve_connection(conn, routes, http2, lifetimes, &metrics, stop, progress).await;
                 metrics.connections.dec();
-                drop(permit);
+                drop(slot);
             });
         },
     )
@@ -282,7 +297,9 @@ crate::metric_set! {
             prometheus_client::metrics::counter::Counter,
         > = "gRPC connections the server closed or sent a GOAWAY, by reason: handshake_failed, \
              first_stream_timeout (no TLS handshake or first call in time), keepalive_timeout (no PING \
-             answer), idle_timeout, max_age, grace_expired (calls still running after a GOAWAY's grace)";
+             answer), idle_timeout, max_age, grace_expired (calls still running after a GOAWAY's grace), \
+             evicted (idle, sent away for a new connection at a limit), max_connections (no slot freed \
+             within 5 s), max_connections_per_address (its address held its bound, none idle)";
     }
 }
 
@@ -303,34 +320,59 @@ struct Lifetimes {
     idle: Option<Duration>,
 }
 
-/// Accepts connections while fewer than `max` are held, handing each (with its slot) to `serve`, until
-/// `stop`. Nagle is turned off (tonic leaves it on for incoming streams, and a unary call then waits ~40 ms
-/// for the delayed ACK).
+/// Accepts connections until `stop`, handing each (with the future of its slot) to `serve`: at the limits
+/// (all, or its address's) the stalest idle connection is sent away for it, else it waits (bounded) for a
+/// slot; one refused at its address's bound is closed at once. Nagle is turned off (tonic leaves it on for
+/// incoming streams, and a unary call then waits ~40 ms for the delayed ACK).
 async fn accept_loop(
     listener: TcpListener,
-    max: usize,
+    slots: &Arc<crate::slots::Slots>,
+    metrics: &GrpcMetrics,
     stop: CancellationToken,
-    mut serve: impl FnMut(TcpStream, SocketAddr, Instant, tokio::sync::OwnedSemaphorePermit),
+    mut serve: impl FnMut(TcpStream, SocketAddr, Instant, PendingSlot),
 ) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    let mut ids = 0u64;
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = stop.cancelled() => return,
-        };
         let (stream, remote) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    tracing::warn!(error = %e, "gRPC accept failed");
+                    crate::limited_warn!("grpc_accept_failed", error = %e, "gRPC accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             _ = stop.cancelled() => return,
         };
+        ids += 1;
+        let addr = Some(remote.ip());
+        let slot = match slots.take(ids, addr) {
+            crate::slots::Taken::Free(s) => PendingSlot::Ready(s),
+            crate::slots::Taken::Wait => PendingSlot::Wait(slots.clone(), ids, addr),
+            crate::slots::Taken::Refused(why) => {
+                metrics.closed(why.reason());
+                crate::limited_debug!(why.reason(), %remote, reason = why.reason(), "gRPC connection refused at its connection bound");
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
-        serve(stream, remote, Instant::now(), permit);
+        serve(stream, remote, Instant::now(), slot);
+    }
+}
+
+/// A new connection's slot: taken, or to wait for.
+enum PendingSlot {
+    Ready(crate::slots::Slot),
+    Wait(Arc<crate::slots::Slots>, u64, Option<std::net::IpAddr>),
+}
+
+impl PendingSlot {
+    /// The slot, or `None` when none freed within the bounded wait.
+    async fn get(self) -> Option<crate::slots::Slot> {
+        match self {
+            PendingSlot::Ready(s) => Some(s),
+            PendingSlot::Wait(slots, id, addr) => slots.wait(id, addr).await,
+        }
     }
 }
 
@@ -342,6 +384,7 @@ async fn handshake(
     accepted: Instant,
     lifetimes: Lifetimes,
     metrics: &GrpcMetrics,
+    progress: &crate::slots::Progress,
 ) -> Option<Conn> {
     let Some(acceptor) = tls else {
         return Some(Conn {
@@ -355,7 +398,15 @@ async fn handshake(
         });
     };
     let deadline = tokio::time::Instant::from_std(accepted + lifetimes.first_stream);
-    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+    // A handshake that has not finished is as evictable as a connection that opened no call.
+    let handshake = tokio::select! {
+        r = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => r,
+        _ = progress.evicted.cancelled() => {
+            metrics.closed("evicted");
+            return None;
+        }
+    };
+    match handshake {
         Ok(Ok(s)) => {
             let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
             let info = ConnInfo {
@@ -387,13 +438,16 @@ async fn handshake(
 struct Activity {
     state: std::sync::Mutex<(usize, Option<Instant>)>,
     changed: tokio::sync::Notify,
+    /// The connection's slot's view of it (calls open make it busy for the eviction).
+    progress: Arc<crate::slots::Progress>,
 }
 
 impl Activity {
-    fn new(since: Instant) -> Self {
+    fn new(since: Instant, progress: Arc<crate::slots::Progress>) -> Self {
         Self {
             state: std::sync::Mutex::new((0, Some(since))),
             changed: tokio::sync::Notify::new(),
+            progress,
         }
     }
 
@@ -401,6 +455,7 @@ impl Activity {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.0 += 1;
         s.1 = None;
+        self.progress.call_started();
         CallGuard(self.clone())
     }
 
@@ -417,6 +472,7 @@ impl Drop for CallGuard {
     fn drop(&mut self) {
         let mut s = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
         s.0 = s.0.saturating_sub(1);
+        self.0.progress.call_ended();
         if s.0 == 0 {
             s.1 = Some(Instant::now());
             drop(s);
@@ -461,10 +517,11 @@ async fn serve_connection(
     lifetimes: Lifetimes,
     metrics: &GrpcMetrics,
     stop: CancellationToken,
+    progress: Arc<crate::slots::Progress>,
 ) {
     let accepted = conn.accepted;
     let info = conn.info.clone();
-    let activity = Arc::new(Activity::new(Instant::now()));
+    let activity = Arc::new(Activity::new(Instant::now(), progress.clone()));
     let opened = Arc::new(AtomicBool::new(false));
     let svc = {
         let (activity, opened) = (activity.clone(), opened.clone());
@@ -545,6 +602,17 @@ async fn serve_connection(
                 cut_at = Some(now + grace);
             }
             _ = activity.changed.notified() => {}
+            _ = progress.evicted.cancelled(), if cut_at.is_none() => {
+                // Closed for a new connection at a limit: it had no call in progress (or never opened one).
+                metrics.closed("evicted");
+                crate::limited_debug!("grpc_evicted", peer = ?remote, "gRPC connection sent away to make room");
+                if !opened.load(Ordering::Relaxed) {
+                    // Nothing to wait for (hyper's graceful shutdown would wait for the preface).
+                    return;
+                }
+                c.as_mut().graceful_shutdown();
+                cut_at = Some(Instant::now() + lifetimes.grace.min(EVICT_GRACE));
+            }
             _ = stop.cancelled(), if cut_at.is_none() => {
                 c.as_mut().graceful_shutdown();
                 cut_at = Some(Instant::now() + lifetimes.grace);
@@ -570,8 +638,12 @@ fn keepalive_timed_out(e: &hyper::Error) -> bool {
 pub struct Limits {
     /// Streams per connection (none: tonic's default).
     pub max_concurrent_streams: Option<u32>,
-    /// Connections served at once; more wait in the backlog.
+    /// Connections served at once; at the limit the stalest idle connection is sent away for a new one, else
+    /// the new one waits up to 5 s for a slot, then is closed.
     pub max_connections: usize,
+    /// Connections served at once from one client address (open streams count; 0: no bound); at the bound a
+    /// new one sends away an idle one of the same address or is closed at once.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for Limits {
@@ -579,6 +651,7 @@ impl Default for Limits {
         Self {
             max_concurrent_streams: None,
             max_connections: MAX_CONNECTIONS,
+            max_connections_per_address: MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
@@ -644,6 +717,17 @@ pub fn health(
 /// Most connections one gRPC listener serves at once by default; more wait in the accept backlog (hyper
 /// itself sets no limit, so a flood of idle connections could take a pod's memory and file descriptors).
 pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Most connections one client address holds on a gRPC listener by default: a quarter of the pool, so one
+/// address (a scanner, a misbehaving client, every stream of one sender) leaves three quarters to the rest.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = MAX_CONNECTIONS / 4;
+
+/// How long a gRPC connection must have had no call before it is sent away for a new one at a limit (one
+/// that never opened a call goes first, at any age).
+const EVICT_AFTER: Duration = Duration::from_secs(5);
+
+/// How long calls of an evicted connection may still run (it had none when chosen; one may have started).
+const EVICT_GRACE: Duration = Duration::from_secs(10);
 
 /// What a handler learns about the connection of a call (request extensions).
 #[derive(Debug, Clone)]

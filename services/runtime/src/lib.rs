@@ -14,11 +14,13 @@ pub mod failpoint;
 pub mod grpc;
 pub mod kafka;
 pub mod ledger;
+pub mod loglimit;
 pub mod memory;
 pub mod metrics;
 pub mod producer;
 pub mod service;
 pub mod shutdown;
+pub mod slots;
 pub mod telemetry;
 
 /// This process's pod name: `POD_NAME` (set by the chart from the downward API), else `HOSTNAME`.

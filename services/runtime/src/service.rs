@@ -208,6 +208,7 @@ impl Listening {
         let listener = crate::admin::bind("gRPC", service.grpc_addr).await?;
         let mut registry = registry;
         let metrics = crate::grpc::GrpcMetrics::register(&mut registry);
+        crate::loglimit::register(&mut registry);
         let health = Arc::new(Health::default());
         let admin = AdminServer::start(service.admin_addr, health.clone(), registry).await?;
         let bound = Bound {

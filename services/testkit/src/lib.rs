@@ -313,6 +313,16 @@ impl Mllp {
         Self(Framed::new(s, MllpCodec::default()))
     }
 
+    /// A connection from another local address (e.g. 127.0.0.2: a second client machine, as the listener's
+    /// per-address bounds see it).
+    pub async fn connect_from(local: std::net::IpAddr, addr: SocketAddr) -> std::io::Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(local, 0))?;
+        let s = socket.connect(addr).await?;
+        s.set_nodelay(true)?;
+        Ok(Self(Framed::new(s, MllpCodec::default())))
+    }
+
     pub async fn send(&mut self, payload: &[u8]) {
         self.0.send(payload).await.expect("send");
     }

@@ -227,6 +227,7 @@ impl Pipeline {
             detail: r.text.clone(),
             ack: Bytes::new(),
             http_status: 0,
+            ..Default::default()
         });
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
