@@ -493,8 +493,14 @@ impl<'a, 'm> Ctx<'a, 'm> {
 
     /// Moves what [`Ctx::dropped`] collected into the unmapped lists (once each).
     pub fn take_dropped(&mut self) {
-        for (id, value) in self.dropped.take() {
-            if self.unmapped.contains(&id) {
+        let dropped = self.dropped.take();
+        if dropped.is_empty() {
+            return;
+        }
+        // Once per conversion (the Bundle's end): a set of what is listed, not a search per dropped field.
+        let mut listed: std::collections::HashSet<String> = self.unmapped.iter().cloned().collect();
+        for (id, value) in dropped {
+            if !listed.insert(id.clone()) {
                 continue;
             }
             if self.opts.unmapped == Unmapped::Extension {

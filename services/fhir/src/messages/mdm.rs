@@ -440,10 +440,11 @@ fn txa_body(
     }
     // author: TXA-9 (originator), TXA-5 (primary activity provider).
     let mut authors: Vec<Target> = Vec::new();
+    let mut author_ids = std::collections::HashSet::new();
     for n in [9, 5] {
         for x in cx.reps(txa, n) {
             match practitioner_target(cx, Person::Xcn(x)) {
-                Some(t) if !authors.iter().any(|a| a.id == t.id) => authors.push(t),
+                Some(t) if author_ids.insert(t.id) => authors.push(t),
                 Some(_) => {}
                 None => cx.dropped(txa, n),
             }

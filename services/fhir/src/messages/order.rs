@@ -209,7 +209,7 @@ pub(crate) fn convert(
     })?;
 
     let mut targets: Vec<Uuid> = Vec::new();
-    let mut written: Vec<Uuid> = Vec::new();
+    let mut written: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
     for (i, p) in pats.iter().enumerate() {
         let patient = p.patient.as_ref().expect("planned");
         // A repeated patient is written once; its PID's fields count as mapped like the first one's.
@@ -227,8 +227,7 @@ pub(crate) fn convert(
             practitioners.write(cx, &mut w, &mut targets);
         }
         if let (Some(pv1), Some(enc)) = (&p.pv1, &p.encounter) {
-            if !written.contains(&enc.id) {
-                written.push(enc.id);
+            if written.insert(enc.id) {
                 cx.begin_entry(&mut w, enc);
                 encounter_body(
                     cx,
@@ -406,13 +405,12 @@ fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool) {
 
 /// Pass 2: every resource's target (id, and the business identifier a transaction updates it by).
 fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
-    let mut patients: Vec<Uuid> = Vec::new();
+    let mut patients: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
     for (pi, p) in pats.iter_mut().enumerate() {
         let pn = pi.to_string();
         let fallback: Vec<&str> = msg_key.iter().copied().chain([pn.as_str()]).collect();
         let patient = patient_target(cx, &p.pid, &fallback);
-        p.write = !patients.contains(&patient.id);
-        patients.push(patient.id);
+        p.write = patients.insert(patient.id);
         p.encounter = p
             .pv1
             .as_ref()
@@ -469,17 +467,15 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
         p.patient = Some(patient);
     }
     // A repeated SPM (same identifier, same segment) is the same specimen: written once.
-    let mut seen: Vec<(Uuid, &[u8])> = Vec::new();
+    let mut seen: std::collections::HashSet<(Uuid, &[u8])> = std::collections::HashSet::new();
     for s in pats
         .iter_mut()
         .flat_map(|p| &mut p.orders)
         .flat_map(|o| &mut o.specs)
     {
         let id = s.target.as_ref().expect("planned").id;
-        if seen.iter().any(|(i, raw)| *i == id && *raw == s.spm.raw()) {
+        if !seen.insert((id, s.spm.raw())) {
             s.write = false;
-        } else {
-            seen.push((id, s.spm.raw()));
         }
     }
     uniquify(pats);

@@ -178,6 +178,11 @@ pub(crate) fn convert(
     let mut parts: Vec<Part<'_>> = Vec::new();
     let mut locations: Vec<(Target, String)> = Vec::new();
     let mut devices: Vec<(Target, Value<'_>)> = Vec::new();
+    // Sets beside the lists: a schedule naming thousands of resources costs linear time.
+    let (mut location_ids, mut device_ids) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
     for (seg, layout) in &resources {
         let Some(id) = seg.field(layout.id).and_then(|f| f.repetition(1)) else {
             cx.note_unmapped(seg, &[]);
@@ -187,13 +192,13 @@ pub(crate) fn convert(
             b"AIP" => practitioners.add(cx, Person::Xcn(id)),
             b"AIL" => location_name(cx, id).map(|name| {
                 let t = cx.target("Location", &[&name], None);
-                if !locations.iter().any(|(l, _)| l.id == t.id) {
+                if location_ids.insert(t.id) {
                     locations.push((t.clone(), name));
                 }
                 t
             }),
             _ => device_target(cx, id).inspect(|t| {
-                if !devices.iter().any(|(d, _)| d.id == t.id) {
+                if device_ids.insert(t.id) {
                     devices.push((t.clone(), id));
                 }
             }),

@@ -153,6 +153,7 @@ pub(crate) fn convert(
     let mut unique = Unique::default();
     let mut immunizations: Vec<Target> = Vec::new();
     let mut orgs: Vec<Org> = Vec::new();
+    let mut org_ids = std::collections::HashSet::new();
     let mut locations: Vec<Option<Target>> = Vec::new();
     for (i, o) in orders.iter().enumerate() {
         let rxa = o.rxa.as_ref().ok_or(FhirError::Required("RXA"))?;
@@ -166,7 +167,7 @@ pub(crate) fn convert(
             .field(17)
             .and_then(|f| f.repetition(1))
             .and_then(|c| organization(cx, c))
-            && !orgs.iter().any(|x| x.target.id == org.target.id)
+            && org_ids.insert(org.target.id)
         {
             orgs.push(org);
         }
@@ -191,12 +192,11 @@ pub(crate) fn convert(
         organization_entry(cx, &mut w, org);
         targets.push(org.target.id);
     }
-    let mut written_locations: Vec<Uuid> = Vec::new();
+    let mut written_locations: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
     for (o, loc) in orders.iter().zip(&locations) {
         if let (Some(rxa), Some(loc)) = (&o.rxa, loc)
-            && !written_locations.contains(&loc.id)
+            && written_locations.insert(loc.id)
         {
-            written_locations.push(loc.id);
             cx.begin_entry(&mut w, loc);
             location_body(cx, &mut w, rxa);
             cx.end_entry(&mut w, loc);
