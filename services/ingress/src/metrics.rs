@@ -34,7 +34,8 @@ hl7gw_runtime::metric_set! {
         pub connections: Family<ProtocolLabels, Counter> =
             "MLLP connections and gRPC SendStream streams accepted";
         pub connections_refused: Family<ReasonLabels, Counter> =
-            "Connections closed before any frame (TLS handshake, PROXY header)";
+            "Connections closed before any frame, by reason: tls_handshake, proxy_header, max_connections, \
+             max_connections_per_address";
         pub frames: Counter = "Complete MLLP frames read";
         pub bytes_received as "received": Counter = "Bytes read from senders", unit Bytes;
         pub bytes_skipped as "skipped": Counter = "Bytes outside MLLP frames, skipped", unit Bytes;
