@@ -15,8 +15,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// How to reach a service's gRPC listener.
 #[derive(Debug, clap::Args)]
 pub struct Conn {
-    /// gRPC address: `https://host:50051` (TLS) or `http://host:50051` (plaintext)
-    #[arg(long, value_name = "URL")]
+    /// gRPC address: `https://host:50051` (TLS) or `http://host:50051` (plaintext). Over plaintext a token
+    /// is sent only to a loopback address (127.0.0.1, ::1, localhost): what `kubectl port-forward` gives, e.g.
+    /// `kubectl port-forward svc/hl7gw-egress 50051` then `--to http://127.0.0.1:50051 --token-file ops.token`
+    #[arg(long, value_name = "URL", verbatim_doc_comment)]
     to: String,
     /// PEM CA the server's certificate must chain to (https; default: the public CAs built in)
     #[arg(long, value_name = "PEM")]
@@ -31,7 +33,9 @@ pub struct Conn {
     #[arg(long, value_name = "NAME")]
     server_name: Option<String>,
     /// File holding the bearer token (a static token, or `kubectl create token <sa> --audience hl7gw`); also
-    /// HL7GW_TOKEN_FILE. The token itself is never taken from the command line (shell history, ps).
+    /// HL7GW_TOKEN_FILE. The token itself is never taken from the command line (shell history, ps). Sent over
+    /// https, or over plaintext to a loopback address only (a `kubectl port-forward`); refused for any other
+    /// plaintext address.
     #[arg(long, value_name = "FILE", env = "HL7GW_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Seconds to wait for the connection and for the answer
@@ -62,8 +66,11 @@ impl Conn {
             .connect_timeout(timeout)
             .timeout(timeout);
         let https = self.to.to_ascii_lowercase().starts_with("https://");
-        if !https && self.token_file.is_some() {
-            bail!("refusing to send a token over plaintext: use an https:// address");
+        if !https && self.token_file.is_some() && !is_loopback(ep.uri()) {
+            bail!(
+                "refusing to send a token over plaintext to another machine: use an https:// address, or \
+                 `kubectl port-forward` and http://127.0.0.1:<port>"
+            );
         }
         if https {
             let mut tls = ClientTlsConfig::new();
@@ -97,6 +104,20 @@ impl Conn {
             .with_context(|| format!("connecting to {}", self.to))?;
         Ok((InterceptedService::new(ch, Bearer(token)), timeout))
     }
+}
+
+/// Whether `uri` names this machine: a loopback IP address (127.0.0.0/8, ::1) or `localhost`, where a token
+/// sent over plaintext does not cross the network (a `kubectl port-forward` listens there). The HTTP
+/// destinations take the same rule for their credentials.
+fn is_loopback(uri: &tonic::codegen::http::Uri) -> bool {
+    let Some(host) = uri.host() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {
@@ -170,7 +191,8 @@ pub struct DeadLettersArgs {
     /// At most this many (0: the server's page size)
     #[arg(long, default_value_t = 0)]
     limit: u32,
-    /// Also print each message (patient data: only where you may see it)
+    /// Also print each message (patient data). Needs the ReadMessages permission on top of ListDeadLetters:
+    /// `grpc.allow` ReadMessages, or RBAC `get messages.hl7gw.io` (the chart's operator role, not the viewer)
     #[arg(long)]
     with_message: bool,
     /// Every page, not only the first (each page asked with the previous one's cursor)
@@ -381,4 +403,61 @@ pub fn dry_run(a: DryRunArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 36, item 7: a token goes over plaintext to a loopback address (what `kubectl port-forward`
+    /// gives), never to any other plaintext address.
+    #[test]
+    fn a_token_goes_over_plaintext_to_loopback_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "ops-token-0123456789abcdef\n").expect("write");
+        let rt = runtime().expect("runtime");
+        let refused = |to: &str| {
+            let conn = Conn {
+                to: to.to_owned(),
+                ca: None,
+                cert: None,
+                key: None,
+                server_name: None,
+                token_file: Some(token.clone()),
+                timeout: 2,
+            };
+            // Nothing listens on port 1: a loopback address gets as far as connecting, and fails there.
+            match rt.block_on(conn.channel()) {
+                Ok(_) => false,
+                Err(e) => format!("{e:#}").contains("refusing to send a token"),
+            }
+        };
+        for to in [
+            "http://127.0.0.1:1",
+            "http://127.3.4.5:1",
+            "http://localhost:1",
+            "http://LOCALHOST:1",
+            "http://[::1]:1",
+        ] {
+            assert!(
+                !refused(to),
+                "{to}: a token to a loopback address was refused"
+            );
+        }
+        for to in [
+            "http://10.0.0.1:1",
+            "http://192.0.2.1:1",
+            "http://hl7gw-egress:1",
+            "http://localhost.example.org:1",
+            "http://127.0.0.1.nip.io:1",
+            "http://[::ffff:10.0.0.1]:1",
+            "http://0.0.0.0:1",
+        ] {
+            assert!(
+                refused(to),
+                "{to}: a token over plaintext to another machine"
+            );
+        }
+    }
 }

@@ -89,7 +89,8 @@ pub struct TailArgs {
     /// Only this control id (MSH-10)
     #[arg(long, value_name = "MSH-10")]
     control_id: Option<String>,
-    /// Also print each message (patient data: only where you may see it)
+    /// Also print each message (patient data). Read straight from Kafka, not through a service: what guards
+    /// it is the topic ACLs of the Kafka user in --kafka-config (docs/security.md)
     #[arg(long)]
     with_message: bool,
     /// Seconds to wait for Kafka's answers; in a window, for the next record before giving up
