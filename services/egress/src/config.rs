@@ -406,9 +406,15 @@ fn check_http(name: &str, url: &str, d: &Destination) -> Result<(), String> {
 }
 
 impl Config {
-    /// The gRPC methods of this service, as named in `grpc.allow`.
-    pub const GRPC_METHODS: &'static [&'static str] =
-        &["Status", "ListDeadLetters", "Replay", "Trace"];
+    /// The gRPC methods of this service, as named in `grpc.allow`, and `ReadMessages`: the permission to
+    /// receive message bodies (`ListDeadLetters` with `include_envelope`; see `grpc::READ_MESSAGES`).
+    pub const GRPC_METHODS: &'static [&'static str] = &[
+        "Status",
+        "ListDeadLetters",
+        crate::grpc::READ_MESSAGES,
+        "Replay",
+        "Trace",
+    ];
 
     /// Checks the rules serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {

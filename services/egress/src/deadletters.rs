@@ -13,6 +13,7 @@ use rdkafka::producer::Producer as _;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// Most dead letters one call lists or replays (the server's page), whatever the caller asks.
 pub const MAX_PAGE: usize = 1000;
@@ -100,6 +101,9 @@ pub enum DeadLetterError {
     Timeout(Duration),
     #[error("{0}")]
     Cursor(String),
+    /// The caller went away: the listing stopped reading.
+    #[error("cancelled: the caller went away")]
+    Cancelled,
 }
 
 /// How long `list` waits before asking again while the DLQ's partitions have no leader (a new topic, a failover).
@@ -137,8 +141,13 @@ fn extent(
 }
 
 /// Reads the DLQ from the start (or from `since`) to its current end and returns the egress's dead letters
-/// that pass `filter`, oldest first, with their envelopes. Blocking: run it on a blocking thread.
-pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
+/// that pass `filter`, oldest first, with their envelopes. Blocking: run it on a blocking thread. Stops with
+/// [`DeadLetterError::Cancelled`] soon after `cancel` is (between two Kafka requests, each at most 5 s).
+pub fn list(
+    cfg: &Config,
+    filter: &Filter,
+    cancel: &CancellationToken,
+) -> Result<Page, DeadLetterError> {
     let budget = Duration::from_secs(30);
     let consumer: BaseConsumer<hl7gw_runtime::kafka::KafkaContext> =
         hl7gw_runtime::kafka::reader_config(
@@ -150,6 +159,9 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
         .create_with_context(hl7gw_runtime::kafka::KafkaContext)?;
     let deadline = std::time::Instant::now() + budget;
     let (mut tpl, mut ends, lows) = loop {
+        if cancel.is_cancelled() {
+            return Err(DeadLetterError::Cancelled);
+        }
         match extent(&consumer, &cfg.dlq_topic) {
             Err(e)
                 if hl7gw_runtime::kafka::leadership_moving(&e)
@@ -224,6 +236,9 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Page, DeadLetterError> {
     let mut full = false;
     let mut done: Vec<(i32, i64)> = Vec::new();
     while done.len() < ends.len() {
+        if cancel.is_cancelled() {
+            return Err(DeadLetterError::Cancelled);
+        }
         if std::time::Instant::now() > deadline {
             return Err(DeadLetterError::Timeout(budget));
         }

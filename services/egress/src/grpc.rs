@@ -1,18 +1,162 @@
 //! gRPC `hl7gw.v1.Egress` (destination status, dead letters, replay) and `grpc.health.v1.Health`.
+//!
+//! Message bodies (patient data) are a permission of their own, [`READ_MESSAGES`], asked on top of the
+//! method's when a call wants them. `ListDeadLetters` and `Trace` read Kafka on demand (a consumer and a
+//! blocking thread each), so they are bounded ([`MAX_SCANS`], [`MAX_SCANS_PER_CALLER`]) and stop reading
+//! when their caller goes away.
 
 use crate::config::Config;
 use crate::deadletters::{self, Filter};
 use crate::deliver::DestCtx;
-use crate::metrics::{DestLabels, EgressMetrics};
+use crate::metrics::{DestLabels, EgressMetrics, ScanLabels};
+use hl7gw_runtime::grpc::Caller;
 use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
 use hl7gw_runtime::proto::v1::{
     DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, ReplayRequest,
     ReplayResponse, StatusRequest, StatusResponse, TraceRequest, TraceResponse,
 };
+use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::consumer::Consumer;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+
+/// The permission to receive message bodies (patient data): a `grpc.allow` entry and, for Kubernetes callers,
+/// `get messages.hl7gw.io`. `ListDeadLetters` asks it when `include_envelope` is set; the viewer role has not.
+pub const READ_MESSAGES: &str = "ReadMessages";
+
+/// `ListDeadLetters` and `Trace` calls reading Kafka at once at most per process: each holds a Kafka consumer
+/// and a blocking thread for up to its budget (30 s, 20 s). Past it, RESOURCE_EXHAUSTED.
+pub const MAX_SCANS: usize = 4;
+
+/// The same per caller (a token, a client certificate, a Kubernetes user; anonymous callers per address), so
+/// one caller cannot take every place.
+pub const MAX_SCANS_PER_CALLER: usize = 2;
+
+/// The on-demand scans in flight: in total and per caller.
+#[derive(Debug, Default)]
+struct Scans {
+    in_flight: Mutex<(usize, HashMap<String, usize>)>,
+}
+
+/// Why a scan was refused: the `limit` label of `admin_scans_refused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    Process,
+    Caller,
+}
+
+impl Scans {
+    /// A place for one scan of `caller`'s, or which limit is reached.
+    fn try_start(self: &Arc<Self>, caller: String, gauge: &Gauge) -> Result<ScanSlot, Full> {
+        let mut g = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let (total, per_caller) = &mut *g;
+        let mine = per_caller.get(&caller).copied().unwrap_or(0);
+        if mine >= MAX_SCANS_PER_CALLER {
+            return Err(Full::Caller);
+        }
+        if *total >= MAX_SCANS {
+            return Err(Full::Process);
+        }
+        *total += 1;
+        per_caller.insert(caller.clone(), mine + 1);
+        gauge.inc();
+        Ok(ScanSlot {
+            scans: self.clone(),
+            caller,
+            gauge: gauge.clone(),
+        })
+    }
+}
+
+/// One scan's place, given back when dropped: by the blocking work once it stopped reading, so a cancelled
+/// call holds its place until its Kafka reading really ended.
+#[derive(Debug)]
+struct ScanSlot {
+    scans: Arc<Scans>,
+    caller: String,
+    gauge: Gauge,
+}
+
+impl Drop for ScanSlot {
+    fn drop(&mut self) {
+        let mut g = self
+            .scans
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (total, per_caller) = &mut *g;
+        *total = total.saturating_sub(1);
+        if let Some(n) = per_caller.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per_caller.remove(&self.caller);
+            }
+        }
+        self.gauge.dec();
+    }
+}
+
+/// Who a scan is counted against: the caller, or an anonymous caller's address.
+fn scan_owner(caller: &Caller, peer: Option<SocketAddr>) -> String {
+    match caller {
+        Caller::Anonymous => format!(
+            "anonymous@{}",
+            peer.map(|p| p.ip().to_string()).unwrap_or_default()
+        ),
+        c => c.to_string(),
+    }
+}
+
+/// Runs `work` on a blocking thread with a token that is cancelled when the returned future is dropped (the
+/// caller went away: tonic drops a call's future when its stream is reset), holding `slot` until `work`
+/// returned.
+async fn blocking<T: Send + 'static>(
+    slot: Option<ScanSlot>,
+    work: impl FnOnce(&CancellationToken) -> T + Send + 'static,
+) -> Result<T, Status> {
+    let cancel = CancellationToken::new();
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        work(&cancel)
+    })
+    .await
+    .map_err(|_| Status::internal("the Kafka reader failed"))
+}
+
+/// The audit line of a call whose caller went away before its answer (its future dropped), unless
+/// [`Unfinished::done`] was called: every admin call is on the record, cancelled ones too.
+struct Unfinished<'a> {
+    caller: &'a Caller,
+    peer: Option<SocketAddr>,
+    method: &'static str,
+    what: &'a str,
+    done: bool,
+}
+
+impl Unfinished<'_> {
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            hl7gw_runtime::grpc::audit(
+                &self.caller.to_string(),
+                self.peer,
+                self.method,
+                self.what,
+                "cancelled: the caller went away",
+            );
+        }
+    }
+}
 
 /// The Egress service.
 pub struct EgressService {
@@ -22,6 +166,8 @@ pub struct EgressService {
     pub dests: Vec<Arc<DestCtx>>,
     pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
     pub metrics: EgressMetrics,
+    /// `ListDeadLetters` and `Trace` calls reading Kafka now.
+    scans: Arc<Scans>,
 }
 
 impl std::fmt::Debug for EgressService {
@@ -83,18 +229,59 @@ impl EgressService {
             dests,
             producer,
             metrics,
+            scans: Arc::default(),
         };
         hl7gw_runtime::compressed!(EgressServer::new(service))
     }
 
+    /// Replay's listing of the DLQ (not counted in the scans' limits: Replay is an operator's, and writes).
     async fn list(&self, filter: Filter) -> Result<deadletters::Page, Status> {
+        self.list_in(filter, None).await
+    }
+
+    /// Lists the DLQ on a blocking thread holding `slot`, stopping when the call is dropped.
+    async fn list_in(
+        &self,
+        filter: Filter,
+        slot: Option<ScanSlot>,
+    ) -> Result<deadletters::Page, Status> {
         let cfg = self.cfg.clone();
-        tokio::task::spawn_blocking(move || deadletters::list(&cfg, &filter))
-            .await
-            .map_err(|_| Status::internal("DLQ reader failed"))?
+        blocking(slot, move |cancel| deadletters::list(&cfg, &filter, cancel))
+            .await?
             .map_err(|e| match e {
                 deadletters::DeadLetterError::Cursor(m) => Status::invalid_argument(m),
                 e => Status::unavailable(e.to_string()),
+            })
+    }
+}
+
+impl EgressService {
+    /// A place for an on-demand scan of `caller`'s (`method`: its metric label), or RESOURCE_EXHAUSTED
+    /// (counted) when the process or the caller has as many as it may.
+    fn start_scan(
+        &self,
+        method: &'static str,
+        caller: &Caller,
+        peer: Option<SocketAddr>,
+    ) -> Result<ScanSlot, Status> {
+        self.scans
+            .try_start(scan_owner(caller, peer), &self.metrics.admin_scans_in_flight)
+            .map_err(|full| {
+                let (limit, text) = match full {
+                    Full::Process => (
+                        "process",
+                        format!("this egress pod runs {MAX_SCANS} dead-letter listings and traces already"),
+                    ),
+                    Full::Caller => (
+                        "caller",
+                        format!("you run {MAX_SCANS_PER_CALLER} dead-letter listings and traces already"),
+                    ),
+                };
+                self.metrics
+                    .admin_scans_refused
+                    .get_or_create(&ScanLabels { method, limit })
+                    .inc();
+                Status::resource_exhausted(format!("{text}; retry when one finished"))
             })
     }
 }
@@ -204,21 +391,46 @@ impl Egress for EgressService {
             req.get_ref().include_envelope
         );
         let caller = self.auth.admin(&req, "ListDeadLetters", &what).await?;
+        if req.get_ref().include_envelope {
+            // Message bodies are patient data: a permission of their own (audited as such when refused).
+            self.auth
+                .admin(&req, READ_MESSAGES, &what)
+                .await
+                .map_err(|s| match s.code() {
+                    tonic::Code::PermissionDenied => Status::permission_denied(format!(
+                        "{}: message bodies need {READ_MESSAGES}; list without include_envelope \
+                         (--with-message) for ids and codes",
+                        s.message()
+                    )),
+                    _ => s,
+                })?;
+        }
         let peer = hl7gw_runtime::grpc::peer(&req);
-        let result: Result<Response<ListDeadLettersResponse>, Status> = async move {
+        let unfinished = Unfinished {
+            caller: &caller,
+            peer,
+            method: "ListDeadLetters",
+            what: &what,
+            done: false,
+        };
+        let result: Result<Response<ListDeadLettersResponse>, Status> = async {
+            let slot = self.start_scan("ListDeadLetters", &caller, peer)?;
             let r = req.into_inner();
             let found = self
-                .list(Filter {
-                    destination: r.destination,
-                    stage: r.stage,
-                    replay_only: false,
-                    ids: Vec::new(),
-                    since_ms: millis(r.since.as_ref()),
-                    until_ms: millis(r.until.as_ref()),
-                    limit: r.limit as usize,
-                    reason: r.reason,
-                    cursor: cursor(&r.cursor)?,
-                })
+                .list_in(
+                    Filter {
+                        destination: r.destination,
+                        stage: r.stage,
+                        replay_only: false,
+                        ids: Vec::new(),
+                        since_ms: millis(r.since.as_ref()),
+                        until_ms: millis(r.until.as_ref()),
+                        limit: r.limit as usize,
+                        reason: r.reason,
+                        cursor: cursor(&r.cursor)?,
+                    },
+                    Some(slot),
+                )
                 .await?;
             let truncated = found.truncated;
             let next_cursor = found.next_cursor;
@@ -239,8 +451,21 @@ impl Egress for EgressService {
             }))
         }
         .await;
+        unfinished.done();
         hl7gw_runtime::grpc::audit_result(&caller, peer, "ListDeadLetters", &what, &result, |r| {
-            format!("{} dead letters", r.dead_letters.len())
+            let with = r
+                .dead_letters
+                .iter()
+                .filter(|d| d.envelope.is_some())
+                .count();
+            if with > 0 {
+                format!(
+                    "{} dead letters, {with} with their messages",
+                    r.dead_letters.len()
+                )
+            } else {
+                format!("{} dead letters", r.dead_letters.len())
+            }
         });
         result
     }
@@ -357,17 +582,27 @@ impl Egress for EgressService {
         );
         let caller = self.auth.admin(&req, "Trace", &what).await?;
         let peer = hl7gw_runtime::grpc::peer(&req);
-        let result: Result<Response<TraceResponse>, Status> = async move {
+        let unfinished = Unfinished {
+            caller: &caller,
+            peer,
+            method: "Trace",
+            what: &what,
+            done: false,
+        };
+        let result: Result<Response<TraceResponse>, Status> = async {
             let r = req.into_inner();
             let q = crate::trace::Query::from_request(&r).map_err(Status::invalid_argument)?;
+            let slot = self.start_scan("Trace", &caller, peer)?;
             let cfg = self.cfg.clone();
-            tokio::task::spawn_blocking(move || crate::trace::find(&cfg, &q))
-                .await
-                .map_err(|_| Status::internal("trace reader failed"))?
-                .map(Response::new)
-                .map_err(|e| Status::unavailable(e.to_string()))
+            blocking(Some(slot), move |cancel| {
+                crate::trace::find(&cfg, &q, cancel)
+            })
+            .await?
+            .map(Response::new)
+            .map_err(|e| Status::unavailable(e.to_string()))
         }
         .await;
+        unfinished.done();
         hl7gw_runtime::grpc::audit_result(&caller, peer, "Trace", &what, &result, |r| {
             format!(
                 "{} messages, {} records read{}",
@@ -382,11 +617,75 @@ impl Egress for EgressService {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_are_bounded_per_caller_and_per_process() {
+        let scans = Arc::new(Scans::default());
+        let gauge = Gauge::default();
+        let mut held = Vec::new();
+        for n in 0..MAX_SCANS {
+            let caller = format!("token:c{}", n / MAX_SCANS_PER_CALLER);
+            held.push(scans.try_start(caller, &gauge).expect("a place"));
+        }
+        let full = |caller: &str| scans.try_start(caller.to_owned(), &gauge).err();
+        assert_eq!(full("token:c0"), Some(Full::Caller));
+        assert_eq!(full("token:other"), Some(Full::Process));
+        assert_eq!(gauge.get(), MAX_SCANS as i64);
+        held.swap_remove(0);
+        assert_eq!(gauge.get(), MAX_SCANS as i64 - 1);
+        assert!(scans.try_start("token:other".into(), &gauge).is_ok());
+        held.clear();
+        assert_eq!(gauge.get(), 0);
+        let g = scans.in_flight.lock().expect("scans");
+        assert_eq!(
+            (g.0, g.1.len()),
+            (0, 0),
+            "callers without scans are forgotten"
+        );
+        drop(g);
+        // Anonymous callers are counted per address.
+        let peer = |ip: [u8; 4]| Some(SocketAddr::from((ip, 1000)));
+        assert_ne!(
+            scan_owner(&Caller::Anonymous, peer([10, 0, 0, 1])),
+            scan_owner(&Caller::Anonymous, peer([10, 0, 0, 2]))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_call_cancels_its_blocking_work_and_gives_its_place_back() {
+        let scans = Arc::new(Scans::default());
+        let gauge = Gauge::default();
+        let slot = scans.try_start("token:a".into(), &gauge).expect("a place");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let call = blocking(Some(slot), move |cancel| {
+            while !cancel.is_cancelled() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            tx.send(()).ok();
+        });
+        // The caller gives up: the call's future is dropped.
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(100), call).await;
+        assert!(cut.is_err());
+        tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(5)))
+            .await
+            .expect("join")
+            .expect("the blocking work stopped");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while gauge.get() != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the place was not given back"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     #[test]
     fn audit_descriptions_are_bounded_whatever_the_caller_sends() {
         let big = "x".repeat(4 << 20);
         let ids = vec!["i".repeat(64 << 10); 50];
-        let what = super::describe(&big, &big, &ids, None, None);
+        let what = describe(&big, &big, &ids, None, None);
         assert!(what.len() < 8 * 1024, "{} bytes", what.len());
         assert!(what.contains("ids=50 (first "), "{}", &what[..200]);
     }

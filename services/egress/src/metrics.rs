@@ -10,6 +10,7 @@ hl7gw_runtime::label_sets! {
     pub struct AckLabels { pub destination: String, pub code: &'static str }
     pub struct ReasonLabels { pub destination: String, pub reason: &'static str }
     pub struct StatusLabels { pub destination: String, pub class: &'static str }
+    pub struct ScanLabels { pub method: &'static str, pub limit: &'static str }
 }
 
 hl7gw_runtime::metric_set! {
@@ -46,6 +47,10 @@ hl7gw_runtime::metric_set! {
             "Ledger events (hl7.events) Kafka did not take at once, written again before the offset is stored";
         pub producer_recoveries: Counter =
             "Kafka producers (DLQ writes, replays) recreated in-process after a fatal error";
+        pub admin_scans_in_flight: Gauge =
+            "Dead-letter listings (ListDeadLetters) and traces (Trace) reading Kafka now";
+        pub admin_scans_refused: Family<ScanLabels, Counter> =
+            "ListDeadLetters and Trace calls refused with RESOURCE_EXHAUSTED, by the limit reached (process, caller)";
     }
 }
 

@@ -2,7 +2,7 @@
 //! id within a time window, the window turned into offsets with Kafka's offsets-for-times) and the ledger's
 //! events for it (one partition of the events topic, the one its envelope id is keyed to, read from the
 //! message's time). Bounded: at most [`MAX_RECORDS`] records read and [`BUDGET`] spent per call; past either
-//! the answer says it is incomplete.
+//! the answer says it is incomplete. A call whose caller went away stops reading (a cancellation token).
 
 use crate::config::Config;
 use hl7gw_runtime::envelope;
@@ -14,6 +14,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
 
 /// Most records one call reads (inbound and events together).
 pub const MAX_RECORDS: u64 = 2_000_000;
@@ -113,26 +114,46 @@ impl Query {
 pub enum TraceError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// The caller went away: the trace stopped reading.
+    #[error("cancelled: the caller went away")]
+    Cancelled,
 }
 
-/// What is left of a call's bounds.
-struct Budget {
+/// What is left of a call's bounds, and whether its caller is still there.
+struct Budget<'a> {
     deadline: Instant,
     records: u64,
     exhausted: bool,
+    cancel: &'a CancellationToken,
 }
 
-impl Budget {
+impl Budget<'_> {
+    /// Whether reading must stop: the records or the time are spent (the answer is then truncated), or the
+    /// caller went away.
     fn spent(&mut self) -> bool {
         if self.records >= MAX_RECORDS || Instant::now() > self.deadline {
             self.exhausted = true;
         }
-        self.exhausted
+        self.exhausted || self.cancel.is_cancelled()
+    }
+
+    /// [`TraceError::Cancelled`] once the caller went away.
+    fn check(&self) -> Result<(), TraceError> {
+        if self.cancel.is_cancelled() {
+            Err(TraceError::Cancelled)
+        } else {
+            Ok(())
+        }
     }
 }
 
 /// Finds the messages the query names and the ledger's events for each. Blocking: run it on a blocking thread.
-pub fn find(cfg: &Config, q: &Query) -> Result<TraceResponse, TraceError> {
+/// Stops with [`TraceError::Cancelled`] soon after `cancel` is (between two Kafka requests, each at most 5 s).
+pub fn find(
+    cfg: &Config,
+    q: &Query,
+    cancel: &CancellationToken,
+) -> Result<TraceResponse, TraceError> {
     let consumer: BaseConsumer<KafkaContext> = hl7gw_runtime::kafka::reader_config(
         &format!("{}.trace-reader", cfg.group_prefix),
         "hl7gw-egress-trace",
@@ -144,10 +165,12 @@ pub fn find(cfg: &Config, q: &Query) -> Result<TraceResponse, TraceError> {
         deadline: Instant::now() + BUDGET,
         records: 0,
         exhausted: false,
+        cancel,
     };
     let mut found: Vec<TracedMessage> = Vec::new();
     // The inbound records in the window: those whose envelope (or control id and sender) match.
     let ranges = window(&consumer, &cfg.inbound_topic, None, q.since_ms, q.until_ms)?;
+    budget.check()?;
     scan(&consumer, &cfg.inbound_topic, &ranges, &mut budget, |m| {
         if !q.envelope_id.is_empty() {
             // The id is not in a header: every envelope of the window is decoded (ids only, then dropped).
@@ -188,9 +211,11 @@ pub fn find(cfg: &Config, q: &Query) -> Result<TraceResponse, TraceError> {
             ..TracedMessage::default()
         });
     }
+    budget.check()?;
     if cfg.ledger.enabled() && !found.is_empty() && !budget.spent() {
         events(&consumer, cfg, q, &mut found, &mut budget)?;
     }
+    budget.check()?;
     if !q.envelope_id.is_empty() {
         found.retain(|m| m.received_at.is_some() || !m.events.is_empty());
     }
@@ -208,7 +233,7 @@ fn events(
     cfg: &Config,
     q: &Query,
     found: &mut [TracedMessage],
-    budget: &mut Budget,
+    budget: &mut Budget<'_>,
 ) -> Result<(), TraceError> {
     let topic = &cfg.ledger.topic;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
@@ -237,6 +262,7 @@ fn events(
     }
     let mut ranges = Vec::new();
     for (p, since) in from {
+        budget.check()?;
         ranges.extend(window(consumer, topic, Some(p), since, i64::MAX)?);
     }
     let mut capped = false;
@@ -327,7 +353,7 @@ fn scan<F>(
     consumer: &BaseConsumer<KafkaContext>,
     topic: &str,
     ranges: &[(i32, i64, i64)],
-    budget: &mut Budget,
+    budget: &mut Budget<'_>,
     mut each: F,
 ) -> Result<(), TraceError>
 where

@@ -21,6 +21,15 @@ const VIEWER: &str = "viewer-token-0123456789abcdef";
 
 /// Starts an egress whose gRPC listener uses `grpc_yaml`; returns it, its gRPC address and its log file.
 fn egress(p: &Pipeline, grpc_yaml: &str) -> (KillOnDrop, String, std::path::PathBuf) {
+    let (child, grpc, _, log) = egress_with_admin(p, grpc_yaml);
+    (child, grpc, log)
+}
+
+/// [`egress`], with the admin (`/metrics`) address too.
+fn egress_with_admin(
+    p: &Pipeline,
+    grpc_yaml: &str,
+) -> (KillOnDrop, String, std::net::SocketAddr, std::path::PathBuf) {
     let cfg = p.dir.path().join("secure-egress.yaml");
     let base = std::fs::read_to_string(p.dir.path().join("egress.yaml")).unwrap();
     // The pipeline's egress.yaml starts with its own grpc: section; this test brings another.
@@ -37,7 +46,8 @@ fn egress(p: &Pipeline, grpc_yaml: &str) -> (KillOnDrop, String, std::path::Path
     cmd.env("RUST_LOG", "warn,hl7gw::audit=info");
     let (child, line) = support::spawn_listening(&mut cmd);
     let grpc = support::listening_field(&line, "grpc").to_owned();
-    (child, grpc, log)
+    let admin = support::listening_field(&line, "admin").parse().unwrap();
+    (child, grpc, admin, log)
 }
 
 async fn channel(
@@ -269,4 +279,275 @@ fn a_plaintext_egress_refuses_anonymous_admin_calls_by_default() {
         let got = codes(channel(&addr, None).await.unwrap(), None).await;
         assert_eq!(got, [Code::Unauthenticated; 3]);
     });
+}
+
+/// A dead letter of destination `lab` whose message names the test patient, written to the DLQ as the egress
+/// would write it.
+fn dead_letter(p: &Pipeline, control_id: &str) {
+    use hl7gw_runtime::proto::v1::{Envelope, Header, Rejection};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let env = Envelope {
+        id: hl7gw_runtime::envelope::new_id(),
+        destination: "lab".into(),
+        raw: support::adt(control_id, "MRN-4711").into(),
+        header: Some(Header {
+            message_type: "ADT".into(),
+            control_id: control_id.into(),
+            ..Header::default()
+        }),
+        rejection: Some(Rejection {
+            stage: "egress".into(),
+            reason: "rejected".into(),
+            ..Rejection::default()
+        }),
+        ..Envelope::default()
+    };
+    let mut value = Vec::new();
+    hl7gw_runtime::envelope::encode_into(&env, &mut value);
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", support::broker())
+        .create()
+        .unwrap();
+    let dlq = p.topic("dlq");
+    producer
+        .send(
+            BaseRecord::<str, [u8]>::to(&dlq)
+                .key(&env.id)
+                .payload(&value),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Issue 36, item 1: message bodies are their own permission (`ReadMessages`; RBAC `messages get`). A viewer
+/// allowed to list dead letters gets ids and codes, never the message; an operator allowed `ReadMessages` gets
+/// it; both are audited. Item 7: the CLI sends its token over plaintext to a loopback address (what
+/// `kubectl port-forward` gives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_lists_dead_letters_but_never_reads_a_message() {
+    let p = Pipeline::new();
+    dead_letter(&p, "BODY1");
+    std::fs::write(
+        p.dir.path().join("tokens"),
+        format!("ops {OPS}\nviewer {VIEWER}\n"),
+    )
+    .unwrap();
+    let grpc = format!(
+        "grpc:\n  tokens_file: {}\n  allow:\n    ListDeadLetters: [token:ops, token:viewer]\n    \
+         ReadMessages: [token:ops]\n",
+        p.dir.path().join("tokens").display()
+    );
+    let (_egress, addr, log) = egress(&p, &grpc);
+    let mut c = EgressClient::new(channel(&addr, None).await.unwrap());
+    let list = |with: bool| ListDeadLettersRequest {
+        destination: "lab".into(),
+        include_envelope: with,
+        ..ListDeadLettersRequest::default()
+    };
+    // The letter is listed for the viewer, without the message (read back from the DLQ: wait for it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let letters = loop {
+        let r = c
+            .list_dead_letters(with_token(list(false), Some(VIEWER)))
+            .await
+            .unwrap()
+            .into_inner();
+        if !r.dead_letters.is_empty() || std::time::Instant::now() > deadline {
+            break r.dead_letters;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].control_id, "BODY1");
+    assert!(letters[0].envelope.is_none());
+    // With the message: refused to the viewer, whatever else it may do.
+    let viewer = c
+        .list_dead_letters(with_token(list(true), Some(VIEWER)))
+        .await;
+    match viewer {
+        Err(s) => {
+            assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+            assert!(s.message().contains("ReadMessages"), "{s:?}");
+        }
+        Ok(r) => panic!(
+            "the viewer read the message: {:?}",
+            r.into_inner().dead_letters[0]
+                .envelope
+                .as_ref()
+                .map(|e| String::from_utf8_lossy(&e.raw).into_owned())
+        ),
+    }
+    // The operator may.
+    let ops = c
+        .list_dead_letters(with_token(list(true), Some(OPS)))
+        .await
+        .unwrap()
+        .into_inner();
+    let raw = &ops.dead_letters[0].envelope.as_ref().unwrap().raw;
+    assert!(String::from_utf8_lossy(raw).contains("MRN-4711"));
+
+    // The CLI over plaintext to 127.0.0.1 with a token (a port-forward): the listing works for the viewer,
+    // `--with-message` is refused with the permission named.
+    let cli = |token: &str, with_message: bool| {
+        let file = p.dir.path().join("cli.token");
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let mut cmd = Command::new(bin("hl7gw"));
+        cmd.args(["deadletters", "--destination", "lab", "--to"])
+            .arg(format!("http://{addr}"))
+            .args(["--token-file", file.to_str().unwrap()]);
+        if with_message {
+            cmd.arg("--with-message");
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = cli(VIEWER, false);
+    assert!(
+        ok && out.contains("BODY1") && !out.contains("MRN-4711"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = cli(VIEWER, true);
+    assert!(
+        !ok && err.contains("PermissionDenied") && !out.contains("MRN-4711"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = cli(OPS, true);
+    assert!(ok && out.contains("MRN-4711"), "{out}{err}");
+
+    // Audited: the viewer's refusal names the permission; the operator's answer says it held messages.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let audit: Vec<&str> = text.lines().filter(|l| l.contains("admin call")).collect();
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("ReadMessages") && l.contains("refused") && l.contains("viewer")),
+        "{text}"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("token:ops") && l.contains("with their messages")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("MRN-4711"),
+        "patient data in the log: {text}"
+    );
+}
+
+/// Issue 36, item 6: dead-letter listings and traces read Kafka on demand, so at most a few run at once per
+/// caller (and per process); more are refused with RESOURCE_EXHAUSTED and counted, and a call whose caller
+/// went away stops reading (its place is free again within one Kafka request's timeout, not when its 30 s
+/// budget ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_are_bounded_per_caller_and_stop_when_the_caller_goes() {
+    let mut p = Pipeline::new();
+    // A "broker" that takes connections and never answers: a listing waits for it, retrying, until its budget
+    // (30 s) runs out.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    p.egress.env.push((
+        "HL7GW_KAFKA__BROKERS",
+        silent.local_addr().unwrap().to_string(),
+    ));
+    std::fs::write(
+        p.dir.path().join("tokens"),
+        format!("ops {OPS}\nviewer {VIEWER}\n"),
+    )
+    .unwrap();
+    let grpc = format!(
+        "grpc:\n  tokens_file: {}\n  allow:\n    ListDeadLetters: [token:ops, token:viewer]\n    \
+         Trace: [token:ops, token:viewer]\n",
+        p.dir.path().join("tokens").display()
+    );
+    let (_egress, addr, admin, _log) = egress_with_admin(&p, &grpc);
+    let ch = channel(&addr, None).await.unwrap();
+    let list = || ListDeadLettersRequest {
+        destination: "lab".into(),
+        ..ListDeadLettersRequest::default()
+    };
+    let trace = || hl7gw_runtime::proto::v1::TraceRequest {
+        control_id: "NOPE".into(),
+        ..hl7gw_runtime::proto::v1::TraceRequest::default()
+    };
+    // Two slow listings of the operator's.
+    let mut slow: Vec<_> = (0..2)
+        .map(|_| {
+            let mut c = EgressClient::new(ch.clone());
+            tokio::spawn(async move { c.list_dead_letters(with_token(list(), Some(OPS))).await })
+        })
+        .collect();
+    // Both reading (the egress serves its gRPC once it started, which a silent Kafka makes slow).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !support::http_get(admin, "/metrics")
+        .1
+        .contains("hl7gw_egress_admin_scans_in_flight 2")
+    {
+        if let Some(i) = slow.iter().position(|h| h.is_finished()) {
+            let r = slow.swap_remove(i).await.unwrap();
+            panic!("a listing did not wait: {:?}", r.map(|r| r.into_inner()));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listings did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A third from the same caller, listing or trace: refused at once.
+    let mut c = EgressClient::new(ch.clone());
+    let started = std::time::Instant::now();
+    let third = c.list_dead_letters(with_token(list(), Some(OPS))).await;
+    assert_eq!(code(third), Code::ResourceExhausted);
+    assert_eq!(
+        code(c.trace(with_token(trace(), Some(OPS))).await),
+        Code::ResourceExhausted
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Another caller is not held up by the operator's calls (its trace fails for want of Kafka, later).
+    assert_ne!(
+        code(c.trace(with_token(trace(), Some(VIEWER))).await),
+        Code::ResourceExhausted
+    );
+    let metrics = support::http_get(admin, "/metrics").1;
+    for series in [
+        "hl7gw_egress_admin_scans_refused_total{method=\"ListDeadLetters\",limit=\"caller\"} 1",
+        "hl7gw_egress_admin_scans_refused_total{method=\"Trace\",limit=\"caller\"} 1",
+        "hl7gw_egress_admin_scans_in_flight 2",
+    ] {
+        assert!(metrics.contains(series), "no {series}: {metrics}");
+    }
+    // The operator gives up (the calls are cancelled): their Kafka reading stops and the places are free
+    // again, long before the listings' budget would have ended.
+    let cancelled = std::time::Instant::now();
+    for h in slow {
+        h.abort();
+    }
+    loop {
+        let m = support::http_get(admin, "/metrics").1;
+        if m.contains("hl7gw_egress_admin_scans_in_flight 0") {
+            eprintln!(
+                "the cancelled listings stopped after {:?}",
+                cancelled.elapsed()
+            );
+            break;
+        }
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(8),
+            "the cancelled listings are still reading: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(
+        code(c.trace(with_token(trace(), Some(OPS))).await),
+        Code::ResourceExhausted
+    );
 }

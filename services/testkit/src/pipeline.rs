@@ -113,7 +113,7 @@ impl Pipeline {
         std::fs::write(
             dir.path().join("egress.yaml"),
             format!(
-                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], Replay: [token:ops], Trace: [token:ops]}}\n\
+                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], ReadMessages: [token:ops], Replay: [token:ops], Trace: [token:ops]}}\n\
                  destinations:\n  lab:\n    address: 127.0.0.1:{receiver_port}\n    response_timeout: 5s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n",
                 tokens.display()
             ),
@@ -142,7 +142,7 @@ impl Pipeline {
         std::fs::write(
             self.dir.path().join("egress.yaml"),
             format!(
-                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], Replay: [token:ops], Trace: [token:ops]}}\n\
+                "grpc:\n  tokens_file: {}\n  allow: {{Status: [token:ops], ListDeadLetters: [token:ops], ReadMessages: [token:ops], Replay: [token:ops], Trace: [token:ops]}}\n\
                  destinations:\n{destinations}",
                 tokens.display()
             ),

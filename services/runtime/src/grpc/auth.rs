@@ -20,11 +20,14 @@ pub enum Caller {
     Kubernetes(String),
 }
 
-/// The `hl7gw.io` resource and verb a SubjectAccessReview asks about for each method.
+/// The `hl7gw.io` resource and verb a SubjectAccessReview asks about for each method, and for
+/// `ReadMessages`: not a method but the permission to receive message bodies (patient data), asked on top of
+/// the method's own when a call wants them (`ListDeadLetters` with `include_envelope`).
 pub fn kubernetes_resource(method: &str) -> Option<(&'static str, &'static str)> {
     Some(match method {
         "Status" => ("destinations", "get"),
         "ListDeadLetters" => ("deadletters", "list"),
+        "ReadMessages" => ("messages", "get"),
         "Replay" => ("replays", "create"),
         "Transform" => ("dryruns", "create"),
         "Ingest" => ("messages", "create"),
@@ -693,6 +696,24 @@ mod tests {
         assert_eq!(
             code(auth.authorize(&req(rotated, None), "Replay").await),
             Err(Unauthenticated)
+        );
+    }
+
+    /// Issue 36, item 1: message bodies are their own RBAC permission (`messages get`), apart from the
+    /// listing's (`deadletters list`) that the viewer role holds.
+    #[test]
+    fn reading_messages_is_its_own_rbac_permission() {
+        assert_eq!(
+            kubernetes_resource("ReadMessages"),
+            Some(("messages", "get"))
+        );
+        assert_ne!(
+            kubernetes_resource("ReadMessages"),
+            kubernetes_resource("ListDeadLetters")
+        );
+        assert_ne!(
+            kubernetes_resource("ReadMessages"),
+            kubernetes_resource("Ingest")
         );
     }
 
