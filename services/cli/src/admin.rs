@@ -319,7 +319,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
         let (ch, _) = a.conn.channel().await?;
         let mut client = EgressClient::new(ch);
         let mut cursor = a.select.cursor.clone().unwrap_or_default();
-        let (mut replayed, mut skipped) = (0u64, 0u64);
+        let (mut replayed, mut skipped, mut refused) = (0u64, 0u64, 0u64);
         loop {
             let r = client
                 .replay(ReplayRequest {
@@ -345,8 +345,23 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
                     println!("{id}");
                 }
             }
+            // Never sent without its message: why, and where the original was read.
+            for f in &r.refused {
+                eprintln!(
+                    "hl7gw replay: not replayed {} (control id {}): {}; the original was read at {}",
+                    f.id,
+                    f.control_id,
+                    f.why,
+                    if f.origin.is_empty() {
+                        "an unrecorded place"
+                    } else {
+                        f.origin.as_str()
+                    }
+                );
+            }
             replayed += u64::from(r.replayed);
             skipped += u64::from(r.skipped);
+            refused += r.refused.len() as u64;
             // A page that moved nothing ends it (the server's cursor did not advance).
             let stuck = r.next_cursor == cursor;
             cursor = r.next_cursor;
@@ -367,6 +382,12 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
                 String::new()
             }
         );
+        if refused > 0 {
+            eprintln!(
+                "hl7gw replay: {refused} refused: their message is neither in the dead letter nor still in the topic it was read from"
+            );
+            return Ok(ExitCode::FAILURE);
+        }
         Ok(ExitCode::SUCCESS)
     })
 }

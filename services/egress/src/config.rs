@@ -84,6 +84,10 @@ pub struct AckPolicy {
     pub permanent_errors: Vec<u16>,
     /// Negative answers retried per message before it goes to the DLQ as `gave_up` (0: no limit).
     pub max_retries: u32,
+    /// HTTP destinations: refused credentials (a 401/403, a token endpoint refusing the client, a discovered
+    /// token endpoint that may not be used) retried per message before it goes to the DLQ as `unauthorized`,
+    /// replayable once they are fixed (0: no limit: the patient's later messages wait behind it for good).
+    pub max_auth_retries: u32,
     /// Send MSH-15 as `AL` when the message asks for no accept ACK (`NE`, `ER`, `SU`): the egress commits
     /// only on an answer, so a compliant receiver's silence would make it resend forever.
     pub rewrite_msh15: bool,
@@ -95,6 +99,7 @@ impl Default for AckPolicy {
             retry: vec!["AR".into(), "CR".into()],
             permanent_errors: vec![100, 101, 102, 103, 104, 200, 201, 202, 203, 204, 205],
             max_retries: 10,
+            max_auth_retries: 10,
             rewrite_msh15: true,
         }
     }
@@ -149,9 +154,14 @@ pub struct SmartBackend {
     /// `kid` of the assertion's header: the key's id in the JWK set registered for the client.
     #[serde(default)]
     pub key_id: Option<String>,
-    /// The token endpoint. Absent: read from `<url>/.well-known/smart-configuration` on first use.
+    /// The token endpoint. Absent: read from `<url>/.well-known/smart-configuration` on first use, and used
+    /// only when it is https on the FHIR server's host or on one of `token_hosts`.
     #[serde(default)]
     pub token_url: Option<String>,
+    /// Hosts other than the FHIR server's that a discovered token endpoint may be on (an authorisation server
+    /// of its own): the server's answer decides where the signed assertion goes, so it is not trusted alone.
+    #[serde(default)]
+    pub token_hosts: Vec<String>,
     /// The scopes asked for.
     #[serde(default = "default_scope")]
     pub scope: String,
@@ -215,8 +225,9 @@ pub struct Destination {
     pub address: String,
     /// The `http://` or `https://` URL each message is sent to: a FHIR server's base (transaction Bundles
     /// from `toFhir`) or any web service. Answers decide like ACKs: 2xx delivered; 408, 429 and 5xx retried
-    /// (honouring `Retry-After`) as `ack_policy.max_retries` allows; 401/403 retried like a receiver that is
-    /// down; any other status is a dead letter with the status and the response body.
+    /// (honouring `Retry-After`) as `ack_policy.max_retries` allows; 401/403 retried as
+    /// `ack_policy.max_auth_retries` allows, then a dead letter `unauthorized`; any other status is a dead
+    /// letter with the status and the response body.
     #[serde(default)]
     pub url: Option<String>,
     /// For `https://` URLs: the CA to trust (required), and a client certificate for mutual TLS.
@@ -365,6 +376,15 @@ fn check_http(name: &str, url: &str, d: &Destination) -> Result<(), String> {
             return Err(format!(
                 "destinations.{name}.http.oauth2.private_key: {} is not a file",
                 o.private_key.display()
+            ));
+        }
+        if let Some(h) = o
+            .token_hosts
+            .iter()
+            .find(|h| h.is_empty() || h.contains(['/', ':', ' ']))
+        {
+            return Err(format!(
+                "destinations.{name}.http.oauth2.token_hosts: {h:?} is not a host name"
             ));
         }
         if let Some(t) = &o.token_url {

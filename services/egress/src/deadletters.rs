@@ -386,12 +386,182 @@ fn millis_timestamp(at: i64) -> prost_types::Timestamp {
     }
 }
 
-/// Whether a transformer dead letter can go back to the inbound topic: only `unmatched` ones, whose envelope is
-/// the inbound one that no route took (the route was missing). The others are not: `too_large` holds an output
-/// without its message, `bad_envelope` and `parse` would fail the same way again, and a failed route's letter
-/// would be routed through every route again (duplicates for the routes that succeeded).
+/// Whether a transformer dead letter can go back to the inbound topic: `unmatched` ones, whose envelope is the
+/// inbound one that no route took (the route was missing), and `too_large` ones that name their input (the
+/// output over the record limit is not in the letter: the input is re-read from the inbound topic and routed
+/// again, once the limit is raised). The others are not: `bad_envelope` and `parse` would fail the same way
+/// again, and a failed route's letter would be routed through every route again (duplicates for the routes
+/// that succeeded).
 pub fn replayable(rej: &hl7gw_runtime::proto::v1::Rejection) -> bool {
-    rej.stage == STAGE_TRANSFORMER && rej.reason == "unmatched"
+    rej.stage == STAGE_TRANSFORMER
+        && (rej.reason == "unmatched"
+            || (rej.reason == "too_large" && !rej.origin_topic.is_empty()))
+}
+
+/// A dead letter `replay` does not send, and why: never sent without its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub id: String,
+    pub control_id: String,
+    pub why: String,
+    /// Where its original was read: `<topic>/<partition>/<offset>` (empty: not known).
+    pub origin: String,
+}
+
+/// Where a dead letter's original was read, `<topic>/<partition>/<offset>` (empty: not known).
+pub fn origin(rej: &hl7gw_runtime::proto::v1::Rejection) -> String {
+    if rej.origin_topic.is_empty() {
+        return String::new();
+    }
+    format!(
+        "{}/{}/{}",
+        rej.origin_topic, rej.origin_partition, rej.origin_offset
+    )
+}
+
+/// What a replay of `env` must re-read from the letter's origin, if anything: the output an egress letter
+/// dropped to fit the record limit, or the input of a transformer `too_large` letter (its output is not
+/// kept). `Err`: the letter cannot be replayed whole from where the origin says (not known, or a topic other
+/// than the one its stage reads: a DLQ record cannot aim a replay at any topic).
+fn needs_origin(cfg: &Config, env: &Envelope) -> Result<Option<(String, i32, i64)>, String> {
+    let Some(rej) = env.rejection.as_ref() else {
+        return Ok(None);
+    };
+    let transformer_output = rej.stage == STAGE_TRANSFORMER && rej.reason == "too_large";
+    if !env.raw.is_empty() && !rej.message_dropped && !transformer_output {
+        return Ok(None);
+    }
+    if rej.origin_topic.is_empty() {
+        return Err(
+            "the message was dropped from the dead letter and its origin is not recorded".into(),
+        );
+    }
+    let expected = if rej.stage == STAGE_TRANSFORMER {
+        cfg.inbound_topic.clone()
+    } else {
+        cfg.topic(&env.destination)
+    };
+    if rej.origin_topic != expected {
+        return Err(format!(
+            "the dead letter names {} as its origin, not {expected}",
+            rej.origin_topic
+        ));
+    }
+    Ok(Some((
+        rej.origin_topic.clone(),
+        rej.origin_partition,
+        rej.origin_offset,
+    )))
+}
+
+/// Makes each letter whole for its replay: a letter without its message gets it from its origin record while
+/// the topic still holds it (checked to be the same envelope id); the others are refused, with why and where
+/// the original was read. Reads Kafka on a blocking thread.
+pub async fn whole(
+    cfg: &Config,
+    letters: Vec<(DeadLetter, Envelope)>,
+) -> (Vec<(DeadLetter, Envelope)>, Vec<Refusal>) {
+    let mut out = Vec::with_capacity(letters.len());
+    let mut refused = Vec::new();
+    for (dl, env) in letters {
+        let at = env.rejection.as_ref().map(origin).unwrap_or_default();
+        let refuse = |why: String| Refusal {
+            id: dl.id.clone(),
+            control_id: dl.control_id.clone(),
+            why,
+            origin: at.clone(),
+        };
+        let (topic, partition, offset) = match needs_origin(cfg, &env) {
+            Ok(None) => {
+                out.push((dl, env));
+                continue;
+            }
+            Ok(Some(o)) => o,
+            Err(why) => {
+                refused.push(refuse(why));
+                continue;
+            }
+        };
+        let c = cfg.clone();
+        let read = tokio::task::spawn_blocking(move || read_origin(&c, &topic, partition, offset))
+            .await
+            .unwrap_or_else(|e| Err(format!("reading the origin: {e}")));
+        match read {
+            Ok(original) if original.id == env.id => {
+                let from_transformer = env
+                    .rejection
+                    .as_ref()
+                    .is_some_and(|r| r.stage == STAGE_TRANSFORMER);
+                let mut replayed = if from_transformer {
+                    // The input itself, routed again (the letter held an output of it).
+                    let mut e = original;
+                    e.rejection = env.rejection.clone();
+                    e
+                } else {
+                    let mut e = env;
+                    e.raw = original.raw;
+                    e.content_type = original.content_type;
+                    e
+                };
+                if let Some(r) = replayed.rejection.as_mut() {
+                    r.message_dropped = false;
+                }
+                out.push((dl, replayed));
+            }
+            Ok(_) => refused.push(refuse(
+                "the record at the dead letter's origin is another message".into(),
+            )),
+            Err(why) => refused.push(refuse(format!(
+                "the message was dropped from the dead letter and {why}"
+            ))),
+        }
+    }
+    (out, refused)
+}
+
+/// Reads the envelope at `topic`/`partition`/`offset`; `Err` says why it is not there. Blocking.
+fn read_origin(cfg: &Config, topic: &str, partition: i32, offset: i64) -> Result<Envelope, String> {
+    let consumer: BaseConsumer<hl7gw_runtime::kafka::KafkaContext> =
+        hl7gw_runtime::kafka::reader_config(
+            &format!("{}.replay-reader", cfg.group_prefix),
+            "hl7gw-egress-replay-reader",
+            &cfg.kafka,
+        )
+        .map_err(|e| format!("cannot read it: {e}"))?
+        .create_with_context(hl7gw_runtime::kafka::KafkaContext)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(5))
+        .map_err(|e| format!("cannot read {topic}: {e}"))?;
+    if offset < low {
+        return Err(format!(
+            "{topic} no longer holds it (its first offset in partition {partition} is {low}: retention)"
+        ));
+    }
+    if offset >= high {
+        return Err(format!("{topic} does not hold it"));
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .and_then(|()| consumer.assign(&tpl))
+        .map_err(|e| format!("cannot read {topic}: {e}"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) if m.offset() == offset => {
+                return envelope::decode(m.payload().unwrap_or_default())
+                    .map_err(|e| format!("the record there is not an envelope: {e}"));
+            }
+            // Past it: deleted (compaction) or never committed.
+            Some(Ok(m)) if m.offset() > offset => {
+                return Err(format!("{topic} does not hold it"));
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(format!("cannot read {topic}: {e}")),
+            None => {}
+        }
+    }
+    Err(format!("{topic} did not give it within 10 s"))
 }
 
 /// The stage of the egress's own dead letters.
@@ -542,6 +712,58 @@ mod tests {
     use super::*;
 
     /// Issue 9, item 14: a caller cannot ask the server for an unbounded page.
+    /// Issue 36, item 5: a letter without its message is replayed only from its own stage's topic, never
+    /// sent empty; a transformer `too_large` letter is replayable when it names its input.
+    #[test]
+    fn a_letter_without_its_message_is_replayed_from_its_origin_or_refused() {
+        use hl7gw_runtime::proto::v1::Rejection;
+        let mut cfg = Config::default();
+        cfg.destinations.insert(
+            "fhir".into(),
+            serde_json::from_str(r#"{"url": "http://127.0.0.1:1/fhir"}"#).unwrap(),
+        );
+        let letter = |stage: &str, reason: &str, raw: &[u8], origin: &str| Envelope {
+            id: "e1".into(),
+            destination: "fhir".into(),
+            raw: raw.to_vec().into(),
+            rejection: Some(Rejection {
+                stage: stage.into(),
+                reason: reason.into(),
+                origin_topic: origin.into(),
+                origin_partition: 2,
+                origin_offset: 7,
+                message_dropped: raw.is_empty(),
+                ..Rejection::default()
+            }),
+            ..Envelope::default()
+        };
+        let whole = letter("egress", "rejected", b"MSH|", "hl7.out.fhir");
+        assert_eq!(needs_origin(&cfg, &whole), Ok(None));
+        let dropped = letter("egress", "rejected", b"", "hl7.out.fhir");
+        assert_eq!(
+            needs_origin(&cfg, &dropped),
+            Ok(Some(("hl7.out.fhir".into(), 2, 7)))
+        );
+        assert!(needs_origin(&cfg, &letter("egress", "rejected", b"", "")).is_err());
+        assert!(needs_origin(&cfg, &letter("egress", "rejected", b"", "hl7.events")).is_err());
+        let too_large = letter("transformer", "too_large", b"", "hl7.inbound");
+        assert!(replayable(too_large.rejection.as_ref().unwrap()));
+        assert_eq!(
+            needs_origin(&cfg, &too_large),
+            Ok(Some(("hl7.inbound".into(), 2, 7)))
+        );
+        assert!(!replayable(
+            letter("transformer", "too_large", b"", "")
+                .rejection
+                .as_ref()
+                .unwrap()
+        ));
+        assert_eq!(
+            origin(dropped.rejection.as_ref().unwrap()),
+            "hl7.out.fhir/2/7"
+        );
+    }
+
     #[test]
     fn pages_are_bounded_by_the_server() {
         assert_eq!(page_limit(0), MAX_PAGE);

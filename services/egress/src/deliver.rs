@@ -632,15 +632,15 @@ impl DestCtx {
                     destination: self.name.clone(),
                     ..Envelope::default()
                 };
+                let end = Ending {
+                    tries: 0,
+                    attempt: 0,
+                    reason: "bad_envelope",
+                    detail: e.to_string(),
+                    answer: Answer::default(),
+                };
                 return self
-                    .dead_letter(
-                        env,
-                        "bad_envelope",
-                        e.to_string(),
-                        Answer::default(),
-                        &tracing::Span::none(),
-                        stop,
-                    )
+                    .dead_letter(env, m, end, &tracing::Span::none(), stop)
                     .await;
             }
         };
@@ -675,8 +675,11 @@ impl DestCtx {
         }
         // One output is one envelope (its id, given at the ingress) through one route: two senders that share a
         // control id, or two routes to this destination, are different outputs.
-        let key = (!env.id.is_empty() && self.dedup.enabled())
-            .then(|| self.dedup.key(&[env.id.as_bytes(), env.route.as_bytes()]));
+        let key = (!env.id.is_empty() && self.dedup.enabled()).then(|| {
+            let replay = replay_mark(&env);
+            self.dedup
+                .key(&[env.id.as_bytes(), env.route.as_bytes(), replay.as_bytes()])
+        });
         if let Some(key) = key
             && self.dedup.lookup(key, 0, Instant::now()) != Seen::New
         {
@@ -700,11 +703,15 @@ impl DestCtx {
         if sent_id.is_empty() {
             // No answer could name it (a route cleared MSH-10): sent, it would wait for one forever.
             self.m.unanswerable(&span);
-            let detail =
-                "the message as sent has no MSH-10: no answer could be matched to it".into();
-            return self
-                .dead_letter(env, "no_control_id", detail, Answer::default(), &span, stop)
-                .await;
+            let end = Ending {
+                tries: 0,
+                attempt: env.attempts,
+                reason: "no_control_id",
+                detail: "the message as sent has no MSH-10: no answer could be matched to it"
+                    .into(),
+                answer: Answer::default(),
+            };
+            return self.dead_letter(env, m, end, &span, stop).await;
         }
         let retry = &self.dest.retry;
         let policy = &self.dest.ack_policy;
@@ -752,7 +759,7 @@ impl DestCtx {
                                         detail,
                                         answer: Answer::ack(frame.freeze()),
                                     };
-                                    return self.last_attempt(env, end, &span, stop).await;
+                                    return self.last_attempt(env, m, end, &span, stop).await;
                                 }
                                 negative += 1;
                                 reason = "negative_ack";
@@ -784,7 +791,7 @@ impl DestCtx {
                     detail: format!("{tries} attempts, last: {reason}"),
                     answer: last_ack.map(Answer::ack).unwrap_or_default(),
                 };
-                return self.last_attempt(env, end, &span, stop).await;
+                return self.last_attempt(env, m, end, &span, stop).await;
             }
             let wait = retry.backoff(tries, fastrand::f64());
             if !self
@@ -798,9 +805,10 @@ impl DestCtx {
 
     /// Sends an output to an HTTP(S) destination until its answer settles it: 2xx delivered; 408, 429 and 5xx
     /// retried (waiting at least `Retry-After`, up to `http.max_retry_after`) as `ack_policy.max_retries`
-    /// allows, then `gave_up`; 401/403 and no answer at all retried as `retry` says (forever by default: the
-    /// patient's later messages wait behind it); any other status dead-lettered (`rejected`) with the status
-    /// and the response body.
+    /// allows, then `gave_up`; refused credentials (401/403, a token endpoint refusing the client) as
+    /// `ack_policy.max_auth_retries` allows, then `unauthorized` (replayable once they are fixed); no answer at
+    /// all retried as `retry` says (forever by default: the patient's later messages wait behind it); any other
+    /// status dead-lettered (`rejected`) with the status and the response body.
     async fn deliver_http(
         &self,
         http: &crate::http::HttpClient,
@@ -826,6 +834,9 @@ impl DestCtx {
         let mut attempt = env.attempts;
         let mut tries = 0u32;
         let mut negative = 0u32;
+        // Refused credentials (401/403, a token endpoint's refusal), bounded by `max_auth_retries`.
+        let mut refused_auth = 0u32;
+        let mut auth_detail = String::new();
         loop {
             attempt += 1;
             tries += 1;
@@ -860,7 +871,7 @@ impl DestCtx {
                                 detail: http_detail(status, &a.content_type, &a.body),
                                 answer: Answer::http(a.body, status),
                             };
-                            return self.last_attempt(env, end, span, stop).await;
+                            return self.last_attempt(env, m, end, span, stop).await;
                         }
                         HttpVerdict::RetryLater(reason) => {
                             negative += 1;
@@ -870,7 +881,12 @@ impl DestCtx {
                             last = Some(Answer::http(a.body, status));
                             reason
                         }
-                        HttpVerdict::Unauthorized => "unauthorized",
+                        HttpVerdict::Unauthorized => {
+                            refused_auth += 1;
+                            auth_detail = http_detail(status, &a.content_type, &a.body);
+                            last = Some(Answer::http(a.body, status));
+                            "unauthorized"
+                        }
                     }
                 }
                 Err(e) => {
@@ -878,10 +894,28 @@ impl DestCtx {
                     if !matches!(e, crate::http::HttpError::Connect(_)) {
                         self.m.attempt_failed(span, &e);
                     }
+                    if let crate::http::HttpError::Refused { status, detail } = &e {
+                        refused_auth += 1;
+                        auth_detail.clone_from(detail);
+                        last = Some(Answer::http(bytes::Bytes::new(), *status));
+                    }
                     e.kind()
                 }
             };
             set(&self.state.last_error, reason);
+            if policy.max_auth_retries > 0 && refused_auth > policy.max_auth_retries {
+                self.m.gave_up(span, reason, tries);
+                let end = Ending {
+                    tries,
+                    attempt,
+                    reason: "unauthorized",
+                    detail: format!(
+                        "credentials refused {refused_auth} times in {tries} attempts, last: {auth_detail}"
+                    ),
+                    answer: last.unwrap_or_default(),
+                };
+                return self.last_attempt(env, m, end, span, stop).await;
+            }
             if (retry.max_attempts > 0 && tries >= retry.max_attempts)
                 || (policy.max_retries > 0 && negative > policy.max_retries)
             {
@@ -893,7 +927,7 @@ impl DestCtx {
                     detail: format!("{tries} attempts, last: {reason}"),
                     answer: last.unwrap_or_default(),
                 };
-                return self.last_attempt(env, end, span, stop).await;
+                return self.last_attempt(env, m, end, span, stop).await;
             }
             if !self
                 .pause_before_retry(tries, reason, wait, generation, head, stop)
@@ -994,12 +1028,17 @@ impl DestCtx {
     async fn dead_letter(
         &self,
         mut env: Envelope,
-        reason: &'static str,
-        detail: String,
-        answer: Answer,
+        m: &OwnedMessage,
+        end: Ending,
         parent: &tracing::Span,
         stop: &CancellationToken,
     ) -> Done {
+        let Ending {
+            reason,
+            detail,
+            answer,
+            ..
+        } = end;
         let span = if parent.is_none() {
             tracing::Span::none()
         } else {
@@ -1032,6 +1071,11 @@ impl DestCtx {
             ack: answer.body,
             hl7_error_code: 0,
             http_status: answer.http_status,
+            // The record it is about: where a replay finds the message when it is dropped from the letter.
+            origin_topic: self.topic.clone(),
+            origin_partition: m.partition(),
+            origin_offset: m.offset(),
+            message_dropped: false,
         });
         envelope::push_stage(&mut env, "egress");
         let traceparent = envelope::traceparent(&env);
@@ -1102,6 +1146,7 @@ impl DestCtx {
     async fn last_attempt(
         &self,
         mut env: Envelope,
+        m: &OwnedMessage,
         end: Ending,
         span: &tracing::Span,
         stop: &CancellationToken,
@@ -1110,8 +1155,7 @@ impl DestCtx {
             self.state.retrying.fetch_sub(1, Ordering::Relaxed);
         }
         env.attempts = end.attempt;
-        self.dead_letter(env, end.reason, end.detail, end.answer, span, stop)
-            .await
+        self.dead_letter(env, m, end, span, stop).await
     }
 }
 
@@ -1121,7 +1165,7 @@ struct Ending {
     tries: u32,
     /// The attempt count the envelope records.
     attempt: u32,
-    /// `rejected` or `gave_up`.
+    /// `rejected`, `gave_up`, `unauthorized`, ...
     reason: &'static str,
     detail: String,
     /// The receiver's last answer.
@@ -1256,6 +1300,7 @@ fn shrink_one(env: &mut Envelope) -> bool {
     }
     if !env.raw.is_empty() {
         let raw = std::mem::take(&mut env.raw);
+        rej.message_dropped = true;
         rej.detail = format!(
             "{}; the message itself ({} bytes, sha256 {}) is not stored",
             rej.detail,
@@ -1265,6 +1310,21 @@ fn shrink_one(env: &mut Envelope) -> bool {
         return true;
     }
     false
+}
+
+/// What tells one replay of an output from another: the time of its last `replay` stage (empty for an output
+/// never replayed). Part of the duplicate window's key, so a replay (forced ones too) is a delivery of its own,
+/// while Kafka's redeliveries of that same replay record are still suppressed.
+fn replay_mark(env: &Envelope) -> String {
+    env.stages
+        .iter()
+        .rev()
+        .find(|s| s.name == "replay")
+        .map(|s| {
+            let at = s.at.unwrap_or_default();
+            format!("replay@{}.{:09}", at.seconds, at.nanos)
+        })
+        .unwrap_or_default()
 }
 
 /// The bytes to send: the message, with MSH-15 set to `AL` when it asks for no accept ACK and the policy says
@@ -1311,9 +1371,31 @@ mod tests {
                 ack: vec![b'A'; ack].into(),
                 hl7_error_code: 0,
                 http_status: 0,
+                ..Rejection::default()
             }),
             ..Envelope::default()
         }
+    }
+
+    /// Issue 36, item 5: two replays of one output are two deliveries for the duplicate window; a record read
+    /// twice is one; an output never replayed keeps the key it had.
+    #[test]
+    fn each_replay_is_its_own_delivery_for_the_duplicate_window() {
+        let mut env = dead_letter(10, 0);
+        assert_eq!(replay_mark(&env), "");
+        envelope::push_stage(&mut env, "egress");
+        assert_eq!(replay_mark(&env), "");
+        let mut first = env.clone();
+        envelope::push_stage(&mut first, "replay");
+        std::thread::sleep(Duration::from_millis(2));
+        let mut forced = env.clone();
+        envelope::push_stage(&mut forced, "replay");
+        assert_ne!(replay_mark(&first), "");
+        assert_ne!(replay_mark(&first), replay_mark(&forced));
+        // Routed again after its replay (a transformer letter): still that replay's.
+        let mut routed = first.clone();
+        envelope::push_stage(&mut routed, "transformer");
+        assert_eq!(replay_mark(&routed), replay_mark(&first));
     }
 
     #[test]
@@ -1324,6 +1406,7 @@ mod tests {
         assert_eq!(http_verdict(408), HttpVerdict::RetryLater("http_408"));
         assert_eq!(http_verdict(503), HttpVerdict::RetryLater("http_5xx"));
         assert_eq!(http_verdict(401), HttpVerdict::Unauthorized);
+        assert_eq!(http_verdict(403), HttpVerdict::Unauthorized);
         assert_eq!(http_verdict(400), HttpVerdict::Refused);
         assert_eq!(http_verdict(422), HttpVerdict::Refused);
         assert_eq!(http_verdict(302), HttpVerdict::Refused);
@@ -1369,9 +1452,14 @@ mod tests {
         );
         assert!(encode_record(&env, "", &mut buf) <= 12_000);
 
+        assert!(!env.rejection.as_ref().unwrap().message_dropped);
         shrink_to_fit(&mut env, "", 2_000, &mut buf);
         let rej = env.rejection.clone().unwrap();
         assert!(env.raw.is_empty());
+        assert!(
+            rej.message_dropped,
+            "a replay must know the message is not here"
+        );
         assert!(
             rej.detail.contains("(10000 bytes, sha256 "),
             "{}",

@@ -12,8 +12,8 @@ use crate::metrics::{DestLabels, EgressMetrics, ScanLabels};
 use hl7gw_runtime::grpc::Caller;
 use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
 use hl7gw_runtime::proto::v1::{
-    DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, ReplayRequest,
-    ReplayResponse, StatusRequest, StatusResponse, TraceRequest, TraceResponse,
+    DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, RefusedReplay,
+    ReplayRequest, ReplayResponse, StatusRequest, StatusResponse, TraceRequest, TraceResponse,
 };
 use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::consumer::Consumer;
@@ -524,6 +524,17 @@ impl Egress for EgressService {
             } else {
                 fresh
             };
+            // Never sent without its message: re-read from its origin, or refused (with why and where).
+            let (chosen, refused) = deadletters::whole(&self.cfg, chosen).await;
+            let refused: Vec<_> = refused
+                .into_iter()
+                .map(|f| RefusedReplay {
+                    id: f.id,
+                    control_id: f.control_id,
+                    why: f.why,
+                    origin: f.origin,
+                })
+                .collect();
             let letters: Vec<_> = chosen.iter().map(|(dl, _)| dl.clone()).collect();
             if r.dry_run {
                 return Ok(Response::new(ReplayResponse {
@@ -533,6 +544,7 @@ impl Egress for EgressService {
                     next_cursor,
                     skipped,
                     letters,
+                    refused,
                 }));
             }
             let ids = deadletters::replay(&self.cfg, &by, chosen)
@@ -546,7 +558,12 @@ impl Egress for EgressService {
                     })
                     .inc();
             }
-            tracing::info!(replayed = ids.len(), skipped, "dead letters replayed");
+            tracing::info!(
+                replayed = ids.len(),
+                skipped,
+                refused = refused.len(),
+                "dead letters replayed"
+            );
             Ok(Response::new(ReplayResponse {
                 replayed: ids.len() as u32,
                 ids: ids.into_iter().map(|(id, _)| id).collect(),
@@ -554,14 +571,16 @@ impl Egress for EgressService {
                 next_cursor,
                 skipped,
                 letters,
+                refused,
             }))
         }
         .await;
         hl7gw_runtime::grpc::audit_result(&caller, peer, "Replay", &what, &result, |r| {
             format!(
-                "{} replayed, {} skipped as replayed before: {}",
+                "{} replayed, {} skipped as replayed before, {} refused (not whole): {}",
                 r.replayed,
                 r.skipped,
+                r.refused.len(),
                 r.ids.join(",")
             )
         });

@@ -10,7 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_rustls::{DefaultServerNameResolver, HttpsConnector, ResolveServerName};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -30,6 +30,10 @@ const ASSERTION_LIFETIME: Duration = Duration::from_secs(300);
 /// Most bytes read of a token endpoint's or discovery document's answer.
 const MAX_AUTH_RESPONSE: usize = 64 << 10;
 
+/// The longest a token is kept, whatever its `expires_in` says (a huge one overflowed `Instant + keep` and
+/// panicked the worker); a token revoked early costs a 401 and a new token anyway.
+const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+
 /// Why an attempt got no answer. `kind()` is a bounded label.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -39,9 +43,15 @@ pub enum HttpError {
     Timeout,
     #[error("request: {0}")]
     Request(String),
-    /// No token could be had (the token endpoint refused, is away, or the key cannot sign).
+    /// No token could be had for now (the token endpoint is away, busy, or answered nonsense; the key cannot
+    /// sign): retried like a receiver that is down.
     #[error("authorisation: {0}")]
     Auth(String),
+    /// The credentials were refused for good until someone fixes them: the token endpoint refused the client
+    /// (a 4xx other than 408/429: `status`), or the discovered token endpoint is not one an assertion may be
+    /// sent to (`status` 0). Counted toward `ack_policy.max_auth_retries`, like a 401/403.
+    #[error("authorisation refused: {detail}")]
+    Refused { status: u16, detail: String },
 }
 
 impl HttpError {
@@ -52,6 +62,7 @@ impl HttpError {
             Self::Timeout => "response_timeout",
             Self::Request(_) => "io_error",
             Self::Auth(_) => "auth_failed",
+            Self::Refused { .. } => "auth_refused",
         }
     }
 }
@@ -136,9 +147,10 @@ impl HttpClient {
             .with_tls_config(tls)
             .https_or_http();
         let builder = match d.tls.as_ref().and_then(|t| t.server_name.as_deref()) {
-            Some(n) => builder.with_server_name_resolver(FixedServerNameResolver::new(
-                hl7gw_tls::server_name(n)?,
-            )),
+            Some(n) => builder.with_server_name_resolver(HostServerName {
+                host: url.host().unwrap_or_default().to_owned(),
+                name: hl7gw_tls::server_name(n)?,
+            }),
             None => builder,
         };
         let connector = match h.version {
@@ -240,6 +252,27 @@ impl HttpClient {
                 continue;
             }
             return Ok(answer);
+        }
+    }
+}
+
+/// `tls.server_name` for the destination's own host only: another host reached through the same client (a
+/// token endpoint elsewhere) is checked against its own name, not the FHIR server's.
+struct HostServerName {
+    host: String,
+    name: rustls_pki_types::ServerName<'static>,
+}
+
+impl ResolveServerName for HostServerName {
+    fn resolve(
+        &self,
+        uri: &Uri,
+    ) -> Result<rustls_pki_types::ServerName<'static>, Box<dyn std::error::Error + Sync + Send>>
+    {
+        if uri.host() == Some(self.host.as_str()) {
+            Ok(self.name.clone())
+        } else {
+            DefaultServerNameResolver::default().resolve(uri)
         }
     }
 }
@@ -439,6 +472,9 @@ struct Smart {
     token_url: tokio::sync::OnceCell<Uri>,
     configured_token_url: Option<String>,
     base: String,
+    /// The FHIR server's URL: a discovered token endpoint must be on its host (or in `token_hosts`).
+    fhir: Uri,
+    token_hosts: Vec<String>,
     token: tokio::sync::Mutex<Option<(HeaderValue, Instant)>>,
 }
 
@@ -452,6 +488,8 @@ impl Smart {
             token_url: tokio::sync::OnceCell::new(),
             configured_token_url: o.token_url.clone(),
             base: url.to_string().trim_end_matches('/').to_owned(),
+            fhir: url.clone(),
+            token_hosts: o.token_hosts.clone(),
             token: tokio::sync::Mutex::new(None),
         })
     }
@@ -474,11 +512,11 @@ impl Smart {
             .get_or_try_init(|| self.discover(pool, timeout))
             .await?;
         let (v, lifetime) = self.fetch(pool, token_url, timeout).await?;
-        // Renewed a little before it expires: a token that runs out in flight costs a 401 and a second try.
-        let keep = lifetime
-            .saturating_sub(lifetime / 10)
-            .max(Duration::from_secs(1));
-        *token = Some((v.clone(), Instant::now() + keep));
+        let now = Instant::now();
+        *token = Some((
+            v.clone(),
+            now.checked_add(token_keep(lifetime)).unwrap_or(now),
+        ));
         Ok(v)
     }
 
@@ -510,14 +548,20 @@ impl Smart {
         let uri: Uri = url
             .parse()
             .map_err(|e| HttpError::Auth(format!("token endpoint {url}: {e}")))?;
-        let local = matches!(
-            uri.host(),
-            Some("localhost" | "127.0.0.1" | "[::1]" | "::1")
-        );
-        if uri.scheme_str() != Some("https") && !(uri.scheme_str() == Some("http") && local) {
-            return Err(HttpError::Auth(format!(
-                "token endpoint {url}: not https (an assertion is sent there)"
-            )));
+        if self.configured_token_url.is_none() {
+            trusted_token_endpoint(&uri, &self.fhir, &self.token_hosts).map_err(|why| {
+                HttpError::Refused {
+                    status: 0,
+                    detail: format!("discovered token endpoint {url}: {why}"),
+                }
+            })?;
+        } else {
+            let local = is_loopback(uri.host());
+            if uri.scheme_str() != Some("https") && !(uri.scheme_str() == Some("http") && local) {
+                return Err(HttpError::Auth(format!(
+                    "token endpoint {url}: not https (an assertion is sent there)"
+                )));
+            }
         }
         Ok(uri)
     }
@@ -550,10 +594,16 @@ impl Smart {
                 .get("error_description")
                 .and_then(|e| e.as_str())
                 .unwrap_or("");
-            return Err(HttpError::Auth(format!(
-                "token endpoint answered HTTP {} {error} {description}",
-                a.status.as_u16()
-            )));
+            let status = a.status.as_u16();
+            let detail = format!("token endpoint answered HTTP {status} {error} {description}");
+            // 4xx: the client, its key or its scope is refused (until someone fixes them); 408, 429, 5xx: busy.
+            return Err(
+                if a.status.is_client_error() && !matches!(status, 408 | 429) {
+                    HttpError::Refused { status, detail }
+                } else {
+                    HttpError::Auth(detail)
+                },
+            );
         }
         let token = v
             .get("access_token")
@@ -593,6 +643,50 @@ impl Smart {
     }
 }
 
+/// How long a token that `lifetime` says is valid is kept: at most [`MAX_TOKEN_LIFETIME`], renewed a tenth
+/// before it runs out (a token that runs out in flight costs a 401 and a second try), at least a second.
+fn token_keep(lifetime: Duration) -> Duration {
+    let lifetime = lifetime.min(MAX_TOKEN_LIFETIME);
+    lifetime
+        .saturating_sub(lifetime / 10)
+        .max(Duration::from_secs(1))
+}
+
+fn is_loopback(host: Option<&str>) -> bool {
+    matches!(host, Some("localhost" | "127.0.0.1" | "[::1]" | "::1"))
+}
+
+/// Whether a token endpoint a server's `.well-known/smart-configuration` named may get our assertion: over
+/// https, on the FHIR server's own host or one of `allowed` (`oauth2.token_hosts`). A FHIR server on this
+/// machine over plain http may name plain http on that same host. Anything else (another host, plain http to
+/// the pod's loopback, where sidecars listen) would let the server's answer aim our requests anywhere.
+fn trusted_token_endpoint(endpoint: &Uri, fhir: &Uri, allowed: &[String]) -> Result<(), String> {
+    let Some(host) = endpoint.host() else {
+        return Err("no host".into());
+    };
+    let same_host = fhir.host().is_some_and(|h| h.eq_ignore_ascii_case(host));
+    match endpoint.scheme_str() {
+        Some("https") => {}
+        Some("http")
+            if same_host && fhir.scheme_str() == Some("http") && is_loopback(Some(host)) =>
+        {
+            return if endpoint.port_u16() == fhir.port_u16() {
+                Ok(())
+            } else {
+                Err("plain http to another port of this machine".into())
+            };
+        }
+        _ => return Err("not https (an assertion is sent there)".into()),
+    }
+    if same_host || allowed.iter().any(|a| a.eq_ignore_ascii_case(host)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{host} is neither the FHIR server's host nor in oauth2.token_hosts"
+        ))
+    }
+}
+
 /// `application/x-www-form-urlencoded` for a value (unreserved characters kept, the rest percent-encoded).
 fn form_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -626,6 +720,60 @@ mod tests {
         assert_eq!(retry_after(b"-1", now), None);
     }
 
+    /// Issue 36, item 4: an `expires_in` of 2^64-1 s is kept an hour at most (it panicked the worker), a short
+    /// one is renewed early, a zero one kept a second.
+    #[test]
+    fn token_lifetimes_are_clamped() {
+        assert_eq!(
+            token_keep(Duration::from_secs(u64::MAX)),
+            Duration::from_secs(3240)
+        );
+        assert_eq!(
+            token_keep(Duration::from_secs(300)),
+            Duration::from_secs(270)
+        );
+        assert_eq!(token_keep(Duration::ZERO), Duration::from_secs(1));
+        let now = Instant::now();
+        assert!(now.checked_add(token_keep(Duration::MAX)).is_some());
+    }
+
+    /// Issue 36, item 4: a discovered token endpoint is https on the FHIR server's host or an allowed one;
+    /// plain http only to the same loopback server a plain-http FHIR URL names.
+    #[test]
+    fn discovered_token_endpoints_must_be_https_on_a_trusted_host() {
+        let fhir = Uri::from_static("https://fhir.example:8443/fhir");
+        let allowed = vec!["auth.example".to_owned()];
+        let ok =
+            |e: &'static str, f: &Uri| trusted_token_endpoint(&Uri::from_static(e), f, &allowed);
+        assert!(ok("https://fhir.example/token", &fhir).is_ok());
+        assert!(ok("https://FHIR.example:9443/auth/token", &fhir).is_ok());
+        assert!(ok("https://auth.example/token", &fhir).is_ok());
+        for bad in [
+            "http://127.0.0.1:15000/token",
+            "http://fhir.example/token",
+            "https://127.0.0.1:15000/token",
+            "https://elsewhere.example/token",
+        ] {
+            assert!(ok(bad, &fhir).is_err(), "{bad}");
+        }
+        let local = Uri::from_static("http://127.0.0.1:8080/fhir");
+        assert!(ok("http://127.0.0.1:8080/auth/token", &local).is_ok());
+        assert!(ok("http://127.0.0.1:15000/token", &local).is_err());
+        assert!(ok("http://localhost:8080/token", &local).is_err());
+    }
+
+    /// Issue 36, item 4: `tls.server_name` names the FHIR server's host only; the token host keeps its own.
+    #[test]
+    fn the_fixed_server_name_is_for_its_own_host() {
+        let r = HostServerName {
+            host: "10.0.0.5".into(),
+            name: hl7gw_tls::server_name("fhir.internal").unwrap(),
+        };
+        let name = |u: &'static str| format!("{:?}", r.resolve(&Uri::from_static(u)).unwrap());
+        assert!(name("https://10.0.0.5:8443/fhir").contains("fhir.internal"));
+        assert!(name("https://auth.example/token").contains("auth.example"));
+    }
+
     #[test]
     fn form_values_are_percent_encoded() {
         assert_eq!(form_encode("system/*.write a"), "system%2F%2A.write%20a");
@@ -656,6 +804,8 @@ mod tests {
             token_url: tokio::sync::OnceCell::new(),
             configured_token_url: None,
             base: String::new(),
+            fhir: Uri::from_static("https://fhir.example/fhir"),
+            token_hosts: Vec::new(),
             token: tokio::sync::Mutex::new(None),
         };
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);

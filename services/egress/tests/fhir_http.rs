@@ -6,7 +6,11 @@
 //!   second delivery of the same messages leaves the server's resource counts as they were;
 //! - each patient's messages arrive in the order they were sent (the last update wins);
 //! - the answers decide like ACKs: a server that is down is waited for, a 429 waits its `Retry-After`, a 400
-//!   with an OperationOutcome is a dead letter with the status and the outcome, and its replay is delivered.
+//!   with an OperationOutcome is a dead letter with the status and the outcome, and its replay is delivered;
+//! - refused credentials (403, a token endpoint's refusal, a discovered token endpoint that may not be used) are
+//!   bounded, then a replayable dead letter; a token's `expires_in` is clamped;
+//! - a replay is whole (re-read from its topic when the dead letter lost the message) or refused, and a forced
+//!   one is sent.
 
 use hl7gw_testkit as support;
 use hl7gw_testkit::fhir::FhirServer;
@@ -524,4 +528,489 @@ async fn an_hl7_route_posts_the_message_to_a_web_service() {
     assert_eq!(support::field(&posted, "MSH-10").as_deref(), Some("HOOK-1"));
     assert_eq!(support::field(&posted, "MSH-5").as_deref(), Some("LAB"));
     assert_ne!(support::field(&posted, "PID-5-1").as_deref(), Some("DOE"));
+}
+
+/// Waits for the dead letter of `control_id` at `destination` (with its envelope); panics after `limit`.
+async fn wait_dead_letter(
+    p: &Pipeline,
+    control_id: &str,
+    limit: Duration,
+) -> hl7gw_runtime::proto::v1::DeadLetter {
+    let mut egress = p.egress_client().await;
+    let deadline = Instant::now() + limit;
+    loop {
+        let dead = dead_letters(&mut egress, "fhir", true).await;
+        if let Some(d) = dead.into_iter().find(|d| d.control_id == control_id) {
+            return d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no dead letter for {control_id}\n{}",
+            p.metrics_summary()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Replays the dead letters of `ids` (forced when `force`); the count replayed.
+async fn replay_ids(p: &Pipeline, ids: &[String], force: bool) -> u32 {
+    let mut egress = p.egress_client().await;
+    egress
+        .replay(hl7gw_runtime::proto::v1::ReplayRequest {
+            ids: ids.to_vec(),
+            force,
+            ..Default::default()
+        })
+        .await
+        .expect("Replay")
+        .into_inner()
+        .replayed
+}
+
+/// The ledger's events of `kind` (by the egress) for `control_id`: their reasons and HTTP statuses.
+fn egress_events(p: &Pipeline, kind: &str, control_id: &str) -> Vec<(String, u32)> {
+    hl7gw_testkit::pipeline::read_events(&p.topic("events"), Duration::from_secs(30))
+        .into_iter()
+        .filter(|(_, _, e)| e.kind == kind && e.control_id == control_id && e.stage == "egress")
+        .map(|(_, _, e)| (e.reason, e.http_status))
+        .collect()
+}
+
+/// Issue 36, item 4: a 403 (a scope the server refuses) was retried for ever and never counted toward a bound:
+/// the partition was wedged behind it with no dead letter. Now 401/403 count toward
+/// `ack_policy.max_auth_retries` (10 by default), then the output is a dead letter `unauthorized` with the
+/// status, and its replay (once the credentials are fixed) is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_bounded_then_a_replayable_dead_letter() {
+    let server = FhirServer::start(0, &[]);
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&destination(&server.base()));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+
+    server.fail_next(403, 1000, None);
+    assert_eq!(
+        send_all(&p, &[support::adt("SCOPE-1", "P-SCOPE")])
+            .await
+            .len(),
+        1
+    );
+    let letter = wait_dead_letter(&p, "SCOPE-1", Duration::from_secs(60)).await;
+    assert_eq!(letter.reason, "unauthorized");
+    assert_eq!(letter.http_status, 403);
+    assert_eq!(letter.attempts, 11, "1 + max_auth_retries (10)");
+    let posts = server
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "POST")
+        .count();
+    assert_eq!(posts, 11);
+
+    // The scope is granted: the replay is delivered.
+    server.fail_next(403, 0, None);
+    assert_eq!(
+        replay_ids(&p, std::slice::from_ref(&letter.id), false).await,
+        1
+    );
+    wait_delivered(&p, &server, 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        egress_events(&p, "dead_lettered", "SCOPE-1"),
+        [("unauthorized".to_owned(), 403)]
+    );
+}
+
+/// A stand-in for a pod's sidecar (an admin port on loopback): counts the connections it gets.
+async fn sidecar() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the sidecar");
+    let port = listener.local_addr().expect("its address").port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    (port, hits)
+}
+
+/// Issue 36, item 4, the token endpoint: SMART discovery naming a plain-http endpoint on the pod's loopback (a
+/// request forgery to its sidecars) is refused, never connected to, and counted like a refusal (a dead letter
+/// `unauthorized`, replayed once the server is fixed); a token answer with an `expires_in` of 2^64-1 seconds
+/// is clamped (it panicked the worker: `Instant + keep` overflowed, and the egress stopped); a token endpoint
+/// that refuses the client counts toward the same bound (it was retried for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_token_endpoints_are_refused_bounded_and_clamped() {
+    let pki = support::pki::pki();
+    let server = FhirServer::start(
+        0,
+        &[
+            "--tls-cert",
+            &pki.file("server.pem"),
+            "--tls-key",
+            &pki.file("server.key"),
+            "--smart-client",
+            &format!("hl7gw-egress={}", pki.file("smart-client.pub")),
+        ],
+    );
+    let (sidecar_port, sidecar_hits) = sidecar().await;
+    let hostile = format!("/admin/smart?tokenEndpoint=http://127.0.0.1:{sidecar_port}/token");
+    server.call_tls("POST", &hostile, &pki).await;
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&format!(
+        "  fhir:\n    url: https://127.0.0.1:{}/fhir\n    response_timeout: 30s\n    retry: {{initial_backoff: 100ms, max_backoff: 500ms}}\n\
+         \x20   ack_policy: {{max_retries: 3}}\n\
+         \x20   tls: {{ca: {}}}\n\
+         \x20   http: {{oauth2: {{client_id: hl7gw-egress, private_key: {}, key_id: k1}}}}\n",
+        server.port,
+        pki.file("ca.pem"),
+        pki.file("smart-client.key"),
+    ));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+
+    // The discovered endpoint is on loopback over plain http: refused, never reached.
+    send_all(&p, &[support::adt("SSRF-1", "P-SMART")]).await;
+    let letter = wait_dead_letter(&p, "SSRF-1", Duration::from_secs(60)).await;
+    assert_eq!(letter.reason, "unauthorized");
+    assert_eq!(
+        sidecar_hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the egress connected to the discovered loopback endpoint"
+    );
+    let detail = letter
+        .envelope
+        .as_ref()
+        .and_then(|e| e.rejection.as_ref())
+        .map(|r| r.detail.clone())
+        .unwrap_or_default();
+    assert!(detail.contains("token endpoint"), "{detail}");
+
+    // The server is fixed, and answers tokens that (it says) never expire: the replay is delivered.
+    server
+        .call_tls(
+            "POST",
+            "/admin/smart?tokenEndpoint=&expiresIn=18446744073709551615",
+            &pki,
+        )
+        .await;
+    assert_eq!(
+        replay_ids(&p, std::slice::from_ref(&letter.id), false).await,
+        1
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    while auth["fhirAuthorized"].as_u64() < Some(1) {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered after the fix: {auth}\n{}",
+            p.metrics_summary()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    }
+    // The egress is still up (the clamp), and delivers the next one with the token it has.
+    send_all(&p, &[support::adt("SMART-2", "P-SMART")]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while auth["fhirAuthorized"].as_u64() < Some(2) {
+        assert!(
+            Instant::now() < deadline,
+            "the egress stopped delivering: {auth}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    }
+    assert_eq!(auth["tokensIssued"], 1, "{auth}");
+
+    // The token endpoint refuses the client (every token revoked, every new one refused): bounded, then a
+    // dead letter with the token endpoint's status.
+    server.call_tls("POST", "/admin/revoke", &pki).await;
+    server
+        .call_tls("POST", "/admin/token-fail?status=400&count=1000", &pki)
+        .await;
+    send_all(&p, &[support::adt("REFUSED-1", "P-SMART")]).await;
+    let letter = wait_dead_letter(&p, "REFUSED-1", Duration::from_secs(60)).await;
+    assert_eq!(letter.reason, "unauthorized");
+    assert_eq!(letter.http_status, 400);
+    assert_eq!(letter.attempts, 11, "1 + max_auth_retries (10)");
+    server
+        .call_tls("POST", "/admin/token-fail?status=400&count=0", &pki)
+        .await;
+    assert_eq!(
+        replay_ids(&p, std::slice::from_ref(&letter.id), false).await,
+        1
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while auth["fhirAuthorized"].as_u64() < Some(3) {
+        assert!(
+            Instant::now() < deadline,
+            "the replay was not delivered: {auth}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        auth = server.call_tls("GET", "/admin/auth", &pki).await;
+    }
+}
+
+/// The POSTs to the server's base so far: (status, body bytes).
+fn posts(server: &FhirServer) -> Vec<(u64, i64)> {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "POST" && r["path"] == "/fhir")
+        .map(|r| {
+            (
+                r["status"].as_u64().unwrap_or(0),
+                r["bytes"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+/// Stops the egress with SIGTERM (it commits what it settled: no redelivery after its restart).
+fn restart_gently(p: &mut Pipeline) {
+    if let Some(child) = p.egress.process.as_mut() {
+        let code = support::sigterm_and_wait(&mut child.0, "egress", Duration::from_secs(25));
+        assert!(code.success(), "egress exited with {code}");
+    }
+}
+
+/// Issue 36, item 5: replay is whole or refused, and never silent. A dead letter shrunk to fit the record limit
+/// (the message dropped) was replayed as an empty body, which a lenient server takes and the ledger called
+/// delivered; now the replay re-reads the message from where the egress read it (the destination topic's
+/// record the dead letter names), or, when that topic no longer holds it, refuses it saying why and where the
+/// original was. A forced replay inside the duplicate window was dropped with a log line only; now it is sent
+/// (a replay is a new delivery, its Kafka redeliveries still suppressed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_whole_or_refused_and_a_forced_one_is_sent() {
+    let server = FhirServer::start(0, &[]);
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&destination(&server.base()));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    // An address of 4 KB makes a Bundle a 2 KB dead letter cannot hold.
+    let long = |control_id: &str| {
+        String::from_utf8(support::adt(control_id, "P-WHOLE"))
+            .unwrap()
+            .replace(
+                "|F\r",
+                &format!("|F|||{} MAIN STREET^^BOSTON^MA^02115\r", "9".repeat(4000)),
+            )
+            .into_bytes()
+    };
+    send_all(&p, &[long("WHOLE-0")]).await;
+    wait_delivered(&p, &server, 1, Duration::from_secs(60)).await;
+    let bundle_bytes = posts(&server)[0].1;
+    assert!(bundle_bytes > 4000, "a Bundle of {bundle_bytes} bytes");
+
+    // The egress again, its records limited to 2 KB: a dead letter of a Bundle does not fit whole.
+    restart_gently(&mut p);
+    p.egress.process = None;
+    p.egress
+        .env
+        .push(("HL7GW_KAFKA__MAX_MESSAGE_BYTES", "2000".into()));
+    p.start_egress();
+    p.wait_ready(Duration::from_secs(60));
+    server.fail_next(400, 2, None);
+    send_all(&p, &[long("WHOLE-1"), long("WHOLE-2")]).await;
+    let letter = wait_dead_letter(&p, "WHOLE-1", Duration::from_secs(60)).await;
+    let second = wait_dead_letter(&p, "WHOLE-2", Duration::from_secs(60)).await;
+    let env = letter.envelope.clone().unwrap_or_default();
+    let rej = env.rejection.clone().unwrap_or_default();
+    assert!(env.raw.is_empty(), "the message was dropped to fit");
+    assert!(rej.detail.contains("is not stored"), "{}", rej.detail);
+
+    // The limit is raised again (the replay's own records must fit); the replay sends the whole Bundle, read
+    // from the destination topic.
+    restart_gently(&mut p);
+    p.egress.process = None;
+    p.egress
+        .env
+        .retain(|(k, _)| *k != "HL7GW_KAFKA__MAX_MESSAGE_BYTES");
+    p.start_egress();
+    p.wait_ready(Duration::from_secs(60));
+    assert_eq!(
+        replay_ids(&p, std::slice::from_ref(&letter.id), false).await,
+        1
+    );
+    wait_delivered(&p, &server, 2, Duration::from_secs(60)).await;
+    let sent = posts(&server);
+    assert_eq!(
+        sent.last().copied(),
+        Some((200, bundle_bytes)),
+        "the replay's POST: {sent:?}"
+    );
+
+    // Forced again within the duplicate window: sent again (and on the ledger as delivered twice).
+    assert_eq!(
+        replay_ids(&p, std::slice::from_ref(&letter.id), true).await,
+        1
+    );
+    wait_delivered(&p, &server, 3, Duration::from_secs(30)).await;
+    assert_eq!(
+        egress_events(&p, "delivered", "WHOLE-1"),
+        [(String::new(), 200), (String::new(), 200)]
+    );
+
+    // The destination topic no longer holds the second one's message (retention, here deleted): its replay
+    // is refused, saying why and where the original was; nothing is sent.
+    let rej = second
+        .envelope
+        .and_then(|e| e.rejection)
+        .unwrap_or_default();
+    let origin = format!(
+        "{}/{}/{}",
+        rej.origin_topic, rej.origin_partition, rej.origin_offset
+    );
+    assert_eq!(rej.origin_topic, p.topic("out.fhir"));
+    delete_records(
+        &rej.origin_topic,
+        rej.origin_partition,
+        rej.origin_offset + 1,
+    )
+    .await;
+    let before = posts(&server).len();
+    let mut egress = p.egress_client().await;
+    let r = egress
+        .replay(hl7gw_runtime::proto::v1::ReplayRequest {
+            ids: vec![second.id.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.replayed, 0, "{r:?}");
+    let [refused] = &r.refused[..] else {
+        panic!("one refusal: {r:?}")
+    };
+    assert_eq!(
+        (refused.id.as_str(), refused.origin.as_str()),
+        (second.id.as_str(), origin.as_str())
+    );
+    assert!(
+        refused.why.contains("no longer holds it"),
+        "{}",
+        refused.why
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(posts(&server).len(), before, "nothing was sent");
+}
+
+/// Deletes the records of `topic`'s `partition` before `offset` (as retention would).
+async fn delete_records(topic: &str, partition: i32, offset: i64) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", support::broker())
+        .create()
+        .expect("an admin client");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
+        .expect("a partition");
+    let done = admin
+        .delete_records(&tpl, &AdminOptions::new())
+        .await
+        .expect("records deleted");
+    for e in done.elements() {
+        assert!(e.error().is_ok(), "delete records: {:?}", e.error());
+    }
+}
+
+/// Stops the transformer with SIGTERM (its transaction committed: no batch read again after its restart).
+fn stop_transformer(p: &mut Pipeline) {
+    if let Some(child) = p.transformer.process.as_mut() {
+        let code = support::sigterm_and_wait(&mut child.0, "transformer", Duration::from_secs(25));
+        assert!(code.success(), "transformer exited with {code}");
+    }
+    p.transformer.process = None;
+}
+
+/// Issue 36, item 5: a `toFhir` output over the record limit was dead-lettered without its content and was
+/// not replayable. Its dead letter now names its input (inbound topic, partition, offset), and `replay`
+/// re-reads that input and routes it again (once the limit is raised), while the inbound topic holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_large_output_is_replayed_from_its_input() {
+    let server = FhirServer::start(0, &[]);
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(&destination(&server.base()));
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    send_all(&p, &[support::adt("BIG-0", "P-BIG")]).await;
+    wait_delivered(&p, &server, 1, Duration::from_secs(60)).await;
+
+    // The transformer's records limited to 2 KB: a Bundle with a 4 KB address is over it.
+    stop_transformer(&mut p);
+    p.transformer
+        .env
+        .push(("HL7GW_KAFKA__MAX_MESSAGE_BYTES", "2000".into()));
+    p.start_transformer();
+    p.wait_ready(Duration::from_secs(60));
+    let big = String::from_utf8(support::adt("BIG-1", "P-BIG"))
+        .unwrap()
+        .replace(
+            "|F\r",
+            &format!("|F|||{} MAIN STREET^^BOSTON^MA^02115\r", "9".repeat(4000)),
+        )
+        .into_bytes();
+    send_all(&p, &[big]).await;
+    let mut egress = p.egress_client().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let letter = loop {
+        let page = egress
+            .list_dead_letters(hl7gw_runtime::proto::v1::ListDeadLettersRequest {
+                stage: "transformer".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(d) = page
+            .dead_letters
+            .into_iter()
+            .find(|d| d.control_id == "BIG-1")
+        {
+            break d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no transformer dead letter for BIG-1"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(letter.reason, "too_large");
+
+    // The limit raised again: the replay re-reads the input and the route delivers it.
+    stop_transformer(&mut p);
+    p.transformer
+        .env
+        .retain(|(k, _)| *k != "HL7GW_KAFKA__MAX_MESSAGE_BYTES");
+    p.start_transformer();
+    p.wait_ready(Duration::from_secs(60));
+    let replayed = egress
+        .replay(hl7gw_runtime::proto::v1::ReplayRequest {
+            ids: vec![letter.id.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replayed.replayed, 1, "{replayed:?}");
+    wait_delivered(&p, &server, 2, Duration::from_secs(60)).await;
+    let (status, bundle) = server.call(
+        "GET",
+        "/fhir/Patient?identifier=urn:hl7gw:id:TESTFAC%7CP-BIG",
+    );
+    assert_eq!(status, 200, "{bundle}");
+    let line = bundle["entry"][0]["resource"]["address"][0]["line"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        line.len() > 4000,
+        "the replayed message's address: {bundle}"
+    );
 }

@@ -274,7 +274,7 @@ pub async fn route_consumed<P: PluginCaller>(
         .transform_duration
         .observe(started.elapsed().as_secs_f64());
     for r in &mut records {
-        too_large_to_dlq(cfg, r, metrics);
+        too_large_to_dlq(cfg, r, consumed, metrics);
     }
     if records.is_empty() && dropped.is_empty() && cfg.ledger.enabled() {
         let mut e = ledger::event(ledger::kind::DROPPED, STAGE, &env);
@@ -331,8 +331,14 @@ fn send_event(
 /// An output larger than Kafka takes (`kafka.max_message_bytes`, e.g. the JSON of a message near the limit)
 /// would fail its transaction on every retry and stop the pod: it goes to the DLQ instead, reason
 /// `too_large`. The whole record counts (see [`record_size`]), not the envelope alone: librdkafka refuses a
-/// record whose envelope fits but whose key, headers and overhead do not.
-fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetrics) {
+/// record whose envelope fits but whose key, headers and overhead do not. The dead letter names the input it
+/// was made from (`consumed`), so that a replay re-reads it from the inbound topic: the output is not kept.
+fn too_large_to_dlq(
+    cfg: &Config,
+    r: &mut OutRecord,
+    consumed: Option<Consumed<'_>>,
+    metrics: &TransformerMetrics,
+) {
     let max = cfg.kafka.max_message_bytes;
     let size = record_size(&r.envelope, &r.key, &r.traceparent);
     if size <= max {
@@ -344,6 +350,28 @@ fn too_large_to_dlq(cfg: &Config, r: &mut OutRecord, metrics: &TransformerMetric
         r.topic
     );
     *r = refused_to_dlq(cfg, r, "too_large", detail, false, metrics);
+    note_origin(&mut r.envelope, consumed);
+}
+
+/// Where `m` was read, for a dead letter's origin.
+fn consumed_at<'a>(m: &'a OwnedMessage, cfg: &'a Config) -> Consumed<'a> {
+    Consumed {
+        topic: m.topic(),
+        partition: m.partition(),
+        offset: m.offset(),
+        group: &cfg.group_id,
+    }
+}
+
+/// Records in a dead letter where its input was read (unless it names an origin already).
+fn note_origin(env: &mut Envelope, consumed: Option<Consumed<'_>>) {
+    if let (Some(c), Some(rej)) = (consumed, env.rejection.as_mut())
+        && rej.origin_topic.is_empty()
+    {
+        rej.origin_topic = c.topic.to_owned();
+        rej.origin_partition = c.partition;
+        rej.origin_offset = c.offset;
+    }
 }
 
 /// A dead letter, for `reason`, in place of the output `r` Kafka does not take (a dead letter already keeps its
@@ -393,6 +421,7 @@ fn refused_to_dlq(
 fn strip_message(env: &mut Envelope) {
     let raw = std::mem::take(&mut env.raw);
     if let Some(rej) = env.rejection.as_mut() {
+        rej.message_dropped = true;
         rej.detail = format!(
             "{}; the message itself ({} bytes, sha256 {}) is not stored",
             rej.detail,
@@ -970,6 +999,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                     // DLQ topic may be as small).
                     let detail = format!("Kafka refused the output for {} ({reason})", r.topic);
                     r = refused_to_dlq(&self.cfg, &mut r, reason, detail, true, &self.metrics);
+                    note_origin(&mut r.envelope, Some(consumed_at(m, &self.cfg)));
                 }
                 let delivery = match send(&self.producer, &mut r, buf) {
                     Ok(d) => {
@@ -993,6 +1023,7 @@ impl<P: PluginCaller + 'static> Worker<P> {
                                 true,
                                 &self.metrics,
                             );
+                            note_origin(&mut dead.envelope, Some(consumed_at(m, &self.cfg)));
                             let d = send(&self.producer, &mut dead, buf)?;
                             if let Some(topic) = events_topic {
                                 let e = ledger_event(&self.cfg, &dead);
@@ -1543,13 +1574,29 @@ mod tests {
                 std::cmp::Ordering::Equal => break,
             }
         }
-        too_large_to_dlq(&cfg, &mut r, &m);
+        let consumed = Consumed {
+            topic: "hl7.inbound",
+            partition: 3,
+            offset: 42,
+            group: "g",
+        };
+        too_large_to_dlq(&cfg, &mut r, Some(consumed), &m);
         assert_eq!(r.topic, "hl7.dlq");
         let rej = r.envelope.rejection.clone().unwrap();
         assert_eq!(rej.reason, "too_large");
         assert!(r.envelope.raw.is_empty());
         assert!(rej.detail.contains("sha256 "), "{}", rej.detail);
         assert!(record_size(&r.envelope, &r.key, &r.traceparent) <= max);
+        // Issue 36, item 5: it names its input, so that a replay re-reads it.
+        assert!(rej.message_dropped);
+        assert_eq!(
+            (
+                rej.origin_topic.as_str(),
+                rej.origin_partition,
+                rej.origin_offset
+            ),
+            ("hl7.inbound", 3, 42)
+        );
     }
 
     /// librdkafka's own size check (`message.max.bytes`) counts key, headers and overhead: it never refuses a

@@ -74,6 +74,8 @@ final class Admin {
                         case "POST /revoke" -> auth.revoke();
                         case "POST /token-fail" -> auth.failTokens(intParam(req, "status", 503),
                                 intParam(req, "count", 1));
+                        case "POST /smart" -> auth.smartOverrides(req.getParameter("tokenEndpoint"),
+                                req.getParameter("expiresIn"));
                         default -> null;
                     };
                 } catch (IllegalArgumentException e) {
@@ -83,7 +85,7 @@ final class Admin {
                 if (body == null) {
                     send(resp, 404, json.createObjectNode().put("error", "no such control: " + method + " /admin" + path
                             + " (GET counts, GET requests, GET auth, POST fail?status=&count=&retryAfter=&delayMs=, POST reset,"
-                            + " POST revoke, POST token-fail?status=&count=)"));
+                            + " POST revoke, POST token-fail?status=&count=, POST smart?tokenEndpoint=&expiresIn=)"));
                     return;
                 }
                 send(resp, 200, body);

@@ -86,6 +86,10 @@ final class Auth {
     // POST /admin/token-fail: the next `tokenFailCount` token requests get `tokenFailStatus`.
     private int tokenFailCount;
     private int tokenFailStatus;
+    // POST /admin/smart: what a hostile or broken server would say (kept by /admin/reset, empty: the defaults):
+    // the discovery document's token_endpoint, and the token answers' expires_in as a raw JSON number.
+    private volatile String tokenEndpointOverride;
+    private volatile String expiresInOverride;
 
     Auth(String staticToken, Map<String, List<PublicKey>> clients, long ttlSeconds, boolean tls, boolean clientCa) {
         this.staticToken = staticToken;
@@ -132,6 +136,16 @@ final class Auth {
         tokenFailStatus = status;
         tokenFailCount = count;
         return json.createObjectNode().put("status", status).put("count", count);
+    }
+
+    /** POST /admin/smart?tokenEndpoint=URL&expiresIn=NUMBER (each optional; empty clears it). */
+    synchronized ObjectNode smartOverrides(String tokenEndpoint, String expiresIn) {
+        if (expiresIn != null && !expiresIn.isEmpty() && !expiresIn.matches("[0-9]{1,40}")) {
+            throw new IllegalArgumentException("expiresIn must be digits");
+        }
+        tokenEndpointOverride = tokenEndpoint == null || tokenEndpoint.isEmpty() ? null : tokenEndpoint;
+        expiresInOverride = expiresIn == null || expiresIn.isEmpty() ? null : expiresIn;
+        return json.createObjectNode().put("tokenEndpoint", tokenEndpointOverride).put("expiresIn", expiresInOverride);
     }
 
     synchronized ObjectNode revoke() {
@@ -304,7 +318,8 @@ final class Auth {
                     return;
                 }
                 ObjectNode o = json.createObjectNode();
-                o.put("token_endpoint", base(req) + "/auth/token");
+                String endpoint = tokenEndpointOverride;
+                o.put("token_endpoint", endpoint != null ? endpoint : base(req) + "/auth/token");
                 o.putArray("token_endpoint_auth_methods_supported").add("private_key_jwt");
                 o.putArray("token_endpoint_auth_signing_alg_values_supported").add("RS384").add("ES384");
                 o.putArray("grant_types_supported").add("client_credentials");
@@ -550,7 +565,12 @@ final class Auth {
         ObjectNode o = json.createObjectNode();
         o.put("access_token", token);
         o.put("token_type", "bearer");
-        o.put("expires_in", ttlSeconds);
+        String expiresIn = expiresInOverride;
+        if (expiresIn != null) {
+            o.put("expires_in", new java.math.BigInteger(expiresIn));
+        } else {
+            o.put("expires_in", ttlSeconds);
+        }
         o.put("scope", scope);
         return o;
     }
