@@ -63,7 +63,7 @@ pids+=($!)
 HL7GW_ROUTES__FILE=examples/pipeline/routes.yaml HL7GW_GRPC__ALLOW="{Transform=$anyone}" "$bin/hl7gw-transformer" \
   --grpc-addr 127.0.0.1:50052 --admin-addr 127.0.0.1:9465 >"$log/transformer.out" 2>"$log/transformer.log" &
 pids+=($!)
-HL7GW_GRPC__ALLOW="{Status=$anyone,ListDeadLetters=$anyone,Replay=$anyone,Trace=$anyone}" "$bin/hl7gw-egress" \
+HL7GW_GRPC__ALLOW="{Status=$anyone,ListDeadLetters=$anyone,ReadMessages=$anyone,Replay=$anyone,Trace=$anyone}" "$bin/hl7gw-egress" \
   --config examples/pipeline/egress.yaml --grpc-addr 127.0.0.1:50053 --admin-addr 127.0.0.1:9466 \
   >"$log/egress.out" 2>"$log/egress.log" &
 pids+=($!)

@@ -53,7 +53,7 @@ pub struct GrpcSettings {
     /// service's own ServiceAccount needs `system:auth-delegator`.
     pub kubernetes_auth: bool,
     /// Who may call each method (`Status`, `ListDeadLetters`, `Replay`, `Trace`, `Transform`, `Ingest`,
-    /// `Senders`): a list of `token:<name>`, `cert:<CN>`, `authenticated` (any caller with a valid token or
+    /// `Senders`) and who may read message bodies (`ReadMessages`: `ListDeadLetters` with its messages): a list of `token:<name>`, `cert:<CN>`, `authenticated` (any caller with a valid token or
     /// client certificate) or `anonymous` (anyone). A method not listed keeps its default: admin methods nobody, `Ingest` anyone,
     /// or only authenticated callers when the MLLP listener requires client certificates.
     pub allow: BTreeMap<String, Vec<String>>,
