@@ -2,14 +2,21 @@
 # The chart on a real node (issue 14): the local control plane (scripts/cluster.sh) and node (scripts/node.sh)
 # on their own ports, a Kafka the pods reach (KAFKA_HOST=10.88.0.1), the image from scripts/image-local.sh,
 # then:
-#   1. helm install with scripts/node/values.yaml --wait: every Deployment's pods Running and Ready (real probes)
+#   1. helm install with scripts/node/values.yaml --wait: every Deployment's pods Running and Ready (real probes,
+#      all on the admin port), the chart's default NetworkPolicies accepted (this node's CNI, the bridge plugin,
+#      does not enforce them: the check proves they are valid and break nothing, not that they filter)
 #   2. helm test: its Job sends through the release's MLLP Service (CoreDNS, kube-proxy) and gets CA for each
 #   3. a load run through the MLLP Service (hl7gw-load --record-acked) while one pod of each kind is deleted,
 #      the workers are scaled up (kubectl scale) and down again, and a helm upgrade rolls every Deployment:
 #      every ACKed control id reaches the receiver on this machine, and no Deployment's available pods drop
 #      below what its PodDisruptionBudget allows
-#   4. the PodDisruptionBudget refuses an eviction that would take a second pod of a kind
-#   5. everything stopped by PID; no mounts, network namespaces or bridge left
+#   4. operators as they connect (issue 36): gRPC plaintext (the chart's default) with static tokens (a Secret
+#      made here: a viewer and an operator); through `kubectl port-forward` to the egress Service, `hl7gw status`
+#      and `hl7gw trace` of an ACKed message with the viewer's token; no token is refused; the viewer is refused
+#      message bodies (`deadletters --with-message`: ReadMessages), the operator is not; the CLI refuses to send
+#      a token to the Service's plaintext address (not loopback)
+#   5. the PodDisruptionBudget refuses an eviction that would take a second pod of a kind
+#   6. everything stopped by PID; no mounts, network namespaces or bridge left
 #
 #   scripts/node-check.sh bench    1 and 2 with one pod of each kind, then the in-cluster load Job of
 #                                  k8s/loadtest (8 clients, 30 s) against the release's MLLP Service, and 5; the
@@ -50,6 +57,7 @@ receiver=
 cleanup() {
   [ "${NODE_CHECK_KEEP:-0}" = 1 ] && { log "NODE_CHECK_KEEP=1: left running (scripts/node.sh down, scripts/cluster.sh down)"; return; }
   [ -n "$receiver" ] && kill "$receiver" 2>/dev/null
+  [ -n "${forward:-}" ] && kill "$forward" 2>/dev/null
   scripts/node.sh down >/dev/null 2>&1 || true
   scripts/kafka.sh down >/dev/null 2>&1 || true
   scripts/cluster.sh down >/dev/null 2>&1 || true
@@ -92,9 +100,9 @@ print("node-check:    load Job: %.0f msg/s, latency p50 %s us, p99 %s us, acks %
 EOF
 }
 
-# Step 5, and the end.
+# Step 6, and the end.
 teardown() {
-  log "5. down: no process, mount, network namespace or bridge left"
+  log "6. down: no process, mount, network namespace or bridge left"
   kill "$receiver" 2>/dev/null; receiver=
   scripts/node.sh down >/dev/null
   left_mounts=$(grep -c " $root/.cache/node-run-" /proc/mounts || true)
@@ -110,10 +118,24 @@ teardown() {
 log "1. helm install (scripts/node/values.yaml) --wait"
 kubectl create namespace hl7gw >/dev/null
 kubectl label namespace hl7gw pod-security.kubernetes.io/enforce=restricted >/dev/null
+# The gRPC static tokens scripts/node/values.yaml names (grpc.tokens.existingSecret): a viewer and an operator.
+for who in viewer operator; do
+  python3 -c 'import secrets; print(secrets.token_hex(24))' >"$work/$who.token"
+done
+kubectl create secret generic hl7gw-grpc-tokens -n hl7gw \
+  --from-literal=tokens="viewer $(cat "$work/viewer.token")
+operator $(cat "$work/operator.token")" >/dev/null
 # shellcheck disable=SC2086
 helm install hl7gw helm/hl7-gateway -n hl7gw -f scripts/node/values.yaml ${NODE_CHECK_HELM_ARGS:-} --wait --timeout 180s >/dev/null ||
   { kubectl get pods -n hl7gw -o wide >&2; die "helm install --wait"; }
 kubectl get pods -n hl7gw -o wide >&2
+# On by default (networkPolicy.enabled): one per service and one for the helm test Job's pod.
+policies=$(kubectl get networkpolicy -n hl7gw -o name | wc -l)
+[ "$policies" = 4 ] || die "$policies NetworkPolicies, 4 expected (networkPolicy.enabled is on by default)"
+probe_ports=$(kubectl get pods -n hl7gw -l app.kubernetes.io/instance=hl7gw -o jsonpath='{range .items[*].spec.containers[*]}{.readinessProbe.httpGet.port}/{.livenessProbe.httpGet.port} {end}')
+[ -z "$(tr ' ' '\n' <<<"$probe_ports" | grep -v '^admin/admin$' | grep .)" ] ||
+  die "a readiness or liveness probe not on the admin port: $probe_ports"
+log "   4 NetworkPolicies accepted; every readiness and liveness probe on the admin port"
 
 log "2. helm test"
 helm test hl7gw -n hl7gw --timeout 120s >/dev/null ||
@@ -199,7 +221,51 @@ print(f"node-check:    {len(acked)} ACKed ({j['msgs_per_sec']:.0f} msg/s, errors
 sys.exit(1 if missing or not acked else 0)
 EOF
 
-log "4. the PodDisruptionBudget holds: a second transformer pod may not be evicted while the first is gone"
+log "4. operators: hl7gw status and trace through kubectl port-forward with tokens (gRPC plaintext, the default)"
+kubectl port-forward -n hl7gw svc/hl7gw-hl7-gateway-egress :50051 --address 127.0.0.1 >"$work/port-forward.log" 2>&1 &
+forward=$!
+pf=
+for _ in $(seq 100); do
+  pf=$(awk '/^Forwarding from 127\.0\.0\.1:/ {split($3, a, ":"); print a[2]; exit}' "$work/port-forward.log")
+  [ -n "$pf" ] && break
+  kill -0 "$forward" 2>/dev/null || break
+  sleep 0.1
+done
+[ -n "$pf" ] || { cat "$work/port-forward.log" >&2; die "kubectl port-forward did not start"; }
+cli() { "target/$profile/hl7gw" "$@" --to "http://127.0.0.1:$pf" --timeout 60; }
+ops_failed() { kill "$forward" 2>/dev/null; cat "$work/ops.err" >&2; die "$1"; }
+cli status --token-file "$work/viewer.token" --json >"$work/status.json" 2>"$work/ops.err" ||
+  ops_failed "hl7gw status through the port-forward with the viewer's token"
+grep -q '"destination":"lab"' "$work/status.json" || ops_failed "hl7gw status: no destination lab in $(cat "$work/status.json")"
+control_id=$(awk '!/^#/ && NF {print; exit}' "$work/acked.txt") # no pipe into head: pipefail and SIGPIPE
+cli trace --token-file "$work/viewer.token" --control-id "$control_id" --since 30m --json >"$work/trace.json" 2>"$work/ops.err" ||
+  ops_failed "hl7gw trace --control-id $control_id through the port-forward with the viewer's token"
+grep -q '"kind":"delivered"' "$work/trace.json" || ops_failed "hl7gw trace: $control_id not delivered in $(cat "$work/trace.json")"
+if cli status --json >"$work/status-anonymous.json" 2>"$work/ops.err"; then
+  ops_failed "hl7gw status without a token was answered (admin methods must refuse anonymous callers)"
+fi
+grep -qi 'PermissionDenied\|Unauthenticated' "$work/ops.err" || ops_failed "hl7gw status without a token failed, but not for want of a token"
+# Message bodies are their own permission (ReadMessages): the viewer lists dead letters, never their messages.
+cli deadletters --token-file "$work/viewer.token" --limit 1 >/dev/null 2>"$work/ops.err" ||
+  ops_failed "hl7gw deadletters (no bodies) with the viewer's token"
+if cli deadletters --token-file "$work/viewer.token" --limit 1 --with-message >"$work/viewer-bodies.json" 2>"$work/ops.err"; then
+  ops_failed "hl7gw deadletters --with-message was answered to the viewer ($(wc -l <"$work/viewer-bodies.json") lines)"
+fi
+grep -q 'PermissionDenied' "$work/ops.err" && grep -q 'ReadMessages' "$work/ops.err" ||
+  ops_failed "hl7gw deadletters --with-message with the viewer's token failed, but not as PermissionDenied for ReadMessages"
+cli deadletters --token-file "$work/operator.token" --limit 1 --with-message >/dev/null 2>"$work/ops.err" ||
+  ops_failed "hl7gw deadletters --with-message with the operator's token (ReadMessages)"
+egress_ip=$(kubectl get svc -n hl7gw hl7gw-hl7-gateway-egress -o jsonpath='{.spec.clusterIP}')
+if "target/$profile/hl7gw" status --to "http://$egress_ip:50051" --token-file "$work/viewer.token" --timeout 10 \
+  >/dev/null 2>"$work/ops.err"; then
+  ops_failed "the CLI sent a token over plaintext to $egress_ip (not loopback)"
+fi
+grep -qi 'plaintext' "$work/ops.err" || ops_failed "the CLI's refusal to send a token to $egress_ip does not say why"
+kill "$forward" 2>/dev/null; wait "$forward" 2>/dev/null || true; forward=
+log "   status (lab) and trace ($control_id delivered) with the viewer's token through 127.0.0.1:$pf; no token: refused;"
+log "   the viewer's deadletters --with-message: refused (ReadMessages), the operator's: answered; a token to $egress_ip over plaintext: refused by the CLI"
+
+log "5. the PodDisruptionBudget holds: a second transformer pod may not be evicted while the first is gone"
 evict() {
   kubectl create --raw "/api/v1/namespaces/hl7gw/pods/$1/eviction" -f - <<JSON
 {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "$1", "namespace": "hl7gw"}}
