@@ -200,7 +200,9 @@ pub struct DeadLettersArgs {
     all: bool,
 }
 
-/// `hl7gw replay`: send dead letters back.
+/// `hl7gw replay`: send dead letters back, each whole (a letter whose message was dropped to fit Kafka's record
+/// limit is sent with the message re-read from the topic it came from); a letter that cannot be is refused,
+/// named with why and where its original was, and the command exits 1.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     #[command(flatten)]

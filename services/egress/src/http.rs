@@ -47,9 +47,10 @@ pub enum HttpError {
     /// sign): retried like a receiver that is down.
     #[error("authorisation: {0}")]
     Auth(String),
-    /// The credentials were refused for good until someone fixes them: the token endpoint refused the client
-    /// (a 4xx other than 408/429: `status`), or the discovered token endpoint is not one an assertion may be
-    /// sent to (`status` 0). Counted toward `ack_policy.max_auth_retries`, like a 401/403.
+    /// The credentials were refused until someone fixes them: the token endpoint refused the client, or the
+    /// server refused its discovery document (a 4xx other than 408/429: `status`), or the discovered token
+    /// endpoint is not one an assertion may be sent to (`status` 0). Counted toward
+    /// `ack_policy.max_auth_retries`, like a 401/403.
     #[error("authorisation refused: {detail}")]
     Refused { status: u16, detail: String },
 }
@@ -532,10 +533,8 @@ impl Smart {
                     .map_err(|e| HttpError::Auth(format!("{doc}: {e}")))?;
                 let a = exchange(pool, req, MAX_AUTH_RESPONSE, timeout).await?;
                 if !a.status.is_success() {
-                    return Err(HttpError::Auth(format!(
-                        "{doc}: HTTP {}",
-                        a.status.as_u16()
-                    )));
+                    let status = a.status.as_u16();
+                    return Err(auth_answer(status, format!("{doc}: HTTP {status}")));
                 }
                 let v: serde_json::Value = serde_json::from_slice(&a.body)
                     .map_err(|e| HttpError::Auth(format!("{doc}: {e}")))?;
@@ -595,15 +594,10 @@ impl Smart {
                 .and_then(|e| e.as_str())
                 .unwrap_or("");
             let status = a.status.as_u16();
-            let detail = format!("token endpoint answered HTTP {status} {error} {description}");
-            // 4xx: the client, its key or its scope is refused (until someone fixes them); 408, 429, 5xx: busy.
-            return Err(
-                if a.status.is_client_error() && !matches!(status, 408 | 429) {
-                    HttpError::Refused { status, detail }
-                } else {
-                    HttpError::Auth(detail)
-                },
-            );
+            return Err(auth_answer(
+                status,
+                format!("token endpoint answered HTTP {status} {error} {description}"),
+            ));
         }
         let token = v
             .get("access_token")
@@ -640,6 +634,17 @@ impl Smart {
         jwt.push('.');
         jwt.push_str(&URL_SAFE_NO_PAD.encode(sig));
         Ok(jwt)
+    }
+}
+
+/// A token endpoint's (or the discovery document's) answer that gave no token: a 4xx other than 408/429 is a
+/// refusal (the client, its key, its scope or the server's SMART set-up must be fixed first), the rest is a
+/// server that is busy or away.
+fn auth_answer(status: u16, detail: String) -> HttpError {
+    if (400..500).contains(&status) && !matches!(status, 408 | 429) {
+        HttpError::Refused { status, detail }
+    } else {
+        HttpError::Auth(detail)
     }
 }
 
@@ -772,6 +777,24 @@ mod tests {
         let name = |u: &'static str| format!("{:?}", r.resolve(&Uri::from_static(u)).unwrap());
         assert!(name("https://10.0.0.5:8443/fhir").contains("fhir.internal"));
         assert!(name("https://auth.example/token").contains("auth.example"));
+    }
+
+    /// Issue 36, item 4: a token endpoint's 4xx counts as refused credentials; 408, 429 and 5xx are retried
+    /// like a server that is down.
+    #[test]
+    fn token_endpoint_refusals_are_told_from_outages() {
+        for status in [400, 401, 403, 404] {
+            assert!(
+                matches!(auth_answer(status, String::new()), HttpError::Refused { status: s, .. } if s == status),
+                "{status}"
+            );
+        }
+        for status in [408, 429, 500, 503, 302] {
+            assert!(
+                matches!(auth_answer(status, String::new()), HttpError::Auth(_)),
+                "{status}"
+            );
+        }
     }
 
     #[test]
