@@ -896,6 +896,23 @@ async fn a_replay_is_whole_or_refused_and_a_forced_one_is_sent() {
         "{}",
         refused.why
     );
+    // The CLI says so, names the place, and exits 1.
+    let token = p.dir.path().join("ops.token");
+    std::fs::write(&token, hl7gw_testkit::pipeline::OPS_TOKEN).expect("the token file");
+    let out = std::process::Command::new(support::bin("hl7gw"))
+        .args(["replay", "--to", &p.egress_addr(), "--id", &second.id])
+        .arg("--token-file")
+        .arg(&token)
+        .output()
+        .expect("hl7gw replay");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("not replayed {}", second.id))
+            && err.contains("no longer holds it")
+            && err.contains(&format!("the original was read at {origin}")),
+        "{err}"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(posts(&server).len(), before, "nothing was sent");
 }
