@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A real Jaeger v2 on 127.0.0.1 for looking at the gateway's traces: the services export OpenTelemetry spans over
 # OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/observability.md), and Jaeger stores them in memory and
-# serves them on its HTTP API. For people at a workstation; no test depends on it.
+# serves them on its HTTP API. For people at a workstation (`make jaeger-up`), and for services/egress/tests/jaeger.rs,
+# which starts its own (other ports, its own JAEGER_DIR) and checks the pipeline's traces through the query API;
+# scripts/test.sh builds the binary before the tests.
 #
 #   scripts/jaeger.sh build | up | down | status
 #
@@ -17,13 +19,15 @@
 #   JAEGER_QUERY_GRPC_PORT  query gRPC API                                                         (16685)
 # Other settings: JAEGER_MAX_TRACES (memory storage, oldest dropped first; 100000), JAEGER_TIMEOUT (seconds `up`
 # waits; 60), JAEGER_UI_ASSETS (a directory with a jaeger-ui build, served on the query port; none).
-# Config, log and PID file: .cache/jaeger/ (config.yaml is rewritten by every `up`).
+# Config, log and PID file: JAEGER_DIR (.cache/jaeger/; config.yaml is rewritten by every `up`); one Jaeger per
+# JAEGER_DIR, so a test's (its own JAEGER_DIR) and a workstation's run side by side.
 #
 # Binary: Jaeger's release tarballs and images live on hosts this machine cannot reach, so cmd/jaeger is built from
 # the Go module proxy through the wrapper module scripts/jaeger (Jaeger's own go.sum; Jaeger v2 is published as
 # github.com/jaegertracing/jaeger v1.x: v1.76.0 = v2.13.0, the newest the proxy serves). It lands in
-# .cache/tools/jaeger-v2.13.0/bin/jaeger; one cold build at nice 10 takes 8-15 min on 2 cores (8 min measured with
-# the modules already downloaded, on a busy machine). One Go build at a time on this machine (the shared lock
+# .cache/tools/jaeger-v2.13.0/bin/jaeger; one cold build at nice 10 takes 7-15 min on 2 cores (6 min 55 s measured
+# with an empty Go build cache beside a running make test, 335 s of CPU; downloading all the modules into an empty
+# module cache takes another ~1 min, 1.3 GB). One Go build at a time on this machine (the shared lock
 # .cache/.go-build.lock, as scripts/tools.sh, cluster.sh and k6.sh take it).
 # The module carries no web UI assets (Jaeger's release build embeds them from the jaeger-ui repository), so
 # http://127.0.0.1:16686/ shows only Jaeger's placeholder page: use the HTTP API, or set JAEGER_UI_ASSETS to a
@@ -35,7 +39,7 @@ JAEGER_MODULE_VERSION=v1.76.0 # what scripts/jaeger/go.mod requires
 wrapper=$root/scripts/jaeger
 tooldir=$root/.cache/tools/jaeger-$JAEGER_VERSION
 bin=$tooldir/bin/jaeger
-JAEGER_DIR=$root/.cache/jaeger
+JAEGER_DIR=${JAEGER_DIR:-$root/.cache/jaeger}
 JAEGER_OTLP_GRPC_PORT=${JAEGER_OTLP_GRPC_PORT:-4317}
 JAEGER_OTLP_HTTP_PORT=${JAEGER_OTLP_HTTP_PORT:-4318}
 JAEGER_QUERY_PORT=${JAEGER_QUERY_PORT:-16686}

@@ -1143,6 +1143,8 @@ impl DestCtx {
     }
 
     /// The attempts at a record end in a dead letter (`end` says why); the record no longer counts as retrying.
+    /// The `deliver` span (`span`) gets `hl7.attempts` here too: a receiver that never answered (connection
+    /// refused, timeouts) left it without one (issue 37, tests/jaeger.rs).
     async fn last_attempt(
         &self,
         mut env: Envelope,
@@ -1154,6 +1156,7 @@ impl DestCtx {
         if end.tries > 1 {
             self.state.retrying.fetch_sub(1, Ordering::Relaxed);
         }
+        span.record("hl7.attempts", end.attempt);
         env.attempts = end.attempt;
         self.dead_letter(env, m, end, span, stop).await
     }

@@ -44,6 +44,8 @@ pub mod semconv {
     /// `messaging.operation.type` of a consumer span that handles one record.
     pub const PROCESS: &str = "process";
     pub const SERVICE_VERSION: &str = "service.version";
+    /// The resource's hostname (the pod's name in Kubernetes): what Jaeger's v3 query API tells hosts apart by.
+    pub const HOST_NAME: &str = "host.name";
 }
 
 /// Keeps the tracer provider alive; flushes spans when dropped.
@@ -144,16 +146,38 @@ fn service_name(default: &str, env_name: Option<&str>, from_attributes: Option<&
 }
 
 /// The resource of every span: the standard detectors (`OTEL_RESOURCE_ATTRIBUTES`, the SDK's own attributes),
-/// `service.name` as chosen by [`service_name`] and `service.version` (the workspace's version, which every
-/// service shares).
+/// `service.name` as chosen by [`service_name`], `service.version` (the workspace's version, which every
+/// service shares) and `host.name` (the pod's or machine's hostname, unless `OTEL_RESOURCE_ATTRIBUTES` gives one).
+///
+/// `host.name` is what tells one host's spans from another's: Jaeger's v3 query API compares a span's times with
+/// its parent's only across hosts (by `host.id`, `host.ip` or `host.name`), and without any of them it took every
+/// span for another host's (its v1 API, what Jaeger's UI reads, goes by an `ip` process tag only:
+/// docs/observability.md, *What Jaeger shows*; issue 37).
 fn resource(name: String) -> opentelemetry_sdk::Resource {
-    opentelemetry_sdk::Resource::builder()
+    let mut builder = opentelemetry_sdk::Resource::builder()
         .with_service_name(name)
         .with_attribute(opentelemetry::KeyValue::new(
             semconv::SERVICE_VERSION,
             env!("CARGO_PKG_VERSION"),
-        ))
-        .build()
+        ));
+    let given = opentelemetry_sdk::resource::EnvResourceDetector::new()
+        .detect()
+        .get(&opentelemetry::Key::from_static_str(semconv::HOST_NAME))
+        .is_some();
+    if let Some(host) = host_name().filter(|_| !given) {
+        builder = builder.with_attribute(opentelemetry::KeyValue::new(semconv::HOST_NAME, host));
+    }
+    builder.build()
+}
+
+/// The hostname (in Kubernetes the pod's name): the kernel's, else `HOSTNAME`; none when neither is usable.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        // A DNS name is at most 253 characters; anything else is not a hostname.
+        .filter(|h| !h.is_empty() && h.len() <= 253 && !h.chars().any(char::is_control))
 }
 
 /// A JSON log line formatter that puts the OpenTelemetry `trace_id` and `span_id` of the event's span (its
@@ -429,6 +453,9 @@ mod tests {
             get(semconv::SERVICE_VERSION).as_deref(),
             Some(env!("CARGO_PKG_VERSION"))
         );
+        // The hostname, so that a backend tells one host's spans from another's.
+        assert_eq!(get(semconv::HOST_NAME), host_name());
+        assert!(get(semconv::HOST_NAME).is_some_and(|h| !h.is_empty()));
     }
 
     /// A span continuing a remote context keeps its `tracestate` (vendors' entries travel with `traceparent`).

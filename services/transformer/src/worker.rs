@@ -462,11 +462,18 @@ type Refused = std::collections::HashMap<OutputId, &'static str>;
 /// the record's `transform` span) whose trace context the record carries (envelope and headers), so that the
 /// egress's `deliver` span is that span's child. The same length as the `transform` span's context the record
 /// was sized with.
+///
+/// Inside the `transform` span too: tracing-opentelemetry ends a span at its last exit, so without entering it
+/// here `transform` ended when its routes had run and each `publish` began after its parent's end, which Jaeger
+/// flags on the `publish` ("clock skew adjustment ... calculated delta"; issue 37, tests/jaeger.rs of the egress).
+/// Now the consumer span lasts until its outputs are handed to the producer.
 fn send(
     producer: &FutureProducer,
     r: &mut OutRecord,
     buf: &mut Vec<u8>,
 ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    let transform = r.parent.clone();
+    let _in_transform = transform.enter();
     let span = publish_span(r);
     let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
     if !traceparent.is_empty() {
