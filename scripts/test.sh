@@ -13,6 +13,7 @@ stop_brokers() {
   done
   KAFKA_NODES=3 KAFKA_PORT=29500 KAFKA_DATA_DIR="$PWD/target/kafka-test/cluster-29500" scripts/kafka.sh down >/dev/null 2>&1 || true
   CLUSTER_API_PORT=7543 scripts/cluster.sh down >/dev/null 2>&1 || true
+  JAEGER_DIR="$PWD/target/tmp/jaeger" scripts/jaeger.sh down >/dev/null 2>&1 || true # services/egress/tests/jaeger.rs's
 }
 # The Go builds below (Kubernetes, etcd, CoreDNS, helm, k6, ...; their binaries are kept in .cache/) write ~8 GB of
 # module sources and build cache that nothing uses once the binaries exist: here they go to a scratch folder that
@@ -34,6 +35,9 @@ scripts/tools.sh >/dev/null
 scripts/checkov-env.sh >/dev/null
 scripts/k6.sh build >/dev/null
 scripts/node.sh fetch
+# Jaeger v2 for services/egress/tests/jaeger.rs, built from the Go module proxy once (cold: ~7 min on 2 cores beside
+# a running make test, plus ~1 min of module downloads; docs/observability.md).
+scripts/jaeger.sh build >/dev/null
 drop_go_scratch
 # HAPI v2's MLLP client for services/ingress/tests/hapi_client.rs, built where that test looks for it (cargo's
 # target/tmp); its jars come from Maven Central once and stay in ~/.m2.
