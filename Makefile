@@ -117,6 +117,10 @@ image: ## build the container image (IMAGE=hl7gw:<version>) with docker or podma
 	fi
 	$(CONTAINER_ENGINE) build --build-arg VERSION=$(lastword $(subst :, ,$(IMAGE))) -t $(IMAGE) .
 
+.PHONY: prom-check
+prom-check: ## the chart's dashboard and alerts against a real Prometheus scraping a running pipeline: every panel answers under load, every rule inactive while healthy and pending/firing when provoked (~2.5 min; docs/observability.md)
+	@scripts/prom-check.sh
+
 chart-check: ## helm lint/template/kubeconform, values.schema.json refusals, committed renders, rules; then install/upgrade/test/uninstall on a local API server
 	@scripts/chart-check.sh
 

@@ -34,6 +34,7 @@ scripts/cluster.sh fetch
 scripts/tools.sh >/dev/null
 scripts/checkov-env.sh >/dev/null
 scripts/k6.sh build >/dev/null
+scripts/prom-check.sh fetch # Prometheus 2.42 (Debian's .deb); the dashboard's schema check (Go, ~1.5 min once)
 scripts/node.sh fetch
 # Jaeger v2 for services/egress/tests/jaeger.rs, built from the Go module proxy once (cold: ~7 min on 2 cores beside
 # a running make test, plus ~1 min of module downloads; docs/observability.md).
@@ -77,6 +78,9 @@ if wait "$cluster_pid"; then cluster_rc=0; else cluster_rc=$?; fi
 cluster_pid=
 cat target/test-logs/cluster.log
 [ "$cluster_rc" = 0 ] || { echo "test.sh: the 3-broker cluster test failed (exit $cluster_rc)" >&2; exit 1; }
+# The dashboard's queries and the alert rules against a real Prometheus scraping the debug pipeline on a Kafka of
+# its own (port 29960): panels answer under load, rules inactive while healthy, pending/firing when provoked. ~2 min.
+scripts/prom-check.sh
 # The chart on a real node (containerd, kubelet, kube-proxy, CoreDNS; the debug binaries in a local image):
 # helm install/test, load through the Service while pods are deleted, workers scaled and the release upgraded,
 # the PodDisruptionBudget, a clean teardown. ~1.5 min warm.

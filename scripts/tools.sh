@@ -7,6 +7,7 @@
 #                           scripts/k8s-schemas.py to kubeconform's layout, so kubeconform runs offline
 #   promtool      2.42.0    from Debian's `prometheus` package: only the .deb is downloaded (apt-get download, no
 #                           root) and unpacked; nothing is installed system-wide and no Prometheus service starts
+#   prometheus    2.42.0    the server, from the same .deb (scripts/prom-check.sh runs it against the pipeline)
 #   umoci         0.4.7     from Debian's `umoci` package, the same way: builds OCI images without a daemon
 #                           (scripts/image-local.sh)
 # Each lands in .cache/tools/<name>-<version>/ and a finished one is never redone.
@@ -15,6 +16,7 @@
 #   scripts/tools.sh path        print a PATH prefix with every tool's bin dir (export PATH="$(scripts/tools.sh path):$PATH")
 #   scripts/tools.sh schemas     print the kubeconform -schema-location dir
 #   scripts/tools.sh umoci       install umoci if missing and print its path
+#   scripts/tools.sh prometheus  install the Prometheus server if missing and print its path
 #
 # kubeconform offline:
 #   kubeconform -strict -kubernetes-version 1.36.3 -schema-location "$(scripts/tools.sh schemas)" FILE...
@@ -34,6 +36,7 @@ kubeconform_dir=$tools/kubeconform-$KUBECONFORM_VERSION
 grpcurl_dir=$tools/grpcurl-$GRPCURL_VERSION
 schemas_dir=$tools/k8s-schemas-$SCHEMA_K8S_VERSION-kv$KUBERNETES_VALIDATE_VERSION
 promtool_dir=$tools/promtool-${PROMETHEUS_DEB_VERSION%%+*}
+prometheus_dir=$tools/prometheus-${PROMETHEUS_DEB_VERSION%%+*}
 umoci_dir=$tools/umoci-${UMOCI_DEB_VERSION%%+*}
 
 log() { printf 'tools: %s\n' "$*" >&2; }
@@ -112,6 +115,14 @@ promtool() {
     log "could not download Debian's prometheus $PROMETHEUS_DEB_VERSION: promtool skipped"
 }
 
+prometheus() {
+  [ -f "$prometheus_dir/.complete" ] && return
+  command -v apt-get >/dev/null || { log "no apt-get: the Prometheus server (Debian's package) skipped"; return 1; }
+  log "Debian prometheus $PROMETHEUS_DEB_VERSION .deb -> prometheus (once; ${prometheus_dir#"$root"/})"
+  deb_binary "$prometheus_dir" "prometheus=$PROMETHEUS_DEB_VERSION" /usr/bin/prometheus ||
+    { log "could not download Debian's prometheus $PROMETHEUS_DEB_VERSION: the server skipped"; return 1; }
+}
+
 umoci() {
   [ -f "$umoci_dir/.complete" ] && return
   command -v apt-get >/dev/null || die "no apt-get: umoci comes from Debian's package"
@@ -123,6 +134,7 @@ umoci() {
 path() {
   local p=$helm_dir/bin:$kubeconform_dir/bin:$grpcurl_dir/bin
   if [ -f "$promtool_dir/.complete" ]; then p+=:$promtool_dir/bin; fi
+  if [ -f "$prometheus_dir/.complete" ]; then p+=:$prometheus_dir/bin; fi
   printf '%s\n' "$p"
 }
 
@@ -133,6 +145,7 @@ case "${1:-install}" in
     flock 9 # one install at a time
     schemas
     promtool
+    prometheus || true # only scripts/prom-check.sh needs it, and asks for it itself
     helm
     kubeconform
     grpcurl
@@ -149,5 +162,12 @@ case "${1:-install}" in
     umoci
     echo "$umoci_dir/bin/umoci"
     ;;
-  *) echo "usage: $0 [install]|path|schemas|umoci" >&2; exit 2 ;;
+  prometheus)
+    mkdir -p "$tools"
+    exec 9>"$tools/.lock"
+    flock 9
+    prometheus || exit 1
+    echo "$prometheus_dir/bin/prometheus"
+    ;;
+  *) echo "usage: $0 [install]|path|schemas|umoci|prometheus" >&2; exit 2 ;;
 esac

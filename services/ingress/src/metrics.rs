@@ -54,9 +54,9 @@ hl7gw_runtime::metric_set! {
             "Time from publish to Kafka's confirmation",
             unit Seconds, new hl7gw_runtime::metrics::latency_histogram();
         pub in_flight: Gauge = "Messages waiting for Kafka's confirmation";
-        pub in_flight_bytes: Gauge = "Bytes of messages held by all connections and streams until their answers are written \
+        pub in_flight_bytes as "in_flight": Gauge = "Bytes of messages held by all connections and streams until their answers are written \
             (each message charged its bytes plus a fixed overhead)", unit Bytes;
-        pub in_flight_budget_bytes: Gauge = "The most in_flight_bytes may reach (max_in_flight_bytes, or sized from the memory limit)",
+        pub in_flight_budget_bytes as "in_flight_budget": Gauge = "The most in_flight_bytes may reach (max_in_flight_bytes, or sized from the memory limit)",
             unit Bytes;
         pub budget_waits: Counter =
             "Times a connection or stream waited for the process's in-flight byte budget before reading on";

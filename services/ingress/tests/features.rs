@@ -1589,7 +1589,7 @@ async fn a_unary_send_draws_on_the_in_flight_budget() {
     // Kafka never confirms: the call waits for its ack_timeout, holding its bytes meanwhile.
     let held = wait_metric(
         &ingress,
-        "hl7gw_ingress_in_flight_bytes_bytes",
+        "hl7gw_ingress_in_flight_bytes",
         len as f64,
         Duration::from_secs(3),
     )
@@ -1600,7 +1600,7 @@ async fn a_unary_send_draws_on_the_in_flight_budget() {
         "in-flight bytes while the call waits: {held} ({answer:?})"
     );
     assert_eq!(
-        ingress.metric("hl7gw_ingress_in_flight_bytes_bytes"),
+        ingress.metric("hl7gw_ingress_in_flight_bytes"),
         0.0,
         "released once answered"
     );

@@ -716,8 +716,13 @@ pub use crate::delivery::Producer;
 /// `commit_transaction` flushes through it).
 pub type TransactionalProducer = rdkafka::producer::FutureProducer<KafkaContext>;
 
-/// Messages not yet consumed on the consumer's assigned partitions (high watermark minus position, or minus
-/// the committed offset before the first message). Blocking: call from a blocking task.
+/// Messages not yet done on the consumer's assigned partitions: high watermark minus the group's committed
+/// offset (minus the position before anything was committed, minus the low watermark before anything was read).
+/// Committed, not the position: a service holds what it read until its work is done (the egress up to
+/// `queue_bytes_per_partition` per partition while a receiver is down, thousands of messages), and those wait as
+/// much as the ones not read yet; the position alone kept a stopped destination's lag near 0 (found by
+/// scripts/prom-check.sh: HL7GWEgressConsumerLag never fired with the receiver down). Blocking: call from a
+/// blocking task.
 pub fn consumer_lag<C: ConsumerContext, K: Consumer<C>>(
     consumer: &K,
     timeout: Duration,
@@ -738,7 +743,10 @@ pub fn consumer_lag<C: ConsumerContext, K: Consumer<C>>(
                     _ => None,
                 })
         };
-        let pos = at(&position).or_else(|| at(&committed)).unwrap_or(low);
+        let pos = at(&committed)
+            .or_else(|| at(&position))
+            .unwrap_or(low)
+            .max(low);
         lag += (high - pos).max(0);
     }
     Ok(lag)
