@@ -1586,14 +1586,13 @@ async fn a_unary_send_draws_on_the_in_flight_budget() {
             })
             .await
     });
-    // Kafka never confirms: the call waits for its ack_timeout, holding its bytes meanwhile.
-    let held = wait_metric(
-        &ingress,
-        "hl7gw_ingress_in_flight_bytes",
-        len as f64,
-        Duration::from_secs(3),
-    )
-    .await;
+    // Kafka never confirms: the call waits for its ack_timeout, holding its bytes meanwhile (watched for as long
+    // as the call lasts: the ingress may still be starting when the call is made).
+    let mut held = 0.0;
+    while !call.is_finished() && held < len as f64 {
+        held = ingress.metric("hl7gw_ingress_in_flight_bytes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let answer = tokio::time::timeout(Duration::from_secs(15), call).await;
     assert!(
         held >= len as f64,
