@@ -30,6 +30,9 @@
 #   CLUSTER_KEEP=1          `up` keeps the etcd data, certs and token of the last run instead of wiping them
 #   CLUSTER_TIMEOUT         seconds `up` waits for readiness        (60)
 #
+# The aggregation layer is on (--requestheader-*, --proxy-client-*, --enable-aggregator-routing: the API server
+# calls an APIService's endpoints directly, not its ClusterIP), so scripts/node.sh can register metrics-server.
+#
 # What a client uses: $CLUSTER_DIR/kubeconfig (server https://127.0.0.1:$CLUSTER_API_PORT, CA embedded,
 # token of user admin), or $CLUSTER_DIR/ca.crt and $CLUSTER_DIR/admin.token directly.
 set -euo pipefail
@@ -136,7 +139,7 @@ wait_for() {
 
 pki() {
   local d=$CLUSTER_DIR
-  [ -f "$d/apiserver.crt" ] && [ -f "$d/sa.key" ] && [ -f "$d/admin.token" ] && return
+  [ -f "$d/apiserver.crt" ] && [ -f "$d/sa.key" ] && [ -f "$d/admin.token" ] && [ -f "$d/front-proxy-client.crt" ] && return
   # A CA, a server certificate it signs (rustls and Go both reject a self-signed leaf), and the key that signs
   # ServiceAccount tokens. EC keys: quick to make, and accepted by Go, rustls and OpenSSL.
   openssl ecparam -name prime256v1 -genkey -noout -out "$d/ca.key" 2>/dev/null
@@ -149,6 +152,15 @@ pki() {
     >"$d/apiserver.ext"
   openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
     -extfile "$d/apiserver.ext" -out "$d/apiserver.crt" 2>/dev/null
+  # The aggregation layer's client certificate (CN front-proxy-client): the API server presents it when it proxies
+  # a request to an extension API server (metrics-server, scripts/node.sh), which trusts it through the
+  # --requestheader-* settings the API server publishes in kube-system/extension-apiserver-authentication.
+  openssl ecparam -name prime256v1 -genkey -noout -out "$d/front-proxy-client.key" 2>/dev/null
+  openssl req -new -key "$d/front-proxy-client.key" -subj "/CN=front-proxy-client" -out "$d/front-proxy-client.csr" 2>/dev/null
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" "extendedKeyUsage=clientAuth" \
+    >"$d/front-proxy-client.ext"
+  openssl x509 -req -in "$d/front-proxy-client.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
+    -extfile "$d/front-proxy-client.ext" -out "$d/front-proxy-client.crt" 2>/dev/null
   openssl genrsa -out "$d/sa.key" 2048 2>/dev/null
   openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
   # Static tokens: token,user,uid,"groups". admin is cluster-admin through system:masters; so is the controller manager.
@@ -227,7 +239,11 @@ up() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$d/sa.pub" --service-account-signing-key-file="$d/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 --endpoint-reconciler-type=none --allow-privileged=true \
-    --cert-dir="$d/apiserver-certs" --profiling=false --v=1
+    --cert-dir="$d/apiserver-certs" --profiling=false \
+    --requestheader-client-ca-file="$d/ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- --proxy-client-cert-file="$d/front-proxy-client.crt" \
+    --proxy-client-key-file="$d/front-proxy-client.key" --enable-aggregator-routing=true --v=1
   wait_for kube-apiserver api_ready
 
   start kube-controller-manager "$bin/kube-controller-manager" \

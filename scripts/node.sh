@@ -2,7 +2,8 @@
 # A worker node for the local control plane (scripts/cluster.sh): containerd + runc + CNI bridge from Debian's
 # packages, kubelet, kube-scheduler and kube-proxy (nftables mode, with Debian's nft) built from the Go module
 # proxy (the same wrapper module as the API server), CoreDNS (built from the proxy, run on this machine at the
-# bridge address as the cluster's DNS), a pause image built here, and the hl7gw image from
+# bridge address as the cluster's DNS), metrics-server (built from the proxy, run on this machine, registered as
+# the metrics.k8s.io APIService: the HPAs' CPU figures), a pause image built here, and the hl7gw image from
 # scripts/image-local.sh imported. Pods run in
 # network namespaces on a bridge (10.88.0.0/16; 10.88.0.1 is this machine: the node's address, where the
 # kubelet listens and where a Kafka for the pods listens); nothing is pulled from a
@@ -10,7 +11,8 @@
 #
 #   scripts/node.sh fetch | up | down | status
 #
-#   fetch   build/download the binaries once (.cache/node-$K8S_VERSION; instant when cached)
+#   fetch   build/download the binaries once (.cache/node-$K8S_VERSION, .cache/tools/metrics-server-*; instant when
+#           cached)
 #   up      start containerd, import the images, start kubelet and kube-scheduler against the cluster on
 #           CLUSTER_API_PORT (scripts/cluster.sh up first), wait until the node is Ready
 #   down    stop kubelet, the pods' containers, containerd and the scheduler by PID; remove the pods' network
@@ -29,10 +31,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 K8S_VERSION=v1.36.3
 CONTAINERD_DEB=1.6.20~ds1-1+deb12u3 RUNC_DEB=1.1.5+ds1-1+deb12u1 CNI_DEB=1.1.1+ds1-3+b5 COREDNS_VERSION=v1.14.7
+METRICS_SERVER_VERSION=v0.8.0
 # nft and the libraries it needs beyond the base system's.
 NFT_DEBS="nftables=1.0.6-2+deb12u2 libnftables1=1.0.6-2+deb12u2 libnftnl11 libmnl0 libjansson4 libxtables12 libedit2 libbsd0 libmd0"
 cache=$root/.cache/node-$K8S_VERSION
 bin=$cache/bin
+ms_dir=$root/.cache/tools/metrics-server-$METRICS_SERVER_VERSION
 CLUSTER_API_PORT=${CLUSTER_API_PORT:-6443}
 if [ "$CLUSTER_API_PORT" = 6443 ]; then cluster_dir=$root/.cache/cluster; else cluster_dir=$root/.cache/cluster-$CLUSTER_API_PORT; fi
 CLUSTER_DIR=${CLUSTER_DIR:-$cluster_dir}
@@ -42,6 +46,7 @@ NODE_KUBELET_PORT=${NODE_KUBELET_PORT:-$((CLUSTER_API_PORT + 10))}
 NODE_SUBNET=${NODE_SUBNET:-10.88.0.0/16}
 NODE_BRIDGE=${NODE_BRIDGE:-hl7gw0}
 NODE_GATEWAY=${NODE_SUBNET%.*/*}.1
+NODE_METRICS_PORT=${NODE_METRICS_PORT:-$((NODE_KUBELET_PORT + 5))}
 sock=$NODE_DIR/containerd/containerd.sock
 export PATH="$bin:$PATH"
 
@@ -95,6 +100,31 @@ fetch() {
   rm -rf "$bin"
   mv "$out" "$bin"
   log "ready in $((SECONDS - t0)) s: $(cd "$bin" && echo *)"
+}
+
+# metrics-server (the HPAs' CPU figures: the metrics.k8s.io API), built from the Go module proxy into
+# .cache/tools/metrics-server-$METRICS_SERVER_VERSION, at nice 19 under the shared Go build lock.
+fetch_metrics_server() {
+  [ "$(cat "$ms_dir/.complete" 2>/dev/null)" = "$METRICS_SERVER_VERSION" ] && return
+  command -v go >/dev/null || die "go is not installed"
+  mkdir -p "$root/.cache/tools"
+  exec 8>"$root/.cache/.go-build.lock"
+  flock 8
+  [ "$(cat "$ms_dir/.complete" 2>/dev/null)" = "$METRICS_SERVER_VERSION" ] && return
+  local t0=$SECONDS
+  log "building metrics-server $METRICS_SERVER_VERSION from the Go module proxy (once; log in ${ms_dir#"$root"/}/build.log)"
+  rm -rf "$ms_dir"
+  mkdir -p "$ms_dir/src" "$ms_dir/bin"
+  (
+    cd "$ms_dir/src"
+    export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
+    go mod init hl7gw.local/metrics-server
+    go get -tool "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
+    nice -n 19 go build -trimpath -ldflags "-s -w" -o "$ms_dir/bin/" sigs.k8s.io/metrics-server/cmd/metrics-server
+  ) >"$ms_dir/build.log" 2>&1 || { tail -n 30 "$ms_dir/build.log" >&2; die "metrics-server build failed ($ms_dir/build.log)"; }
+  rm -rf "$ms_dir/src"
+  printf '%s' "$METRICS_SERVER_VERSION" >"$ms_dir/.complete"
+  log "metrics-server built in $((SECONDS - t0)) s"
 }
 
 # --- processes -----------------------------------------------------------------------------------------------------
@@ -189,6 +219,8 @@ cgroupsPerQOS: false
 localStorageCapacityIsolation: false
 evictionHard: {}
 serializeImagePulls: false
+# The load Job prints every ACKed control id (scripts/node-check.sh reads them with kubectl logs): no rotation.
+containerLogMaxSize: 200Mi
 EOF
 }
 
@@ -222,6 +254,7 @@ up() {
     --hostname-override "$NODE_NAME" --cluster-cidr "$NODE_SUBNET" --masquerade-all \
     --metrics-bind-address "127.0.0.1:$((NODE_KUBELET_PORT + 3))" --healthz-bind-address "127.0.0.1:$((NODE_KUBELET_PORT + 4))" --v=1
   start coredns "$bin/coredns" -conf "$NODE_DIR/Corefile"
+  metrics_server
   local t0=$SECONDS
   until kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; do
     [ $((SECONDS - t0)) -lt 90 ] || { tail -n 30 "$NODE_DIR/kubelet.log" >&2; die "node $NODE_NAME not Ready in 90 s"; }
@@ -229,6 +262,55 @@ up() {
     sleep 1
   done
   log "node $NODE_NAME Ready in $((SECONDS - t0)) s (pods on $NODE_SUBNET, this machine is $NODE_GATEWAY to them)"
+  t0=$SECONDS
+  until kubectl get --raw /apis/metrics.k8s.io/v1beta1/nodes >/dev/null 2>&1; do
+    [ $((SECONDS - t0)) -lt 90 ] || { tail -n 30 "$NODE_DIR/metrics-server.log" >&2; die "metrics.k8s.io not served in 90 s"; }
+    pid_of metrics-server >/dev/null || { tail -n 30 "$NODE_DIR/metrics-server.log" >&2; die "metrics-server exited"; }
+    sleep 1
+  done
+  log "metrics.k8s.io served by metrics-server $METRICS_SERVER_VERSION in $((SECONDS - t0)) s (the HPAs' CPU)"
+}
+
+# metrics-server on this machine, like CoreDNS: it scrapes the kubelet's /metrics/resource (the kubelet's serving
+# certificate is self-signed: --kubelet-insecure-tls; the kubelet allows anonymous calls on the bridge address) and
+# serves metrics.k8s.io at $NODE_GATEWAY:$NODE_METRICS_PORT, registered as an APIService behind a Service without
+# selector whose Endpoints name this machine (the API server calls endpoints directly:
+# --enable-aggregator-routing in scripts/cluster.sh). The API server's calls are authenticated by its front-proxy
+# client certificate (--requestheader-* there); the APIService skips verifying metrics-server's self-signed one.
+metrics_server() {
+  fetch_metrics_server
+  mkdir -p "$NODE_DIR/metrics-server"
+  start metrics-server "$ms_dir/bin/metrics-server" --bind-address "$NODE_GATEWAY" --secure-port "$NODE_METRICS_PORT" \
+    --cert-dir "$NODE_DIR/metrics-server" --kubeconfig "$CLUSTER_DIR/kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/kubeconfig" --authorization-kubeconfig "$CLUSTER_DIR/kubeconfig" \
+    --kubelet-insecure-tls --kubelet-use-node-status-port --kubelet-preferred-address-types InternalIP \
+    --metric-resolution 15s --v=1
+  # (kubectl warns that v1 Endpoints are deprecated: the warning goes to a log, errors stop here.)
+  kubectl apply -f - >/dev/null 2>"$NODE_DIR/metrics-server-apply.log" <<EOF || { cat "$NODE_DIR/metrics-server-apply.log" >&2; die "the metrics.k8s.io APIService"; }
+apiVersion: v1
+kind: Service
+metadata: {name: metrics-server, namespace: kube-system}
+spec:
+  ports: [{name: https, port: 443, targetPort: $NODE_METRICS_PORT}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: metrics-server, namespace: kube-system}
+subsets:
+  - addresses: [{ip: $NODE_GATEWAY}]
+    ports: [{name: https, port: $NODE_METRICS_PORT}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.metrics.k8s.io}
+spec:
+  service: {name: metrics-server, namespace: kube-system, port: 443}
+  group: metrics.k8s.io
+  version: v1beta1
+  insecureSkipTLSVerify: true
+  groupPriorityMinimum: 100
+  versionPriority: 100
+EOF
 }
 
 # The pause image and the hl7gw image (scripts/image-local.sh), named as the chart and containerd ask for them.
@@ -256,6 +338,7 @@ import_images() {
 }
 
 down() {
+  stop_pid metrics-server
   stop_pid coredns
   stop_pid kube-proxy
   "$bin/nft/nft" delete table ip kube-proxy 2>/dev/null || true
@@ -281,14 +364,14 @@ down() {
 
 status() {
   local c
-  for c in containerd kubelet kube-scheduler kube-proxy coredns; do
+  for c in containerd kubelet kube-scheduler kube-proxy coredns metrics-server; do
     if pid=$(pid_of "$c"); then echo "$c running (pid $pid)"; else echo "$c stopped"; fi
   done
   kubectl get node "$NODE_NAME" 2>/dev/null || true
 }
 
 case "${1:-}" in
-  fetch) fetch ;;
+  fetch) fetch; fetch_metrics_server ;;
   up) up ;;
   down) down ;;
   status) status ;;
