@@ -35,7 +35,7 @@ scripts/tools.sh >/dev/null
 scripts/checkov-env.sh >/dev/null
 scripts/k6.sh build >/dev/null
 scripts/prom-check.sh fetch # Prometheus 2.42 (Debian's .deb); the dashboard's schema check (Go, ~1.5 min once)
-scripts/node.sh fetch
+scripts/node.sh fetch # with metrics-server (cold: ~5 CPU-minutes)
 # Jaeger v2 for services/egress/tests/jaeger.rs, built from the Go module proxy once (cold: ~7 min on 2 cores beside
 # a running make test, plus ~1 min of module downloads; docs/observability.md).
 scripts/jaeger.sh build >/dev/null
@@ -81,7 +81,8 @@ cat target/test-logs/cluster.log
 # The dashboard's queries and the alert rules against a real Prometheus scraping the debug pipeline on a Kafka of
 # its own (port 29960): panels answer under load, rules inactive while healthy, pending/firing when provoked. ~2 min.
 scripts/prom-check.sh
-# The chart on a real node (containerd, kubelet, kube-proxy, CoreDNS; the debug binaries in a local image):
-# helm install/test, load through the Service while pods are deleted, workers scaled and the release upgraded,
-# the PodDisruptionBudget, a clean teardown. ~1.5 min warm.
+# The chart on a real node (containerd, kubelet, kube-proxy, CoreDNS, metrics-server; the debug binaries in a
+# local image): the README's install, helm test, load through the Service while pods are deleted and the release
+# upgraded, the HPAs scaling out and in under the load Job, the PodDisruptionBudgets against evictions under load,
+# a clean teardown. ~8.5 min warm (KEDA's lag scaling, NODE_CHECK_KEDA=1, is not in it yet).
 scripts/node-check.sh
