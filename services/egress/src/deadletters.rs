@@ -456,13 +456,28 @@ fn needs_origin(cfg: &Config, env: &Envelope) -> Result<Option<(String, i32, i64
 
 /// Makes each letter whole for its replay: a letter without its message gets it from its origin record while
 /// the topic still holds it (checked to be the same envelope id); the others are refused, with why and where
-/// the original was read. Reads Kafka on a blocking thread.
+/// the original was read. Reads Kafka on one blocking thread with one consumer, whatever the number of letters.
 pub async fn whole(
+    cfg: &Config,
+    letters: Vec<(DeadLetter, Envelope)>,
+) -> (Vec<(DeadLetter, Envelope)>, Vec<Refusal>) {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || whole_blocking(&cfg, letters))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the replay's origin reader failed");
+            (Vec::new(), Vec::new())
+        })
+}
+
+/// [`whole`] on the blocking thread: the consumer is made once, for the first letter that needs it.
+fn whole_blocking(
     cfg: &Config,
     letters: Vec<(DeadLetter, Envelope)>,
 ) -> (Vec<(DeadLetter, Envelope)>, Vec<Refusal>) {
     let mut out = Vec::with_capacity(letters.len());
     let mut refused = Vec::new();
+    let mut reader: Option<Result<BaseConsumer<hl7gw_runtime::kafka::KafkaContext>, String>> = None;
     for (dl, env) in letters {
         let at = env.rejection.as_ref().map(origin).unwrap_or_default();
         let refuse = |why: String| Refusal {
@@ -482,10 +497,10 @@ pub async fn whole(
                 continue;
             }
         };
-        let c = cfg.clone();
-        let read = tokio::task::spawn_blocking(move || read_origin(&c, &topic, partition, offset))
-            .await
-            .unwrap_or_else(|e| Err(format!("reading the origin: {e}")));
+        let read = match reader.get_or_insert_with(|| origin_reader(cfg)) {
+            Ok(consumer) => read_origin(consumer, &topic, partition, offset),
+            Err(e) => Err(e.clone()),
+        };
         match read {
             Ok(original) if original.id == env.id => {
                 let from_transformer = env
@@ -519,17 +534,25 @@ pub async fn whole(
     (out, refused)
 }
 
-/// Reads the envelope at `topic`/`partition`/`offset`; `Err` says why it is not there. Blocking.
-fn read_origin(cfg: &Config, topic: &str, partition: i32, offset: i64) -> Result<Envelope, String> {
-    let consumer: BaseConsumer<hl7gw_runtime::kafka::KafkaContext> =
-        hl7gw_runtime::kafka::reader_config(
-            &format!("{}.replay-reader", cfg.group_prefix),
-            "hl7gw-egress-replay-reader",
-            &cfg.kafka,
-        )
-        .map_err(|e| format!("cannot read it: {e}"))?
-        .create_with_context(hl7gw_runtime::kafka::KafkaContext)
-        .map_err(|e| format!("cannot read it: {e}"))?;
+/// The consumer [`read_origin`] reads with (no group offsets: it is assigned each record it reads).
+fn origin_reader(cfg: &Config) -> Result<BaseConsumer<hl7gw_runtime::kafka::KafkaContext>, String> {
+    hl7gw_runtime::kafka::reader_config(
+        &format!("{}.replay-reader", cfg.group_prefix),
+        "hl7gw-egress-replay-reader",
+        &cfg.kafka,
+    )
+    .map_err(|e| format!("cannot read it: {e}"))?
+    .create_with_context(hl7gw_runtime::kafka::KafkaContext)
+    .map_err(|e| format!("cannot read it: {e}"))
+}
+
+/// Reads the envelope at `topic`/`partition`/`offset` with `consumer`; `Err` says why it is not there. Blocking.
+fn read_origin(
+    consumer: &BaseConsumer<hl7gw_runtime::kafka::KafkaContext>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<Envelope, String> {
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, Duration::from_secs(5))
         .map_err(|e| format!("cannot read {topic}: {e}"))?;
@@ -548,12 +571,16 @@ fn read_origin(cfg: &Config, topic: &str, partition: i32, offset: i64) -> Result
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) if m.offset() == offset => {
+            Some(Ok(m))
+                if m.topic() == topic && m.partition() == partition && m.offset() == offset =>
+            {
                 return envelope::decode(m.payload().unwrap_or_default())
                     .map_err(|e| format!("the record there is not an envelope: {e}"));
             }
             // Past it: deleted (compaction) or never committed.
-            Some(Ok(m)) if m.offset() > offset => {
+            Some(Ok(m))
+                if m.topic() == topic && m.partition() == partition && m.offset() > offset =>
+            {
                 return Err(format!("{topic} does not hold it"));
             }
             Some(Ok(_)) => {}
@@ -711,7 +738,6 @@ async fn replay_in_transaction(
 mod tests {
     use super::*;
 
-    /// Issue 9, item 14: a caller cannot ask the server for an unbounded page.
     /// Issue 36, item 5: a letter without its message is replayed only from its own stage's topic, never
     /// sent empty; a transformer `too_large` letter is replayable when it names its input.
     #[test]
@@ -764,6 +790,7 @@ mod tests {
         );
     }
 
+    /// Issue 9, item 14: a caller cannot ask the server for an unbounded page.
     #[test]
     fn pages_are_bounded_by_the_server() {
         assert_eq!(page_limit(0), MAX_PAGE);
