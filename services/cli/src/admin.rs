@@ -106,18 +106,10 @@ impl Conn {
     }
 }
 
-/// Whether `uri` names this machine: a loopback IP address (127.0.0.0/8, ::1) or `localhost`, where a token
-/// sent over plaintext does not cross the network (a `kubectl port-forward` listens there). The HTTP
-/// destinations take the same rule for their credentials.
+/// Whether `uri` names this machine ([`hl7gw_tls::is_loopback_host`]), where a token sent over plaintext does
+/// not cross the network (a `kubectl port-forward` listens there).
 fn is_loopback(uri: &tonic::codegen::http::Uri) -> bool {
-    let Some(host) = uri.host() else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    uri.host().is_some_and(hl7gw_tls::is_loopback_host)
 }
 
 pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {

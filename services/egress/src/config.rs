@@ -352,7 +352,7 @@ fn check_http(name: &str, url: &str, d: &Destination) -> Result<(), String> {
             "destinations.{name}.http: bearer_token_file or oauth2, not both"
         ));
     }
-    let loopback = matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1");
+    let loopback = hl7gw_tls::is_loopback_host(host);
     if !https && !loopback && (h.bearer_token_file.is_some() || h.oauth2.is_some()) {
         return Err(format!(
             "destinations.{name}: credentials are sent over https only (or to this machine)"
@@ -391,7 +391,7 @@ fn check_http(name: &str, url: &str, d: &Destination) -> Result<(), String> {
             let t: http::Uri = t
                 .parse()
                 .map_err(|e| format!("destinations.{name}.http.oauth2.token_url: {e}"))?;
-            let local = matches!(t.host(), Some("localhost" | "127.0.0.1" | "[::1]" | "::1"));
+            let local = t.host().is_some_and(hl7gw_tls::is_loopback_host);
             if t.scheme_str() != Some("https") && !(t.scheme_str() == Some("http") && local) {
                 return Err(format!(
                     "destinations.{name}.http.oauth2.token_url: expected https:// (or http:// to this machine)"

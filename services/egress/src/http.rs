@@ -658,7 +658,7 @@ fn token_keep(lifetime: Duration) -> Duration {
 }
 
 fn is_loopback(host: Option<&str>) -> bool {
-    matches!(host, Some("localhost" | "127.0.0.1" | "[::1]" | "::1"))
+    host.is_some_and(hl7gw_tls::is_loopback_host)
 }
 
 /// Whether a token endpoint a server's `.well-known/smart-configuration` named may get our assertion: over

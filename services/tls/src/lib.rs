@@ -159,6 +159,18 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Whether `host` (a URI's host: a name, an IP address, an IPv6 address in brackets) is this machine: a
+/// loopback address (127.0.0.0/8, ::1) or `localhost`. The one rule for where a credential may go over
+/// plaintext (the CLI's token over a `kubectl port-forward`, an HTTP destination's token endpoint): it does not
+/// cross the network.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The name a server certificate is checked against (a DNS name or an IP address).
 pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(name.to_owned()).map_err(|_| TlsError::ServerName(name.to_owned()))
@@ -214,6 +226,17 @@ impl ClientFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one loopback rule the CLI and the HTTP destinations share: 127.0.0.0/8, ::1 and localhost.
+    #[test]
+    fn loopback_hosts_are_this_machine_only() {
+        for h in ["127.0.0.1", "127.0.0.2", "localhost", "LOCALHOST", "::1", "[::1]"] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in ["10.0.0.1", "example.org", "localhost.example.org", "[::2]", ""] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+    }
 
     #[test]
     fn host_of_addresses() {
