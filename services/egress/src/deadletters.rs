@@ -457,17 +457,15 @@ fn needs_origin(cfg: &Config, env: &Envelope) -> Result<Option<(String, i32, i64
 /// Makes each letter whole for its replay: a letter without its message gets it from its origin record while
 /// the topic still holds it (checked to be the same envelope id); the others are refused, with why and where
 /// the original was read. Reads Kafka on one blocking thread with one consumer, whatever the number of letters.
+/// `Err`: the reader's thread failed (nothing is replayed then, and the caller is told).
 pub async fn whole(
     cfg: &Config,
     letters: Vec<(DeadLetter, Envelope)>,
-) -> (Vec<(DeadLetter, Envelope)>, Vec<Refusal>) {
+) -> Result<(Vec<(DeadLetter, Envelope)>, Vec<Refusal>), String> {
     let cfg = cfg.clone();
     tokio::task::spawn_blocking(move || whole_blocking(&cfg, letters))
         .await
-        .unwrap_or_else(|e| {
-            tracing::error!(error = %e, "the replay's origin reader failed");
-            (Vec::new(), Vec::new())
-        })
+        .map_err(|e| format!("the replay's origin reader failed: {e}"))
 }
 
 /// [`whole`] on the blocking thread: the consumer is made once, for the first letter that needs it.

@@ -525,7 +525,9 @@ impl Egress for EgressService {
                 fresh
             };
             // Never sent without its message: re-read from its origin, or refused (with why and where).
-            let (chosen, refused) = deadletters::whole(&self.cfg, chosen).await;
+            let (chosen, refused) = deadletters::whole(&self.cfg, chosen)
+                .await
+                .map_err(Status::internal)?;
             let refused: Vec<_> = refused
                 .into_iter()
                 .map(|f| RefusedReplay {
