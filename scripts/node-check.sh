@@ -225,17 +225,23 @@ log "   4 NetworkPolicies accepted; every readiness and liveness probe on the ad
 log "2. helm test"
 helm test hl7gw -n hl7gw --timeout 120s >/dev/null ||
   { kubectl logs -n hl7gw -l app.kubernetes.io/component=test --tail 20 >&2 || true; die "helm test"; }
+# `kubectl port-forward` to SERVICE's PORT in NAMESPACE on a free local port, its output in LOG: sets `forward`
+# (its PID) and `pf` (the local port), or dies.
+port_forward() {
+  local ns=$1 svc=$2 port=$3 out=$4
+  kubectl port-forward -n "$ns" "svc/$svc" ":$port" --address 127.0.0.1 >"$out" 2>&1 &
+  forward=$!
+  pf=
+  for _ in $(seq 100); do
+    pf=$(awk '/^Forwarding from 127\.0\.0\.1:/ {split($3, a, ":"); print a[2]; exit}' "$out")
+    [ -n "$pf" ] && break
+    kill -0 "$forward" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$pf" ] || { cat "$out" >&2; die "kubectl port-forward to $svc did not start"; }
+}
 # The README's step 5: a first message through `kubectl port-forward` to the MLLP Service, to the receiver.
-kubectl port-forward -n $ns svc/hl7gw-hl7-gateway-ingress-mllp :2575 --address 127.0.0.1 >"$work/pf-mllp.log" 2>&1 &
-forward=$!
-pf=
-for _ in $(seq 100); do
-  pf=$(awk '/^Forwarding from 127\.0\.0\.1:/ {split($3, a, ":"); print a[2]; exit}' "$work/pf-mllp.log")
-  [ -n "$pf" ] && break
-  kill -0 "$forward" 2>/dev/null || break
-  sleep 0.1
-done
-[ -n "$pf" ] || { cat "$work/pf-mllp.log" >&2; die "kubectl port-forward to the MLLP Service did not start"; }
+port_forward "$ns" hl7gw-hl7-gateway-ingress-mllp 2575 "$work/pf-mllp.log"
 "target/$profile/hl7gw" send --to "127.0.0.1:$pf" samples/adt_a01.hl7 >"$work/first.ack" 2>&1 ||
   { cat "$work/first.ack" >&2; die "hl7gw send samples/adt_a01.hl7 through the port-forward"; }
 kill "$forward" 2>/dev/null; wait "$forward" 2>/dev/null || true; forward=
@@ -325,16 +331,7 @@ sys.exit(1 if missing or not acked else 0)
 EOF
 
 log "4. operators: hl7gw status and trace through kubectl port-forward with tokens (gRPC plaintext, the default)"
-kubectl port-forward -n hl7gw svc/hl7gw-hl7-gateway-egress :50051 --address 127.0.0.1 >"$work/port-forward.log" 2>&1 &
-forward=$!
-pf=
-for _ in $(seq 100); do
-  pf=$(awk '/^Forwarding from 127\.0\.0\.1:/ {split($3, a, ":"); print a[2]; exit}' "$work/port-forward.log")
-  [ -n "$pf" ] && break
-  kill -0 "$forward" 2>/dev/null || break
-  sleep 0.1
-done
-[ -n "$pf" ] || { cat "$work/port-forward.log" >&2; die "kubectl port-forward did not start"; }
+port_forward hl7gw hl7gw-hl7-gateway-egress 50051 "$work/port-forward.log"
 cli() { "target/$profile/hl7gw" "$@" --to "http://127.0.0.1:$pf" --timeout 60; }
 ops_failed() { kill "$forward" 2>/dev/null; cat "$work/ops.err" >&2; die "$1"; }
 cli status --token-file "$work/viewer.token" --json >"$work/status.json" 2>"$work/ops.err" ||
