@@ -230,10 +230,23 @@ mod tests {
     /// The one loopback rule the CLI and the HTTP destinations share: 127.0.0.0/8, ::1 and localhost.
     #[test]
     fn loopback_hosts_are_this_machine_only() {
-        for h in ["127.0.0.1", "127.0.0.2", "localhost", "LOCALHOST", "::1", "[::1]"] {
+        for h in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "localhost",
+            "LOCALHOST",
+            "::1",
+            "[::1]",
+        ] {
             assert!(is_loopback_host(h), "{h}");
         }
-        for h in ["10.0.0.1", "example.org", "localhost.example.org", "[::2]", ""] {
+        for h in [
+            "10.0.0.1",
+            "example.org",
+            "localhost.example.org",
+            "[::2]",
+            "",
+        ] {
             assert!(!is_loopback_host(h), "{h}");
         }
     }
