@@ -549,10 +549,13 @@ if [ "${NODE_CHECK_KEDA:-0}" = 1 ]; then
   keda_up=1
   # The chart's KEDA ScaledObjects for the workers (the ingress's needs a Prometheus for its connections trigger:
   # its CPU scaling was step 5's, here it keeps 2 replicas), polling every 5 s, lagThreshold 300 messages a pod.
+  # The egress delivers one message at a time per partition here (max_in_flight 1), as against a receiver that
+  # answers slowly: with 64 in the air, two debug pods drain the burst before the HPA's first look.
   # shellcheck disable=SC2086
   helm upgrade "${install[@]:2}" -f scripts/node/values.yaml ${NODE_CHECK_HELM_ARGS:-} \
     --set autoscaling.engine=keda,autoscaling.keda.pollingInterval=5,hl7Ingress.autoscaling.enabled=false \
     --set transformer.autoscaling.lagPerPod=300,egress.autoscaling.lagPerPod=300 \
+    --set egress.destinations.lab.max_in_flight=1 \
     --wait --timeout 180s >/dev/null || { kubectl get pods -n $ns -o wide >&2; die "helm upgrade to autoscaling.engine keda"; }
   for _ in $(seq 60); do
     [ "$(kubectl get hpa -n $ns --no-headers 2>/dev/null | grep -c '^keda-hpa-')" = 2 ] && break

@@ -48,8 +48,9 @@ reduced to [A-Za-z0-9_.-]), under a temporary name first, synced and renamed, so
 is there is complete; then it is answered with AA, or CA when the sender asked for enhanced
 mode (MSH-15/MSH-16 valued).
 A payload that does not parse is answered with AR (or CR) and an ERR segment carrying the
-parse error, and kept in DIR/rejected/ for inspection. Messages refused by --reject-every are
-answered AR (or CR) with ERR 207 and not stored. An oversized frame or another MLLP framing
+parse error, and kept in DIR/rejected/ for inspection. Messages refused by --reject-every or
+--refuse-containing are answered AR (or CR) with ERR 207 and not stored (over HTTP: 503).
+--delay makes each answer wait, as a slow receiver's would. An oversized frame or another MLLP framing
 violation is answered with AR and ERR 207, and the connection is closed.
 
 Sequence numbers continue after the highest one already in DIR: run one receiver per DIR.
@@ -92,6 +93,51 @@ pub struct ReceiveArgs {
     /// can then lose messages that were ACKed.
     #[arg(long)]
     pub no_sync: bool,
+    /// Answer each message this many milliseconds after it arrived (a slow receiver: each MLLP connection and
+    /// each HTTP request waits on its own, so a sender with several in the air gets them answered together).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub delay: u64,
+    /// Refuse the first --refuse-times messages whose bytes contain TEXT (MLLP: AR with ERR 207; HTTP: 503),
+    /// then take them: a receiver that refuses one patient for a while, for retry tests.
+    #[arg(long, value_name = "TEXT")]
+    pub refuse_containing: Option<String>,
+    /// How many messages --refuse-containing refuses.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3,
+        requires = "refuse_containing"
+    )]
+    pub refuse_times: u64,
+}
+
+/// `--refuse-containing`: the first `left` payloads that contain `needle` are refused.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    needle: Vec<u8>,
+    left: AtomicU64,
+}
+
+impl Refusal {
+    pub(crate) fn from_args(args: &ReceiveArgs) -> Option<Self> {
+        let needle = args.refuse_containing.as_ref()?;
+        Some(Self {
+            needle: needle.as_bytes().to_vec(),
+            left: AtomicU64::new(args.refuse_times),
+        })
+    }
+
+    /// Whether `payload` is refused (counted against `--refuse-times`).
+    pub(crate) fn refuses(&self, payload: &[u8]) -> bool {
+        !self.needle.is_empty()
+            && payload
+                .windows(self.needle.len())
+                .any(|w| w == self.needle.as_slice())
+            && self
+                .left
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+    }
 }
 
 /// A size of at least 1.
@@ -110,6 +156,8 @@ struct Shared {
     max_frame: usize,
     idle: Duration,
     reject_every: Option<u64>,
+    refusal: Option<Refusal>,
+    delay: Duration,
     count: Option<u64>,
     sync: bool,
     /// Sequence number of the next received payload (file names).
@@ -151,6 +199,8 @@ pub fn run(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         max_frame: args.max_frame,
         idle: Duration::from_secs(args.idle_timeout),
         reject_every: args.reject_every,
+        refusal: Refusal::from_args(&args),
+        delay: Duration::from_millis(args.delay),
         count: args.count,
         sync: !args.no_sync,
         next_seq: AtomicU64::new(first),
@@ -380,8 +430,21 @@ async fn answer(
             return reject(shared, ack, &h, &ids, AckError::error(e.code(), &text));
         }
     };
+    if !shared.delay.is_zero() {
+        tokio::time::sleep(shared.delay).await;
+    }
     let h = message.header();
     let control_id = sanitise(h.control_id);
+    if shared.refusal.as_ref().is_some_and(|r| r.refuses(payload)) {
+        log!(
+            "{peer}: #{seq} refused on request ({size} bytes, control id {control_id}, --refuse-containing)"
+        );
+        let err = AckError::error(
+            ErrorCode::ApplicationInternalError,
+            "refused on request (--refuse-containing); resend later",
+        );
+        return reject(shared, ack, h, &ids, err);
+    }
     let nth = shared.parsed.fetch_add(1, Ordering::Relaxed) + 1;
     if shared
         .reject_every

@@ -2,7 +2,7 @@
 //! each POST/PUT body is stored as a file (temp name, fsync, rename), then answered 200 with an
 //! OperationOutcome naming the file. Logs carry sizes, content types and file names: never content.
 
-use crate::receive::{ReceiveArgs, store};
+use crate::receive::{ReceiveArgs, Refusal, store};
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -18,6 +18,8 @@ struct Shared {
     out: PathBuf,
     sync: bool,
     reject_every: Option<u64>,
+    refusal: Option<Refusal>,
+    delay: std::time::Duration,
     count: Option<u64>,
     next_seq: AtomicU64,
     received: AtomicU64,
@@ -31,6 +33,8 @@ pub async fn serve(args: &ReceiveArgs, first_seq: u64) -> anyhow::Result<()> {
         out: args.out.clone(),
         sync: !args.no_sync,
         reject_every: args.reject_every,
+        refusal: Refusal::from_args(args),
+        delay: std::time::Duration::from_millis(args.delay),
         count: args.count,
         next_seq: AtomicU64::new(first_seq),
         received: AtomicU64::new(0),
@@ -79,6 +83,17 @@ async fn receive(
         return (StatusCode::METHOD_NOT_ALLOWED, "POST or PUT\n").into_response();
     }
     let n = s.received.fetch_add(1, Ordering::Relaxed) + 1;
+    if !s.delay.is_zero() {
+        tokio::time::sleep(s.delay).await;
+    }
+    if s.refusal.as_ref().is_some_and(|r| r.refuses(&body)) {
+        log!("request {n}: answered 503 (--refuse-containing)");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            outcome("error", "transient", "refused by --refuse-containing"),
+        )
+            .into_response();
+    }
     if s.reject_every.is_some_and(|every| n % every == 0) {
         log!("request {n}: answered 503 (--reject-every)");
         return (

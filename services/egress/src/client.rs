@@ -256,8 +256,7 @@ mod tests {
             tls: None,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
-            retry: Default::default(),
-            ack_policy: Default::default(),
+            ..Destination::default()
         };
         let unmatched = Counter::default();
         (

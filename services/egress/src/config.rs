@@ -216,6 +216,12 @@ impl Default for HttpSettings {
     }
 }
 
+/// The largest `max_in_flight` a destination may set.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// The largest `connections` an MLLP destination may set (per partition).
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// One receiving system: an MLLP listener (`address`) or an HTTP(S) endpoint (`url`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -248,6 +254,52 @@ pub struct Destination {
     /// What negative answers get.
     #[serde(default)]
     pub ack_policy: AckPolicy,
+    /// Most deliveries in the air at once to this receiver from one egress pod, across its partitions: messages
+    /// of different keys (patients) go at once, a key's messages one at a time in order (1: one message at a
+    /// time per partition, as before issue 38). An MLLP destination has at most `connections` in the air per
+    /// partition. A crash redelivers at most what was in the air or waiting behind it (see docs/reliability.md).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Most payload bytes of those deliveries (a message larger than this goes alone).
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: usize,
+    /// MLLP only: connections each partition's worker keeps to the receiver, one message in flight on each
+    /// (keys are spread over them, a key's messages still one at a time). 1 keeps one connection per partition
+    /// and pod; raise it for a receiver that answers slowly and takes several connections (a receiver that takes
+    /// only one connection in all needs one partition, one egress pod and 1 here).
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+}
+
+impl Default for Destination {
+    /// An MLLP destination with no address yet: every setting at its default.
+    fn default() -> Self {
+        Self {
+            address: String::new(),
+            url: None,
+            tls: None,
+            http: HttpSettings::default(),
+            connect_timeout: default_connect_timeout(),
+            response_timeout: default_response_timeout(),
+            retry: RetryPolicy::default(),
+            ack_policy: AckPolicy::default(),
+            max_in_flight: default_max_in_flight(),
+            max_in_flight_bytes: default_max_in_flight_bytes(),
+            connections: default_connections(),
+        }
+    }
+}
+
+fn default_max_in_flight() -> usize {
+    64
+}
+
+fn default_max_in_flight_bytes() -> usize {
+    16 << 20
+}
+
+fn default_connections() -> usize {
+    1
 }
 
 fn default_connect_timeout() -> Duration {
@@ -471,6 +523,26 @@ impl Config {
             if d.connect_timeout.is_zero() || d.response_timeout.is_zero() {
                 return rule(format!("destinations.{name}: timeouts must be more than 0"));
             }
+            if d.max_in_flight == 0 || d.max_in_flight > MAX_IN_FLIGHT {
+                return rule(format!(
+                    "destinations.{name}.max_in_flight must be 1 to {MAX_IN_FLIGHT}"
+                ));
+            }
+            if d.max_in_flight_bytes == 0 || d.max_in_flight_bytes > u32::MAX as usize {
+                return rule(format!(
+                    "destinations.{name}.max_in_flight_bytes must be 1 to 4 GiB"
+                ));
+            }
+            if d.connections == 0 || d.connections > MAX_CONNECTIONS {
+                return rule(format!(
+                    "destinations.{name}.connections must be 1 to {MAX_CONNECTIONS}"
+                ));
+            }
+            if d.url.is_some() && d.connections != 1 {
+                return rule(format!(
+                    "destinations.{name}.connections is for MLLP destinations: an HTTP destination's deliveries share its connection pool (max_in_flight bounds them)"
+                ));
+            }
             let r = &d.retry;
             if r.initial_backoff.is_zero()
                 || r.max_backoff < r.initial_backoff
@@ -564,13 +636,7 @@ mod tests {
             "lab".into(),
             Destination {
                 address: "127.0.0.1:2576".into(),
-                url: None,
-                http: HttpSettings::default(),
-                tls: None,
-                connect_timeout: default_connect_timeout(),
-                response_timeout: default_response_timeout(),
-                retry: RetryPolicy::default(),
-                ack_policy: AckPolicy::default(),
+                ..Destination::default()
             },
         );
         c.validate().unwrap();

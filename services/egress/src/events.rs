@@ -28,6 +28,17 @@ impl DestMetrics {
         tracing::info!(parent: span, "delivered within the duplicate window: not sent again");
     }
 
+    /// The ledger says the record at `offset` of `partition` was delivered past the last commit (a crash or a
+    /// rebalance of its last owner): not sent again.
+    pub fn duplicate_known(&self, partition: i32, offset: i64) {
+        self.duplicates_suppressed.inc();
+        tracing::debug!(
+            partition,
+            offset,
+            "delivered before (the ledger has its event): not sent again"
+        );
+    }
+
     /// An attempt failed other than by not connecting (those repeat until the receiver is back).
     pub fn attempt_failed(&self, span: &Span, error: &dyn std::fmt::Display) {
         tracing::info!(parent: span, error = %error, "delivery attempt failed");

@@ -24,13 +24,20 @@ hl7gw_runtime::metric_set! {
         pub dlq_writes: Family<ReasonLabels, Counter> =
             "Messages sent to the DLQ (rejected by the receiver or given up), by reason";
         pub duplicates_suppressed: Family<DestLabels, Counter> =
-            "Messages not sent again because they were delivered within the duplicate window";
+            "Messages not sent again because they were delivered within the duplicate window, or (after a crash or \
+             a rebalance) the ledger has their delivery";
         pub unmatched_acks: Family<DestLabels, Counter> =
             "Receivers' answers whose MSA-2 named another message than the one sent: discarded";
         pub replayed: Family<DestLabels, Counter> = "Dead letters sent back to their destination topic";
         pub partition_pauses: Family<DestLabels, Counter> =
             "Partitions paused because more than queue_bytes_per_partition waited for a slow receiver";
         pub connections_active: Family<DestLabels, Gauge> = "Open connections to receivers";
+        pub in_flight: Family<DestLabels, Gauge> =
+            "Deliveries in the air (sent or being retried), at most the destination's max_in_flight";
+        pub in_flight_bytes: Family<DestLabels, Gauge> =
+            "Payload bytes of the deliveries in the air, at most the destination's max_in_flight_bytes";
+        pub waiting_for_key: Family<DestLabels, Gauge> =
+            "Messages read and waiting behind an earlier message of their key (patient) that is still being delivered";
         pub consumer_lag: Family<DestLabels, Gauge> =
             "Destination messages not yet delivered by this consumer (sum over its partitions)";
         pub delivery_duration: Family<DestLabels, Histogram> =
@@ -66,6 +73,9 @@ pub struct DestMetrics {
     pub(crate) duplicates_suppressed: Counter,
     pub unmatched_acks: Counter,
     pub connections_active: Gauge,
+    pub(crate) in_flight: Gauge,
+    pub(crate) in_flight_bytes: Gauge,
+    pub(crate) waiting_for_key: Gauge,
     pub(crate) partition_pauses: Counter,
     pub(crate) delivery_duration: Histogram,
     pub(crate) end_to_end: Histogram,
@@ -99,6 +109,9 @@ impl EgressMetrics {
             duplicates_suppressed: self.duplicates_suppressed.get_or_create(&d).clone(),
             unmatched_acks: self.unmatched_acks.get_or_create(&d).clone(),
             connections_active: self.connections_active.get_or_create(&d).clone(),
+            in_flight: self.in_flight.get_or_create(&d).clone(),
+            in_flight_bytes: self.in_flight_bytes.get_or_create(&d).clone(),
+            waiting_for_key: self.waiting_for_key.get_or_create(&d).clone(),
             partition_pauses: self.partition_pauses.get_or_create(&d).clone(),
             delivery_duration: self.delivery_duration.get_or_create(&d).clone(),
             end_to_end: self.end_to_end.get_or_create(&d).clone(),

@@ -226,6 +226,58 @@ pub fn find(
     })
 }
 
+/// Offsets of a destination topic's partition that the ledger says were delivered, with the envelope id and
+/// route each `delivered` event names.
+pub type Delivered = HashMap<i64, (String, String)>;
+
+/// Most time a partition's ledger look-up (see [`delivered_offsets`]) may take before the partition's
+/// deliveries go on without it.
+pub const LEDGER_LOOKUP_BUDGET: Duration = Duration::from_secs(10);
+
+/// What the ledger says was already delivered of one partition of a destination topic: the offsets from
+/// `from` on named by a `delivered` event of `topic`/`partition`, with the envelope id and route the event
+/// names (a topic made again under the same name reuses offsets), read from `since_ms` (event timestamps) to
+/// the events topic's end now, within [`LEDGER_LOOKUP_BUDGET`]; and whether the read was complete. Issue 38:
+/// the egress asks this when it is given a partition, so that what a crashed owner delivered after its last
+/// commit is not sent again. Blocking: run it on a blocking thread.
+pub fn delivered_offsets(
+    cfg: &Config,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    since_ms: i64,
+    cancel: &CancellationToken,
+) -> Result<(Delivered, u64, bool), TraceError> {
+    let consumer: BaseConsumer<KafkaContext> = hl7gw_runtime::kafka::reader_config(
+        &format!("{}.ledger-reader", cfg.group_prefix),
+        "hl7gw-egress-ledger",
+        &cfg.kafka,
+    )
+    .map_err(rdkafka::error::KafkaError::from)?
+    .create_with_context(KafkaContext)?;
+    let mut budget = Budget {
+        deadline: Instant::now() + LEDGER_LOOKUP_BUDGET,
+        records: 0,
+        exhausted: false,
+        cancel,
+    };
+    let ranges = window(&consumer, &cfg.ledger.topic, None, since_ms, i64::MAX)?;
+    let mut found = HashMap::new();
+    scan(&consumer, &cfg.ledger.topic, &ranges, &mut budget, |m| {
+        if header(m, ledger::KIND_HEADER) == Some(ledger::kind::DELIVERED.as_bytes())
+            && let Ok(e) = ledger::decode(m.payload().unwrap_or_default())
+            && e.topic == topic
+            && e.partition == partition
+            && e.offset >= from
+        {
+            found.insert(e.offset, (e.envelope_id, e.route));
+        }
+        true
+    })?;
+    budget.check()?;
+    Ok((found, budget.records, !budget.exhausted))
+}
+
 /// Reads the ledger's events of the messages found: per events partition (the one each id is keyed to), from
 /// the earliest of their times to the partition's end now.
 fn events(

@@ -216,6 +216,30 @@ async fn the_corpus_reaches_a_fhir_server_once_in_order_and_validated() {
         "a second delivery changed the counts: {grown:?}"
     );
 
+    // Issue 38: the first delivery had many transactions in the air at once (max_in_flight 64). The same outputs
+    // delivered one at a time per partition (max_in_flight 1, the order before it) into an emptied server make
+    // the same resources.
+    p.egress.process = None;
+    p.set_destinations(
+        &destination(&server.base()).replace("    retry:", "    max_in_flight: 1\n    retry:"),
+    );
+    for (k, v) in &mut p.egress.env {
+        if *k == "HL7GW_GROUP_PREFIX" {
+            v.push_str("-sequential");
+        }
+    }
+    server.call("POST", "/admin/reset");
+    p.start_egress();
+    wait_delivered(&p, &server, acked.len(), Duration::from_secs(600)).await;
+    let sequential = server.counts();
+    assert_eq!(
+        sequential, first,
+        "one transaction at a time per partition makes other resources than many at once"
+    );
+    p.egress.process = None;
+    p.set_destinations(&destination(&server.base()));
+    p.start_egress();
+
     // Patient order: three patients' updates interleaved; each one's last name is the one it keeps.
     let mut order = Vec::new();
     for i in 0..8 {

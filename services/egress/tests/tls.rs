@@ -23,7 +23,7 @@ fn destination(address: &str, tls: ClientTls) -> Destination {
         connect_timeout: Duration::from_secs(5),
         response_timeout: Duration::from_secs(5),
         retry: RetryPolicy::default(),
-        ack_policy: Default::default(),
+        ..Destination::default()
     }
 }
 

@@ -1,10 +1,19 @@
-//! Delivery to one destination: a consumer group on `hl7.out.<destination>`, one worker per partition with its
-//! own MLLP connection and one message in flight (so each partition's order holds), and an offset stored for
-//! commit only once the receiver accepted the message or it went to the DLQ.
+//! Delivery to one destination: a consumer group on `hl7.out.<destination>`, one worker per partition. A worker
+//! delivers records of different keys (patients) at once and the records of one key one at a time in offset
+//! order ([`window`]), up to the destination's `max_in_flight` deliveries and `max_in_flight_bytes` across its
+//! partitions; an MLLP destination's worker keeps `connections` connections, one message in flight on each, an
+//! HTTP destination's share the pooled client. An offset is stored for commit only once every record up to it
+//! was accepted by the receiver or went to the DLQ (and its ledger event was written), so a crash redelivers
+//! at most what was in flight or waiting behind it.
+
+pub mod window;
 
 use crate::client::{MllpClient, SendError, Tls};
 use crate::config::{Config, Destination};
 use crate::metrics::{DestMetrics, EgressMetrics};
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use hl7gw_runtime::dedup::{Dedup, Seen};
 use hl7gw_runtime::envelope;
 use hl7gw_runtime::ledger;
@@ -20,6 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use window::Window;
 
 pub type DestConsumer = StreamConsumer<hl7gw_runtime::kafka::Assignment>;
 
@@ -32,9 +42,9 @@ pub struct DestState {
     pub retrying: AtomicU64,
     pub delivered: AtomicU64,
     pub dead_lettered: AtomicU64,
-    /// What each partition's worker is holding: the oldest undelivered message's age and the retrying-since
-    /// time come from here.
-    pub heads: Mutex<HashMap<i32, Arc<Head>>>,
+    /// The deliveries in the air, by partition and sequence number: the oldest undelivered message's age and
+    /// the retrying-since time come from here.
+    pub heads: Mutex<HashMap<(i32, u64), Arc<Head>>>,
     /// Dead letters written since start by reason (the reasons are a fixed set of labels).
     pub dead_lettered_by_reason: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     pub lag: std::sync::atomic::AtomicI64,
@@ -56,19 +66,52 @@ pub struct DestState {
 /// The stage name the egress writes in dead letters and events.
 const STAGE: &str = "egress";
 
-/// Most settled records per partition whose ledger event is still on its way to Kafka (past it, the worker
-/// waits for the oldest before taking the next record).
-const MAX_PENDING_EVENTS: usize = 256;
+/// Most records a partition's worker holds from its last stored offset on (in flight, waiting behind their key,
+/// or settled with their ledger event still on its way): past it, the worker takes no new record until the
+/// oldest is settled.
+const MAX_WINDOW: usize = 256;
 
 /// A settled record: its offset is stored once its event (if any) is written.
 struct Pending {
-    offset: i64,
     event: Option<Box<Event>>,
     delivery: Option<hl7gw_runtime::delivery::DeliveryFuture>,
 }
 
-/// Takes a partition worker's [`Head`] out of the destination's state when the worker ends.
-struct HeadGone<'a>(&'a DestState, i32);
+/// How a record of a partition's window ended: settled, or abandoned (shutdown, the partition moved; its offset
+/// and every later one stay unstored).
+enum Outcome {
+    Settled(Pending),
+    Abandoned,
+}
+
+/// A record taken into a partition's window and not yet started.
+struct Waiting {
+    generation: u64,
+    m: OwnedMessage,
+    queued: QueuedBytes,
+    /// The envelope id and route the ledger says were delivered from this offset (by the partition's last
+    /// owner, after its last commit).
+    known: Option<(String, String)>,
+}
+
+/// How far back the ledger is read for a partition's deliveries past its committed offset: from the committed
+/// record's time, but not before this long ago (an older committed record means a backlog, and its last owner
+/// delivered only just before it went).
+const LEDGER_LOOKBACK: Duration = Duration::from_secs(600);
+
+/// Slack for the clocks of the transformer that timestamped a record and of the egress that wrote its event.
+const LEDGER_SKEW: Duration = Duration::from_secs(10);
+
+/// A delivery that ended, back in its partition's worker.
+struct Finished {
+    seq: u64,
+    key: u64,
+    done: Done,
+    client: Option<MllpClient>,
+}
+
+/// Takes a delivery's [`Head`] out of the destination's state when the delivery ends.
+struct HeadGone<'a>(&'a DestState, (i32, u64));
 
 impl Drop for HeadGone<'_> {
     fn drop(&mut self) {
@@ -203,6 +246,10 @@ pub struct DestCtx {
     pub m: DestMetrics,
     pub dedup: Dedup,
     pub state: DestState,
+    /// The destination's deliveries in the air across its partitions: `max_in_flight` permits.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Their payload bytes: `max_in_flight_bytes` permits.
+    pub in_flight_bytes: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for DestCtx {
@@ -272,11 +319,11 @@ impl Held {
     }
 }
 
-/// Takes a record's bytes off its lane's count when dropped, and tells the reader there is room for a held
-/// record.
-struct QueuedBytes<'a>(&'a AtomicUsize, usize, &'a tokio::sync::Notify);
+/// Takes a record's bytes off its lane's count when dropped (the record is settled, abandoned or dropped), and
+/// tells the reader there is room for a held record.
+struct QueuedBytes(Arc<AtomicUsize>, usize, Arc<tokio::sync::Notify>);
 
-impl Drop for QueuedBytes<'_> {
+impl Drop for QueuedBytes {
     fn drop(&mut self) {
         self.0.fetch_sub(self.1, Ordering::AcqRel);
         self.2.notify_one();
@@ -430,6 +477,12 @@ impl DestCtx {
         }
     }
 
+    /// One partition's deliveries (see the module doc): takes records from its lane into the window while it
+    /// has room, starts every record whose key is free as the destination's permits (and, for MLLP, an idle
+    /// connection) allow, and stores the offsets of the settled prefix once their events are written. A record
+    /// abandoned (the partition moved) drains the window first: the deliveries in the air end, the prefix they
+    /// settled is stored, and the rest is read again from the committed offset, so an offset is never stored
+    /// past a record of an earlier generation that did not finish.
     async fn partition_worker(
         self: Arc<Self>,
         partition: i32,
@@ -438,113 +491,361 @@ impl DestCtx {
         room: Arc<tokio::sync::Notify>,
         stop: CancellationToken,
     ) {
-        let mut client = MllpClient::new(
-            self.dest.clone(),
-            self.tls.clone(),
-            self.m.connections_active.clone(),
-            self.m.unmatched_acks.clone(),
-        );
-        // Settled records whose event is on its way to the ledger, in offset order: an offset is stored only
-        // once its event is written (so the ledger misses nothing), without waiting for each in turn.
-        let mut pending: VecDeque<Pending> = VecDeque::new();
-        let head = Arc::new(Head::default());
-        if let Ok(mut h) = self.state.heads.lock() {
-            h.insert(partition, head.clone());
-        }
-        let _gone = HeadGone(&self.state, partition);
-        loop {
-            let next = if pending.len() >= MAX_PENDING_EVENTS {
-                None
-            } else if let Some(front) = pending.front_mut().and_then(|p| p.delivery.as_mut()) {
-                tokio::select! {
-                    biased;
-                    r = front => {
-                        let written = matches!(r, Ok(Ok(_)));
-                        if !self.settle_front(partition, &mut pending, written, &stop).await {
-                            return;
+        let mut idle: Vec<MllpClient> = if self.http.is_some() {
+            Vec::new()
+        } else {
+            (0..self.dest.connections.max(1))
+                .map(|_| self.mllp_client())
+                .collect()
+        };
+        let mut window: Window<Waiting, Outcome> = Window::default();
+        let mut running: FuturesUnordered<BoxFuture<'static, Finished>> = FuturesUnordered::new();
+        // The permits taken for the next ready record, or on their way.
+        let mut permits: Option<Permits> = None;
+        let mut acquiring: Option<BoxFuture<'static, Option<Permits>>> = None;
+        let mut waiting_shown = 0i64;
+        // The rebalance generation the window's records were read in, and the offsets of that generation the
+        // ledger says were delivered already.
+        let mut window_generation: Option<u64> = None;
+        let mut delivered_before = HashMap::new();
+        'work: loop {
+            // Start every ready record that can start now.
+            while let Some(next) = window.peek_ready() {
+                if self.http.is_none() && idle.is_empty() {
+                    break;
+                }
+                let len = next.m.payload().map_or(0, <[u8]>::len);
+                let p = match permits.take().or_else(|| self.try_permits(len)) {
+                    Some(p) => p,
+                    None => {
+                        if acquiring.is_none() {
+                            acquiring = Some(Box::pin(self.clone().permits(len)));
                         }
-                        continue;
-                    }
-                    m = rx.recv() => Some(m),
-                }
-            } else if !pending.is_empty() {
-                // Nothing to wait for at the front (a suppressed duplicate): its offset goes now.
-                None
-            } else {
-                Some(rx.recv().await)
-            };
-            let Some(next) = next else {
-                // Too many pending, or a front with nothing in flight: settle the oldest, waiting for its event
-                // when it is on its way (written again only when Kafka did not take it).
-                let written = match pending.front_mut().and_then(|p| p.delivery.as_mut()) {
-                    Some(d) => matches!(d.await, Ok(Ok(_))),
-                    None => false,
-                };
-                if !self
-                    .settle_front(partition, &mut pending, written, &stop)
-                    .await
-                {
-                    return;
-                }
-                continue;
-            };
-            let Some((generation, m)) = next else {
-                break;
-            };
-            // Released when this record is done with (delivered, dropped or abandoned).
-            let _queued = QueuedBytes(&queued_bytes, m.payload().map_or(0, <[u8]>::len), &room);
-            if generation != self.consumer.context().generation() {
-                // Read before a rebalance: the partition restarts from its committed offset.
-                continue;
-            }
-            let done = self
-                .deliver(&mut client, &m, generation, &head, &stop)
-                .await;
-            head.received_ms.store(0, Ordering::Relaxed);
-            head.retrying_ms.store(0, Ordering::Relaxed);
-            match done {
-                Done::Settled(event) => {
-                    let mut p = Pending {
-                        offset: m.offset(),
-                        event: None,
-                        delivery: None,
-                    };
-                    if let Some(mut e) = event {
-                        if e.topic == self.topic {
-                            e.partition = partition;
-                        }
-                        // Not queued (the producer's queue is full): written in turn, with retries.
-                        p.delivery = self.send_event(&e);
-                        p.event = Some(e);
-                    }
-                    pending.push_back(p);
-                }
-                Done::Abandoned => {
-                    if stop.is_cancelled() {
                         break;
                     }
+                };
+                let Some((seq, key, w)) = window.take_ready() else {
+                    break;
+                };
+                let run = self
+                    .clone()
+                    .start(partition, seq, key, w, p, idle.pop(), stop.clone());
+                running.push(run);
+            }
+            let waiting = i64::try_from(window.waiting()).unwrap_or(i64::MAX);
+            self.m.waiting_for_key.inc_by(waiting - waiting_shown);
+            waiting_shown = waiting;
+            // The finished prefix whose events need no wait settles now (a suppressed duplicate, an event the
+            // producer could not queue: written here, with retries).
+            while let Some((_, Outcome::Settled(Pending { delivery: None, .. }))) =
+                window.front_mut()
+            {
+                if !self
+                    .settle_front(partition, &mut window, false, &stop)
+                    .await
+                {
+                    break 'work;
+                }
+            }
+            let front_waits = matches!(
+                window.front_mut(),
+                Some((
+                    _,
+                    Outcome::Settled(Pending {
+                        delivery: Some(_),
+                        ..
+                    })
+                ))
+            );
+            let can_take = window.len() < MAX_WINDOW;
+            let abandoned = tokio::select! {
+                biased;
+                Some(f) = running.next(), if !running.is_empty() => {
+                    self.finished(partition, f, &mut window, &mut idle)
+                }
+                r = front_event(&mut window), if front_waits => {
+                    if !self.settle_front(partition, &mut window, r, &stop).await {
+                        break 'work;
+                    }
+                    false
+                }
+                p = wait_for(&mut acquiring), if acquiring.is_some() => {
+                    acquiring = None;
+                    permits = p;
+                    false
+                }
+                item = rx.recv(), if can_take => {
+                    let Some((generation, m)) = item else {
+                        break 'work;
+                    };
+                    let queued = QueuedBytes(queued_bytes.clone(), m.payload().map_or(0, <[u8]>::len), room.clone());
+                    if generation != self.consumer.context().generation() {
+                        // Read before a rebalance: the partition restarts from its committed offset.
+                        continue;
+                    }
+                    if window_generation != Some(generation) {
+                        // The partition was (re)assigned: what the last generation left is settled first, then
+                        // the ledger says what was delivered past the committed offset (this record's).
+                        if !window.is_empty() || !running.is_empty() {
+                            (permits, acquiring) = (None, None);
+                            if !self.drain(partition, &mut window, &mut running, &mut idle, &stop).await {
+                                break 'work;
+                            }
+                        }
+                        window_generation = Some(generation);
+                        delivered_before = self.ledger_lookup(partition, &m, &stop).await;
+                    }
+                    let known = delivered_before.remove(&m.offset());
+                    window.push(m.offset(), key_hash(&m), Waiting { generation, m, queued, known });
+                    false
+                }
+                _ = stop.cancelled() => break 'work,
+            };
+            if abandoned {
+                if stop.is_cancelled() {
+                    break;
+                }
+                (permits, acquiring) = (None, None);
+                if !self
+                    .drain(partition, &mut window, &mut running, &mut idle, &stop)
+                    .await
+                {
+                    break;
                 }
             }
         }
-        // Shutdown: the offsets of settled records are stored once their events are written (up to 5 s each);
-        // from the first that is not, none is (those records are delivered again by the next owner, and their
-        // events written then: a second delivery is recorded as one).
-        while let Some(front) = pending.front_mut() {
-            let written = match front.delivery.as_mut() {
+        // Shutdown: nothing new starts, the deliveries in the air end (a retry gives up waiting at once), and the
+        // offsets of the settled prefix are stored once their events are written (up to 5 s each); from the
+        // first that is not, none is (those records are delivered again by the next owner, and their events
+        // written then: a second delivery is recorded as one).
+        drop(window.drop_unstarted());
+        self.m.waiting_for_key.dec_by(waiting_shown);
+        while let Some(f) = running.next().await {
+            self.finished(partition, f, &mut window, &mut idle);
+        }
+        while let Some((_, Outcome::Settled(p))) = window.front_mut() {
+            let written = match p.delivery.as_mut() {
                 Some(d) => matches!(
                     tokio::time::timeout(Duration::from_secs(5), d).await,
                     Ok(Ok(Ok(_)))
                 ),
-                None => front.event.is_none(),
+                None => p.event.is_none(),
             };
-            if !written
-                || !self
-                    .settle_front(partition, &mut pending, true, &stop)
-                    .await
-            {
+            if !written || !self.settle_front(partition, &mut window, true, &stop).await {
                 return;
             }
         }
+    }
+
+    /// The offsets of `partition` from `first` (the first record read after an assignment: the committed
+    /// offset) on that the ledger's `delivered` events name: what the partition's last owner delivered and
+    /// did not commit (a crash, a rebalance). Empty when the ledger is off, or cannot be read within
+    /// [`crate::trace::LEDGER_LOOKUP_BUDGET`] (then those records are delivered again, as before issue 38).
+    async fn ledger_lookup(
+        self: &Arc<Self>,
+        partition: i32,
+        first: &OwnedMessage,
+        stop: &CancellationToken,
+    ) -> crate::trace::Delivered {
+        if !self.cfg.ledger.enabled() {
+            return HashMap::new();
+        }
+        let now = epoch_ms(SystemTime::now());
+        let at = first.timestamp().to_millis().unwrap_or(now);
+        let since =
+            at.max(now - LEDGER_LOOKBACK.as_millis() as i64) - LEDGER_SKEW.as_millis() as i64;
+        let (this, from, cancel) = (self.clone(), first.offset(), stop.child_token());
+        let started = Instant::now();
+        let found = tokio::task::spawn_blocking(move || {
+            crate::trace::delivered_offsets(&this.cfg, &this.topic, partition, from, since, &cancel)
+        })
+        .await;
+        match found {
+            Ok(Ok((offsets, scanned, complete))) => {
+                tracing::info!(
+                    destination = %self.name,
+                    partition,
+                    from,
+                    delivered = offsets.len(),
+                    events_read = scanned,
+                    complete,
+                    ms = started.elapsed().as_millis() as u64,
+                    "ledger read for the deliveries past the committed offset"
+                );
+                offsets
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(destination = %self.name, partition, error = %e, "the ledger could not be read: what the last owner delivered past the committed offset is delivered again");
+                HashMap::new()
+            }
+            Err(e) => {
+                tracing::warn!(destination = %self.name, partition, error = %e, "the ledger look-up failed");
+                HashMap::new()
+            }
+        }
+    }
+
+    /// A connection to the MLLP receiver (connected on its first send).
+    fn mllp_client(&self) -> MllpClient {
+        MllpClient::new(
+            self.dest.clone(),
+            self.tls.clone(),
+            self.m.connections_active.clone(),
+            self.m.unmatched_acks.clone(),
+        )
+    }
+
+    /// The permits a record of `len` payload bytes needs, when they are free now.
+    fn try_permits(&self, len: usize) -> Option<Permits> {
+        let count = self.in_flight.clone().try_acquire_owned().ok()?;
+        let bytes = self
+            .in_flight_bytes
+            .clone()
+            .try_acquire_many_owned(self.byte_permits(len))
+            .ok()?;
+        Some(Permits::new(&self.m, count, bytes))
+    }
+
+    /// The permits a record of `len` payload bytes needs, once they are free (first come, first served
+    /// across the destination's partitions).
+    async fn permits(self: Arc<Self>, len: usize) -> Option<Permits> {
+        let count = self.in_flight.clone().acquire_owned().await.ok()?;
+        let bytes = self
+            .in_flight_bytes
+            .clone()
+            .acquire_many_owned(self.byte_permits(len))
+            .await
+            .ok()?;
+        Some(Permits::new(&self.m, count, bytes))
+    }
+
+    /// A record's share of `max_in_flight_bytes`: its payload, at least 1 and at most the whole budget (a record
+    /// larger than the budget goes alone).
+    fn byte_permits(&self, len: usize) -> u32 {
+        let max = self.in_flight_bytes_total();
+        u32::try_from(len.clamp(1, max)).unwrap_or(u32::MAX)
+    }
+
+    fn in_flight_bytes_total(&self) -> usize {
+        self.dest.max_in_flight_bytes.clamp(1, u32::MAX as usize)
+    }
+
+    /// The delivery of one record, as a future the worker polls beside the others.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        self: Arc<Self>,
+        partition: i32,
+        seq: u64,
+        key: u64,
+        w: Waiting,
+        permits: Permits,
+        client: Option<MllpClient>,
+        stop: CancellationToken,
+    ) -> BoxFuture<'static, Finished> {
+        Box::pin(async move {
+            let Waiting {
+                generation,
+                m,
+                queued,
+                known,
+            } = w;
+            let mut client = client;
+            let done = if generation == self.consumer.context().generation() {
+                let head = Arc::new(Head::default());
+                if let Ok(mut h) = self.state.heads.lock() {
+                    h.insert((partition, seq), head.clone());
+                }
+                let _gone = HeadGone(&self.state, (partition, seq));
+                self.deliver(client.as_mut(), &m, generation, known, &head, &stop)
+                    .await
+            } else {
+                // Read before a rebalance: abandoned, read again from the committed offset.
+                Done::Abandoned
+            };
+            drop(permits);
+            drop(queued);
+            Finished {
+                seq,
+                key,
+                done,
+                client,
+            }
+        })
+    }
+
+    /// A delivery ended: its connection back to the idle ones, its ledger event handed to the producer, its
+    /// outcome in the window (the next record of its key may start). True when it was abandoned.
+    fn finished(
+        &self,
+        partition: i32,
+        f: Finished,
+        window: &mut Window<Waiting, Outcome>,
+        idle: &mut Vec<MllpClient>,
+    ) -> bool {
+        if let Some(c) = f.client {
+            idle.push(c);
+        }
+        let outcome = match f.done {
+            Done::Settled(event) => {
+                let mut p = Pending {
+                    event: None,
+                    delivery: None,
+                };
+                if let Some(mut e) = event {
+                    if e.topic == self.topic {
+                        e.partition = partition;
+                    }
+                    // Not queued (the producer's queue is full): written in turn, with retries.
+                    p.delivery = self.send_event(&e);
+                    p.event = Some(e);
+                }
+                Outcome::Settled(p)
+            }
+            Done::Abandoned => Outcome::Abandoned,
+        };
+        let abandoned = matches!(outcome, Outcome::Abandoned);
+        window.finish(f.seq, f.key, outcome);
+        abandoned
+    }
+
+    /// The partition moved (a delivery was abandoned): the records not started are dropped, the deliveries in
+    /// the air end (their retries stop at the move), the settled prefix is stored, and the events of records
+    /// settled behind an unfinished one are written (their offsets are not stored: they are read again and
+    /// suppressed as duplicates, which writes no event). False when shutdown came meanwhile.
+    async fn drain(
+        &self,
+        partition: i32,
+        window: &mut Window<Waiting, Outcome>,
+        running: &mut FuturesUnordered<BoxFuture<'static, Finished>>,
+        idle: &mut Vec<MllpClient>,
+        stop: &CancellationToken,
+    ) -> bool {
+        drop(window.drop_unstarted());
+        while let Some(f) = running.next().await {
+            self.finished(partition, f, window, idle);
+        }
+        while matches!(window.front_mut(), Some((_, Outcome::Settled(_)))) {
+            let written = front_event(window).await;
+            if !self.settle_front(partition, window, written, stop).await {
+                return false;
+            }
+        }
+        for o in window.reset() {
+            if let Outcome::Settled(Pending {
+                event: Some(e),
+                delivery,
+            }) = o
+            {
+                let written = match delivery {
+                    Some(d) => matches!(d.await, Ok(Ok(_))),
+                    None => false,
+                };
+                if !written && !self.write_event(&e, stop).await {
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Hands the ledger's event to the producer (not waiting for Kafka); `None` when it could not be queued.
@@ -555,17 +856,17 @@ impl DestCtx {
         self.ledger.get().send_result(rec).ok()
     }
 
-    /// Settles the oldest pending record: once its event is written (`written`, or written again here until
-    /// Kafka takes it), its offset is stored. False when shutdown came first (the offset stays: the record is read
-    /// again, delivered again, and its event written then).
+    /// Takes the oldest record (settled) off the window: once its event is written (`written`, or written again
+    /// here until Kafka takes it), its offset is stored. False when shutdown came first (the offset stays: the
+    /// record is read again, delivered again, and its event written then).
     async fn settle_front(
         &self,
         partition: i32,
-        pending: &mut VecDeque<Pending>,
+        window: &mut Window<Waiting, Outcome>,
         written: bool,
         stop: &CancellationToken,
     ) -> bool {
-        let Some(mut p) = pending.pop_front() else {
+        let Some((offset, Outcome::Settled(mut p))) = window.pop_front() else {
             return true;
         };
         if let Some(event) = p.event.take()
@@ -574,7 +875,7 @@ impl DestCtx {
         {
             return false;
         }
-        if let Err(e) = self.consumer.store_offset(&self.topic, partition, p.offset) {
+        if let Err(e) = self.consumer.store_offset(&self.topic, partition, offset) {
             tracing::debug!(destination = %self.name, partition, error = %e, "offset not stored (partition moved)");
         }
         true
@@ -616,9 +917,10 @@ impl DestCtx {
 
     async fn deliver(
         &self,
-        client: &mut MllpClient,
+        client: Option<&mut MllpClient>,
         m: &OwnedMessage,
         generation: u64,
+        known: Option<(String, String)>,
         head: &Head,
         stop: &CancellationToken,
     ) -> Done {
@@ -686,6 +988,11 @@ impl DestCtx {
             self.m.duplicate_suppressed(&span);
             return Done::Settled(None);
         }
+        if known.is_some_and(|(id, route)| id == env.id && route == env.route) {
+            // Delivered by this partition's last owner after its last commit (the ledger has the event).
+            self.m.duplicate_known(m.partition(), m.offset());
+            return Done::Settled(None);
+        }
         if let Some(http) = &self.http {
             let delivery = Delivery {
                 m,
@@ -697,6 +1004,15 @@ impl DestCtx {
             };
             return self.deliver_http(http, env, delivery).await;
         }
+        // The worker hands every MLLP delivery one of its connections; a connection of its own otherwise.
+        let mut spare;
+        let client = match client {
+            Some(c) => c,
+            None => {
+                spare = self.mllp_client();
+                &mut spare
+            }
+        };
         let out = outgoing(&env.raw, &self.dest.ack_policy);
         // The receiver answers the control id it reads in the message sent (a route may have changed it).
         let sent_id = hl7v2::Header::salvage(&out).control_id;
@@ -1160,6 +1476,71 @@ impl DestCtx {
         env.attempts = end.attempt;
         self.dead_letter(env, m, end, span, stop).await
     }
+}
+
+/// A delivery's share of its destination's `max_in_flight` and `max_in_flight_bytes`, counted in the
+/// in-flight gauges while held.
+struct Permits {
+    _count: tokio::sync::OwnedSemaphorePermit,
+    bytes: tokio::sync::OwnedSemaphorePermit,
+    in_flight: prometheus_client::metrics::gauge::Gauge,
+    in_flight_bytes: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Permits {
+    fn new(
+        m: &DestMetrics,
+        count: tokio::sync::OwnedSemaphorePermit,
+        bytes: tokio::sync::OwnedSemaphorePermit,
+    ) -> Self {
+        m.in_flight.inc();
+        m.in_flight_bytes
+            .inc_by(i64::try_from(bytes.num_permits()).unwrap_or(i64::MAX));
+        Self {
+            _count: count,
+            bytes,
+            in_flight: m.in_flight.clone(),
+            in_flight_bytes: m.in_flight_bytes.clone(),
+        }
+    }
+}
+
+impl Drop for Permits {
+    fn drop(&mut self) {
+        self.in_flight.dec();
+        self.in_flight_bytes
+            .dec_by(i64::try_from(self.bytes.num_permits()).unwrap_or(i64::MAX));
+    }
+}
+
+/// The oldest settled record's ledger event, once Kafka answered: true when it took it.
+async fn front_event(window: &mut Window<Waiting, Outcome>) -> bool {
+    match window.front_mut() {
+        Some((
+            _,
+            Outcome::Settled(Pending {
+                delivery: Some(d), ..
+            }),
+        )) => matches!(d.await, Ok(Ok(_))),
+        _ => false,
+    }
+}
+
+/// The permits on their way, once they come (never, when none are awaited: the branch is off then).
+async fn wait_for(acquiring: &mut Option<BoxFuture<'static, Option<Permits>>>) -> Option<Permits> {
+    match acquiring.as_mut() {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The key a record's order is kept by: a hash of its Kafka key (the patient by default; records without a key
+/// share one). Two keys with one hash are merely kept in one order.
+fn key_hash(m: &OwnedMessage) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    m.key().unwrap_or_default().hash(&mut h);
+    h.finish()
 }
 
 /// How a record's attempts ended in a dead letter.
