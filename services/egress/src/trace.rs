@@ -234,14 +234,16 @@ pub type Delivered = HashMap<i64, (String, String)>;
 /// deliveries go on without it.
 pub const LEDGER_LOOKUP_BUDGET: Duration = Duration::from_secs(10);
 
-/// What the ledger says was already delivered of one partition of a destination topic: the offsets from
-/// `from` on named by a `delivered` event of `topic`/`partition`, with the envelope id and route the event
+/// What the ledger says this consumer group (`group`) already delivered of one partition of a destination topic:
+/// the offsets from `from` on named by its `delivered` events of `topic`/`partition`, with the envelope id and
+/// route the event
 /// names (a topic made again under the same name reuses offsets), read from `since_ms` (event timestamps) to
 /// the events topic's end now, within [`LEDGER_LOOKUP_BUDGET`]; and whether the read was complete. Issue 38:
 /// the egress asks this when it is given a partition, so that what a crashed owner delivered after its last
 /// commit is not sent again. Blocking: run it on a blocking thread.
 pub fn delivered_offsets(
     cfg: &Config,
+    group: &str,
     topic: &str,
     partition: i32,
     from: i64,
@@ -266,6 +268,7 @@ pub fn delivered_offsets(
     scan(&consumer, &cfg.ledger.topic, &ranges, &mut budget, |m| {
         if header(m, ledger::KIND_HEADER) == Some(ledger::kind::DELIVERED.as_bytes())
             && let Ok(e) = ledger::decode(m.payload().unwrap_or_default())
+            && e.consumer_group == group
             && e.topic == topic
             && e.partition == partition
             && e.offset >= from

@@ -638,8 +638,9 @@ impl DestCtx {
     }
 
     /// The offsets of `partition` from `first` (the first record read after an assignment: the committed
-    /// offset) on that the ledger's `delivered` events name: what the partition's last owner delivered and
-    /// did not commit (a crash, a rebalance). Empty when the ledger is off, or cannot be read within
+    /// offset) on that the ledger's `delivered` events of this consumer group name: what the partition's last
+    /// owner delivered and did not commit (a crash, a rebalance). A new group (or an event written before
+    /// issue 38, without its group) suppresses nothing. Empty when the ledger is off, or cannot be read within
     /// [`crate::trace::LEDGER_LOOKUP_BUDGET`] (then those records are delivered again, as before issue 38).
     async fn ledger_lookup(
         self: &Arc<Self>,
@@ -657,7 +658,16 @@ impl DestCtx {
         let (this, from, cancel) = (self.clone(), first.offset(), stop.child_token());
         let started = Instant::now();
         let found = tokio::task::spawn_blocking(move || {
-            crate::trace::delivered_offsets(&this.cfg, &this.topic, partition, from, since, &cancel)
+            let group = this.cfg.group(&this.name);
+            crate::trace::delivered_offsets(
+                &this.cfg,
+                &group,
+                &this.topic,
+                partition,
+                from,
+                since,
+                &cancel,
+            )
         })
         .await;
         match found {
@@ -1313,6 +1323,7 @@ impl DestCtx {
             e.latency_ms = ledger::latency_ms(env);
             e.topic.clone_from(&self.topic);
             e.offset = m.offset();
+            e.consumer_group = self.cfg.group(&self.name);
             e
         });
         if let Some(key) = key {
