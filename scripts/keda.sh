@@ -45,8 +45,13 @@ fetch() {
   log "building keda-operator and keda-adapter $KEDA_VERSION from the Go module proxy (once; log in ${dir#"$root"/}/build.log)"
   rm -rf "$dir"
   mkdir -p "$dir/bin" "$dir/crds"
+  # Its module sources and build cache (several GB: every scaler's cloud SDK) go to a scratch folder of its own,
+  # deleted after the build: nothing uses them once the binaries exist, and `make test` builds this beside its
+  # tests (scripts/test.sh), whose other Go scratch is gone by then.
+  local scratch=$root/.cache/go-scratch-keda
   (
     export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
+    export GOCACHE=$scratch/build GOMODCACHE=$scratch/mod
     src=$(go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
     cp -r "$src" "$dir/src"
     chmod -R u+w "$dir/src"
@@ -55,7 +60,8 @@ fetch() {
     v="-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
     nice -n 19 go build -trimpath -ldflags "-s -w $v" -o "$dir/bin/keda-operator" ./cmd/operator
     nice -n 19 go build -trimpath -ldflags "-s -w $v" -o "$dir/bin/keda-adapter" ./cmd/adapter
-  ) >"$dir/build.log" 2>&1 || { tail -n 30 "$dir/build.log" >&2; die "the KEDA build failed ($dir/build.log)"; }
+  ) >"$dir/build.log" 2>&1 || { tail -n 30 "$dir/build.log" >&2; chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"; die "the KEDA build failed ($dir/build.log)"; }
+  chmod -R u+w "$scratch" && rm -rf "$scratch"
   rm -rf "$dir/src"
   printf '%s' "$KEDA_VERSION" >"$dir/.complete"
   log "built in $((SECONDS - t0)) s"

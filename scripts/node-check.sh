@@ -28,7 +28,7 @@
 #   6. the PodDisruptionBudgets under that paced load: for each service, one pod evicted through the Eviction
 #      API (as `kubectl drain` does), a second refused by the budget and evicted once the first one's
 #      replacement is Ready (the wait measured)
-#   7. opt-in (NODE_CHECK_KEDA=1): the workers on consumer lag with KEDA (scripts/keda.sh; the chart's
+#   7. with NODE_CHECK_KEDA=1 (as `make test` runs it): the workers on consumer lag with KEDA (scripts/keda.sh; the chart's
 #      autoscaling.engine: keda, by helm upgrade): the transformer paused (ScaledObject annotation
 #      paused-replicas 0) while 16,000 messages arrive, resumed: KEDA's kafka scalers read the groups' lag, the
 #      egress (which the backlog reaches as a burst) scales out to 3 and back to 2
@@ -538,11 +538,12 @@ for k, v in phases.items():
 sys.exit(1 if bad else 0)
 EOF
 
-# Step 7, opt-in (NODE_CHECK_KEDA=1): KEDA built from the Go module proxy on first use (scripts/keda.sh; cold ~15 min
-# at nice 19 beside other builds). Measured once (issue 37, docs/BENCHMARKS.md): KEDA made the HPAs, the egress
-# scaled 2 -> 3 -> 2 on its lag, but 2 debug transformer pods drained the 16,000-message backlog before the HPA's
-# 15 s sync saw more than 300 a pod, so the transformer never went past 2; the assertions below follow the egress,
-# which is the worker that fell behind. Not in `make test` until this step has run green.
+# Step 7 (NODE_CHECK_KEDA=1; `make test` sets it): KEDA built from the Go module proxy on first use (scripts/keda.sh;
+# cold ~15 min at nice 19, which scripts/test.sh runs beside the cargo tests). Measured (issue 37,
+# docs/BENCHMARKS.md): KEDA made the HPAs and both workers scaled 2 -> 3 -> 2 on their lag in the 20:30 UTC run;
+# in an earlier one two debug transformer pods drained the 16,000-message backlog before the HPA's 15 s sync saw
+# more than 300 a pod. So the assertions follow the egress (one message at a time per partition here, it falls
+# behind the burst every time); the transformer's replicas are reported.
 if [ "${NODE_CHECK_KEDA:-0}" = 1 ]; then
   log "7. the workers on consumer lag (autoscaling.engine keda, scripts/keda.sh): the transformer paused, a backlog, resumed"
   scripts/keda.sh up
