@@ -78,7 +78,7 @@ bench-pipeline: ## the whole pipeline in release: max run (BENCH_SECONDS 30) and
 bench-pipeline-fhir: ## bench-pipeline with every ADT also converted to a FHIR Bundle (toFhir) and POSTed over HTTP: the max run only by default
 	@BENCH_FHIR=1 BENCH_RATES="$${BENCH_RATES-}" scripts/bench-pipeline.sh
 
-bench-egress: ## the egress alone in release draining a backlog into a receiver answering in 5/50/200 ms, MLLP and HTTP, one in flight per partition vs. the defaults: delivered msg/s, egress CPU µs/msg (issue 38)
+bench-egress: ## the egress alone in release draining a backlog into a receiver answering in 5/50/100/200 ms, MLLP and HTTP, one in flight per partition vs. the defaults: delivered msg/s, egress CPU µs/msg (issue 38)
 	@scripts/bench-egress.sh
 
 bench-broker-profile: ## bench-pipeline's max run and 1,000 msg/s with the broker profiled: its CPU per delivered message by cause (request handling by API, log appends, network, GC...) and the requests it answered

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-egress` (issue 38): the egress alone, in release, draining a backlog into a receiver that answers
 # slowly (`hl7gw receive --no-sync --delay D`), over MLLP and over HTTP, one message in flight per partition
-# (max_in_flight 1, connections 1: the egress before issue 38) against the defaults (max_in_flight 64; MLLP with
-# connections BENCH_CONNECTIONS, 16). For each receiver delay of BENCH_DELAYS ("5 50 200" ms): delivered msg/s
+# (max_in_flight 1, connections 1: the egress before issue 38) against the defaults (max_in_flight 16 per partition; MLLP with
+# connections BENCH_CONNECTIONS, 16). For each receiver delay of BENCH_DELAYS ("5 50 100 200" ms): delivered msg/s
 # over BENCH_SECONDS (15) after BENCH_SETTLE (3) s, and the egress's CPU time (user+system, /proc) per delivered
 # message. Kafka on its own port (BENCH_KAFKA_PORT=29892, data wiped), the destination topic with
 # BENCH_PARTITIONS (3) partitions, filled first by hl7gw-load (8 clients, 20 patients each) through the ingress and
@@ -10,7 +10,7 @@
 # Tables on stderr, JSON in target/bench-egress.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${BENCH_SECONDS:-15} settle=${BENCH_SETTLE:-3} delays=${BENCH_DELAYS:-5 50 200}
+secs=${BENCH_SECONDS:-15} settle=${BENCH_SETTLE:-3} delays=${BENCH_DELAYS:-5 50 100 200}
 messages=${BENCH_MESSAGES:-60000} partitions=${BENCH_PARTITIONS:-3} connections=${BENCH_CONNECTIONS:-16}
 export KAFKA_NODES=1 KAFKA_PORT=${BENCH_KAFKA_PORT:-29892} KAFKA_DATA_DIR="$PWD/target/kafka-bench-egress"
 cargo build --release -p hl7gw-ingress -p hl7gw-transformer -p hl7gw-egress -p hl7gw-cli -p hl7gw-load --bins >&2
@@ -92,7 +92,7 @@ rows = []
 n = 0
 for proto in ("mllp", "http"):
     for delay in [int(d) for d in delays.split()]:
-        for label, in_flight, conns in (("1 in flight per partition", 1, 1), ("default", 64, connections)):
+        for label, in_flight, conns in (("1 in flight per partition", 1, 1), ("default", 16, connections)):
             n += 1
             got = f"{out}/received-{n}"
             recv = subprocess.Popen(

@@ -216,8 +216,8 @@ impl Default for HttpSettings {
     }
 }
 
-/// The largest `max_in_flight` a destination may set.
-pub const MAX_IN_FLIGHT: usize = 4096;
+/// The largest `max_in_flight` a destination may set (a partition's worker holds at most 256 records).
+pub const MAX_IN_FLIGHT: usize = 256;
 
 /// The largest `connections` an MLLP destination may set (per partition).
 pub const MAX_CONNECTIONS: usize = 64;
@@ -254,15 +254,14 @@ pub struct Destination {
     /// What negative answers get.
     #[serde(default)]
     pub ack_policy: AckPolicy,
-    /// Most deliveries in the air at once to this receiver from one egress pod, across its partitions: messages
-    /// of different keys (patients) go at once, a key's messages one at a time in order (1: one message at a
-    /// time per partition, as before issue 38). An MLLP destination has at most `connections` in the air per
-    /// partition. A crash redelivers at most what was in the air or waiting behind it (see docs/reliability.md).
+    /// Most deliveries in the air at once per partition (an egress pod owns a share of the destination topic's
+    /// partitions): messages of different keys (patients) go at once, a key's messages one at a time in order;
+    /// 1: one message at a time per partition, as before issue 38. Their bytes count against
+    /// `queue_bytes_per_partition` with the records read ahead. An MLLP destination has at most `connections`
+    /// in the air per partition. A crash redelivers at most what was in the air or waiting behind it (see
+    /// docs/reliability.md).
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
-    /// Most payload bytes of those deliveries (a message larger than this goes alone).
-    #[serde(default = "default_max_in_flight_bytes")]
-    pub max_in_flight_bytes: usize,
     /// MLLP only: connections each partition's worker keeps to the receiver, one message in flight on each
     /// (keys are spread over them, a key's messages still one at a time). 1 keeps one connection per partition
     /// and pod; raise it for a receiver that answers slowly and takes several connections (a receiver that takes
@@ -284,18 +283,13 @@ impl Default for Destination {
             retry: RetryPolicy::default(),
             ack_policy: AckPolicy::default(),
             max_in_flight: default_max_in_flight(),
-            max_in_flight_bytes: default_max_in_flight_bytes(),
             connections: default_connections(),
         }
     }
 }
 
 fn default_max_in_flight() -> usize {
-    64
-}
-
-fn default_max_in_flight_bytes() -> usize {
-    16 << 20
+    16
 }
 
 fn default_connections() -> usize {
@@ -526,11 +520,6 @@ impl Config {
             if d.max_in_flight == 0 || d.max_in_flight > MAX_IN_FLIGHT {
                 return rule(format!(
                     "destinations.{name}.max_in_flight must be 1 to {MAX_IN_FLIGHT}"
-                ));
-            }
-            if d.max_in_flight_bytes == 0 || d.max_in_flight_bytes > u32::MAX as usize {
-                return rule(format!(
-                    "destinations.{name}.max_in_flight_bytes must be 1 to 4 GiB"
                 ));
             }
             if d.connections == 0 || d.connections > MAX_CONNECTIONS {

@@ -143,10 +143,6 @@ impl hl7gw_runtime::service::Service for App {
                         .saturating_mul(hl7gw_runtime::dedup::ENTRY_OVERHEAD_BYTES),
                 ),
                 state: deliver::DestState::default(),
-                in_flight: Arc::new(tokio::sync::Semaphore::new(d.max_in_flight.max(1))),
-                in_flight_bytes: Arc::new(tokio::sync::Semaphore::new(
-                    d.max_in_flight_bytes.clamp(1, u32::MAX as usize),
-                )),
             }));
         }
 

@@ -113,7 +113,7 @@ fn an_http_receiver_gets_many_patients_at_once_and_one_refused_patient_holds_onl
     let mut p = Pipeline::new();
     let port = support::free_port();
     p.set_destinations(&format!(
-        "    lab:\n      url: http://127.0.0.1:{port}/\n      response_timeout: 5s\n      max_in_flight: 32\n      retry: {{initial_backoff: 200ms, max_backoff: 1s}}\n"
+        "    lab:\n      url: http://127.0.0.1:{port}/\n      response_timeout: 5s\n      max_in_flight: 16\n      retry: {{initial_backoff: 200ms, max_backoff: 1s}}\n"
     ));
     p.receiver = Some(receiver(&p, true, port, 50, 4));
     p.start_services();

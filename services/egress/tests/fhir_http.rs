@@ -216,7 +216,7 @@ async fn the_corpus_reaches_a_fhir_server_once_in_order_and_validated() {
         "a second delivery changed the counts: {grown:?}"
     );
 
-    // Issue 38: the first delivery had many transactions in the air at once (max_in_flight 64). The same outputs
+    // Issue 38: the first delivery had many transactions in the air at once (max_in_flight 16 per partition). The same outputs
     // delivered one at a time per partition (max_in_flight 1, the order before it) into an emptied server make
     // the same resources.
     p.egress.process = None;

@@ -1,8 +1,8 @@
 //! Delivery to one destination: a consumer group on `hl7.out.<destination>`, one worker per partition. A worker
 //! delivers records of different keys (patients) at once and the records of one key one at a time in offset
-//! order ([`window`]), up to the destination's `max_in_flight` deliveries and `max_in_flight_bytes` across its
-//! partitions; an MLLP destination's worker keeps `connections` connections, one message in flight on each, an
-//! HTTP destination's share the pooled client. An offset is stored for commit only once every record up to it
+//! order ([`window`]), up to the destination's `max_in_flight` deliveries (their bytes bounded with the rest of
+//! the partition's by `queue_bytes_per_partition`); an MLLP destination's worker keeps `connections`
+//! connections, one message in flight on each, an HTTP destination's share the pooled client. An offset is stored for commit only once every record up to it
 //! was accepted by the receiver or went to the DLQ (and its ledger event was written), so a crash redelivers
 //! at most what was in flight or waiting behind it.
 
@@ -246,10 +246,6 @@ pub struct DestCtx {
     pub m: DestMetrics,
     pub dedup: Dedup,
     pub state: DestState,
-    /// The destination's deliveries in the air across its partitions: `max_in_flight` permits.
-    pub in_flight: Arc<tokio::sync::Semaphore>,
-    /// Their payload bytes: `max_in_flight_bytes` permits.
-    pub in_flight_bytes: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for DestCtx {
@@ -478,8 +474,8 @@ impl DestCtx {
     }
 
     /// One partition's deliveries (see the module doc): takes records from its lane into the window while it
-    /// has room, starts every record whose key is free as the destination's permits (and, for MLLP, an idle
-    /// connection) allow, and stores the offsets of the settled prefix once their events are written. A record
+    /// has room, starts every record whose key is free up to `max_in_flight` (and, for MLLP, on an idle
+    /// connection), and stores the offsets of the settled prefix once their events are written. A record
     /// abandoned (the partition moved) drains the window first: the deliveries in the air end, the prefix they
     /// settled is stored, and the rest is read again from the committed offset, so an offset is never stored
     /// past a record of an earlier generation that did not finish.
@@ -500,36 +496,27 @@ impl DestCtx {
         };
         let mut window: Window<Waiting, Outcome> = Window::default();
         let mut running: FuturesUnordered<BoxFuture<'static, Finished>> = FuturesUnordered::new();
-        // The permits taken for the next ready record, or on their way.
-        let mut permits: Option<Permits> = None;
-        let mut acquiring: Option<BoxFuture<'static, Option<Permits>>> = None;
+        // The deliveries in the air and their payload bytes.
+        let mut busy = 0usize;
         let mut waiting_shown = 0i64;
         // The rebalance generation the window's records were read in, and the offsets of that generation the
         // ledger says were delivered already.
         let mut window_generation: Option<u64> = None;
         let mut delivered_before = HashMap::new();
         'work: loop {
-            // Start every ready record that can start now.
-            while let Some(next) = window.peek_ready() {
+            // Start every ready record that can start now: up to `max_in_flight`, and for MLLP on an idle
+            // connection.
+            while busy < self.dest.max_in_flight && window.peek_ready().is_some() {
                 if self.http.is_none() && idle.is_empty() {
                     break;
                 }
-                let len = next.m.payload().map_or(0, <[u8]>::len);
-                let p = match permits.take().or_else(|| self.try_permits(len)) {
-                    Some(p) => p,
-                    None => {
-                        if acquiring.is_none() {
-                            acquiring = Some(Box::pin(self.clone().permits(len)));
-                        }
-                        break;
-                    }
-                };
                 let Some((seq, key, w)) = window.take_ready() else {
                     break;
                 };
+                busy += 1;
                 let run = self
                     .clone()
-                    .start(partition, seq, key, w, p, idle.pop(), stop.clone());
+                    .start(partition, seq, key, w, idle.pop(), stop.clone());
                 running.push(run);
             }
             let waiting = i64::try_from(window.waiting()).unwrap_or(i64::MAX);
@@ -561,17 +548,13 @@ impl DestCtx {
             let abandoned = tokio::select! {
                 biased;
                 Some(f) = running.next(), if !running.is_empty() => {
+                    busy -= 1;
                     self.finished(partition, f, &mut window, &mut idle)
                 }
                 r = front_event(&mut window), if front_waits => {
                     if !self.settle_front(partition, &mut window, r, &stop).await {
                         break 'work;
                     }
-                    false
-                }
-                p = wait_for(&mut acquiring), if acquiring.is_some() => {
-                    acquiring = None;
-                    permits = p;
                     false
                 }
                 item = rx.recv(), if can_take => {
@@ -587,8 +570,9 @@ impl DestCtx {
                         // The partition was (re)assigned: what the last generation left is settled first, then
                         // the ledger says what was delivered past the committed offset (this record's).
                         if !window.is_empty() || !running.is_empty() {
-                            (permits, acquiring) = (None, None);
-                            if !self.drain(partition, &mut window, &mut running, &mut idle, &stop).await {
+                            let drained = self.drain(partition, &mut window, &mut running, &mut idle, &stop).await;
+                            busy = 0;
+                            if !drained {
                                 break 'work;
                             }
                         }
@@ -605,11 +589,11 @@ impl DestCtx {
                 if stop.is_cancelled() {
                     break;
                 }
-                (permits, acquiring) = (None, None);
-                if !self
+                let drained = self
                     .drain(partition, &mut window, &mut running, &mut idle, &stop)
-                    .await
-                {
+                    .await;
+                busy = 0;
+                if !drained {
                     break;
                 }
             }
@@ -705,41 +689,6 @@ impl DestCtx {
         )
     }
 
-    /// The permits a record of `len` payload bytes needs, when they are free now.
-    fn try_permits(&self, len: usize) -> Option<Permits> {
-        let count = self.in_flight.clone().try_acquire_owned().ok()?;
-        let bytes = self
-            .in_flight_bytes
-            .clone()
-            .try_acquire_many_owned(self.byte_permits(len))
-            .ok()?;
-        Some(Permits::new(&self.m, count, bytes))
-    }
-
-    /// The permits a record of `len` payload bytes needs, once they are free (first come, first served
-    /// across the destination's partitions).
-    async fn permits(self: Arc<Self>, len: usize) -> Option<Permits> {
-        let count = self.in_flight.clone().acquire_owned().await.ok()?;
-        let bytes = self
-            .in_flight_bytes
-            .clone()
-            .acquire_many_owned(self.byte_permits(len))
-            .await
-            .ok()?;
-        Some(Permits::new(&self.m, count, bytes))
-    }
-
-    /// A record's share of `max_in_flight_bytes`: its payload, at least 1 and at most the whole budget (a record
-    /// larger than the budget goes alone).
-    fn byte_permits(&self, len: usize) -> u32 {
-        let max = self.in_flight_bytes_total();
-        u32::try_from(len.clamp(1, max)).unwrap_or(u32::MAX)
-    }
-
-    fn in_flight_bytes_total(&self) -> usize {
-        self.dest.max_in_flight_bytes.clamp(1, u32::MAX as usize)
-    }
-
     /// The delivery of one record, as a future the worker polls beside the others.
     #[allow(clippy::too_many_arguments)]
     fn start(
@@ -748,7 +697,6 @@ impl DestCtx {
         seq: u64,
         key: u64,
         w: Waiting,
-        permits: Permits,
         client: Option<MllpClient>,
         stop: CancellationToken,
     ) -> BoxFuture<'static, Finished> {
@@ -760,6 +708,7 @@ impl DestCtx {
                 known,
             } = w;
             let mut client = client;
+            let _gauges = InFlight::new(&self.m, m.payload().map_or(0, <[u8]>::len));
             let done = if generation == self.consumer.context().generation() {
                 let head = Arc::new(Head::default());
                 if let Ok(mut h) = self.state.heads.lock() {
@@ -772,7 +721,6 @@ impl DestCtx {
                 // Read before a rebalance: abandoned, read again from the committed offset.
                 Done::Abandoned
             };
-            drop(permits);
             drop(queued);
             Finished {
                 seq,
@@ -1489,26 +1437,19 @@ impl DestCtx {
     }
 }
 
-/// A delivery's share of its destination's `max_in_flight` and `max_in_flight_bytes`, counted in the
-/// in-flight gauges while held.
-struct Permits {
-    _count: tokio::sync::OwnedSemaphorePermit,
-    bytes: tokio::sync::OwnedSemaphorePermit,
+/// A delivery in the air, counted in the in-flight gauges while it lasts.
+struct InFlight {
+    bytes: i64,
     in_flight: prometheus_client::metrics::gauge::Gauge,
     in_flight_bytes: prometheus_client::metrics::gauge::Gauge,
 }
 
-impl Permits {
-    fn new(
-        m: &DestMetrics,
-        count: tokio::sync::OwnedSemaphorePermit,
-        bytes: tokio::sync::OwnedSemaphorePermit,
-    ) -> Self {
+impl InFlight {
+    fn new(m: &DestMetrics, len: usize) -> Self {
+        let bytes = i64::try_from(len).unwrap_or(i64::MAX);
         m.in_flight.inc();
-        m.in_flight_bytes
-            .inc_by(i64::try_from(bytes.num_permits()).unwrap_or(i64::MAX));
+        m.in_flight_bytes.inc_by(bytes);
         Self {
-            _count: count,
             bytes,
             in_flight: m.in_flight.clone(),
             in_flight_bytes: m.in_flight_bytes.clone(),
@@ -1516,11 +1457,10 @@ impl Permits {
     }
 }
 
-impl Drop for Permits {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.in_flight.dec();
-        self.in_flight_bytes
-            .dec_by(i64::try_from(self.bytes.num_permits()).unwrap_or(i64::MAX));
+        self.in_flight_bytes.dec_by(self.bytes);
     }
 }
 
@@ -1534,14 +1474,6 @@ async fn front_event(window: &mut Window<Waiting, Outcome>) -> bool {
             }),
         )) => matches!(d.await, Ok(Ok(_))),
         _ => false,
-    }
-}
-
-/// The permits on their way, once they come (never, when none are awaited: the branch is off then).
-async fn wait_for(acquiring: &mut Option<BoxFuture<'static, Option<Permits>>>) -> Option<Permits> {
-    match acquiring.as_mut() {
-        Some(f) => f.await,
-        None => std::future::pending().await,
     }
 }
 
