@@ -94,7 +94,8 @@ fn instances_added_and_removed_under_load_lose_nothing_and_keep_patient_order() 
     eprintln!(
         "scale: {} ACKed ({from_a} via ingress 1, {} via ingress 2, stopped at 38 s), all delivered {:.1} s after \
          the load ended, in patient order; {duplicates} duplicates at the receiver (an egress SIGKILLed at 26 s \
-         redelivers what it sent after its last commit)",
+         leaves its deliveries since its last commit to the next owner, which skips those the ledger has: what \
+         was in the air at the kill may come twice)",
         ids.len(),
         ids.len() - from_a,
         started.elapsed().as_secs_f64()
