@@ -496,7 +496,7 @@ impl DestCtx {
         };
         let mut window: Window<Waiting, Outcome> = Window::default();
         let mut running: FuturesUnordered<BoxFuture<'static, Finished>> = FuturesUnordered::new();
-        // The deliveries in the air and their payload bytes.
+        // The deliveries in the air.
         let mut busy = 0usize;
         let mut waiting_shown = 0i64;
         // The rebalance generation the window's records were read in, and the offsets of that generation the
