@@ -551,7 +551,7 @@ if [ "${NODE_CHECK_KEDA:-0}" = 1 ]; then
   # The chart's KEDA ScaledObjects for the workers (the ingress's needs a Prometheus for its connections trigger:
   # its CPU scaling was step 5's, here it keeps 2 replicas), polling every 5 s, lagThreshold 300 messages a pod.
   # The egress delivers one message at a time per partition here (max_in_flight 1), as against a receiver that
-  # answers slowly: with 64 in the air, two debug pods drain the burst before the HPA's first look.
+  # answers slowly: with 16 per partition in the air, two debug pods drain the burst before the HPA's first look.
   # shellcheck disable=SC2086
   helm upgrade "${install[@]:2}" -f scripts/node/values.yaml ${NODE_CHECK_HELM_ARGS:-} \
     --set autoscaling.engine=keda,autoscaling.keda.pollingInterval=5,hl7Ingress.autoscaling.enabled=false \
