@@ -229,11 +229,14 @@ helm test hl7gw -n hl7gw --timeout 120s >/dev/null ||
 # (its PID) and `pf` (the local port), or dies.
 port_forward() {
   local ns=$1 svc=$2 port=$3 out=$4
+  # The file exists before kubectl does: the background job's redirect may come after the first read below, and
+  # a failed read (awk: cannot open) in an assignment ends this script under `set -e` (CI, stop 41).
+  : >"$out"
   kubectl port-forward -n "$ns" "svc/$svc" ":$port" --address 127.0.0.1 >"$out" 2>&1 &
   forward=$!
   pf=
   for _ in $(seq 100); do
-    pf=$(awk '/^Forwarding from 127\.0\.0\.1:/ {split($3, a, ":"); print a[2]; exit}' "$out")
+    pf=$(awk '/^Forwarding from 127\.0\.0\.1:/ {split($3, a, ":"); print a[2]; exit}' "$out" || true)
     [ -n "$pf" ] && break
     kill -0 "$forward" 2>/dev/null || break
     sleep 0.1
