@@ -1,6 +1,7 @@
-//! `hl7gw`: flat, ack, send and receive — the integration engineer's HL7 v2 tool — and deadletters, replay and
-//! dry-run, the operator's side of the gRPC admin API; tail, reading envelopes straight from Kafka; completions
-//! and man, for the shell and `man`.
+//! `hl7gw`: flat, ack, fhir, send and receive — the integration engineer's HL7 v2 tool —; status, trace,
+//! deadletters, replay, dry-run and senders, the operator's side of the gRPC admin API (connect.rs: the one
+//! connection they share); tail, reading envelopes straight from Kafka; completions and man, for the shell.
+//! Each command is a module of `commands/`, named as the command is.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -15,21 +16,16 @@ macro_rules! log {
     };
 }
 
-mod admin;
 mod commands;
-mod fhir;
-mod ops;
-mod receive;
-mod receive_http;
+mod connect;
 mod sanitise;
-mod send;
-mod senders;
-mod tail;
-mod tls;
+mod when;
+
+use commands::*;
 
 #[derive(Debug, Parser)]
 #[command(name = "hl7gw", version, about = "HL7 v2 tool of the hl7gw gateway")]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -46,7 +42,7 @@ enum Command {
         file: PathBuf,
         /// Outcome to acknowledge: accept, error or reject.
         #[arg(long, default_value = "accept")]
-        outcome: commands::OutcomeArg,
+        outcome: ack::OutcomeArg,
     },
     /// Convert message files to FHIR R4 Bundles as a route's toFhir step would, offline (settings from a
     /// routes file or flags): each Bundle on stdout, what was not mapped on stderr.
@@ -56,16 +52,16 @@ enum Command {
     /// Listen for MLLP connections, store each message as a file and ACK it.
     Receive(receive::ReceiveArgs),
     /// List the egress's dead letters (gRPC Egress/ListDeadLetters; TLS, token), one JSON line each.
-    Deadletters(admin::DeadLettersArgs),
+    Deadletters(deadletters::DeadLettersArgs),
     /// Send dead letters back (gRPC Egress/Replay; TLS, token): once each, unless --force.
-    Replay(admin::ReplayArgs),
+    Replay(replay::ReplayArgs),
     /// Each destination of an egress pod: connected, backlog, oldest undelivered age, last ACK (Egress/Status).
-    Status(ops::StatusArgs),
+    Status(status::StatusArgs),
     /// Where a message went, by envelope id or control id: received, routed, delivered, dead-lettered,
     /// replayed (Egress/Trace, from the inbound topic and the hl7.events ledger).
-    Trace(ops::TraceArgs),
+    Trace(trace::TraceArgs),
     /// Show what the transformer's live routes would do with a message (gRPC Transform; TLS, token).
-    DryRun(admin::DryRunArgs),
+    DryRun(dry_run::DryRunArgs),
     /// Show an ingress pod's senders and connections: messages, NAKs, last message (gRPC Ingest/Senders).
     Senders(senders::SendersArgs),
     /// Read a topic's envelopes (default hl7.inbound) from a time or from the end: one JSON line each, ids and
@@ -83,29 +79,41 @@ enum Command {
     },
 }
 
-/// Writes `args` to stderr as `hl7gw <command>: ...`, the command being the last part of `module`.
+/// Writes `args` to stderr as `hl7gw <command>: ...`, the command being the module under `commands` that
+/// `module` is in (`hl7gw::commands::receive::http` logs as `hl7gw receive: ...`).
 fn log_line(module: &str, args: std::fmt::Arguments<'_>) {
-    let command = module.rsplit("::").next().unwrap_or(module);
-    let _ = writeln!(std::io::stderr(), "hl7gw {command}: {args}");
+    let _ = writeln!(std::io::stderr(), "hl7gw {}: {args}", command_of(module));
+}
+
+/// The command a module path belongs to: the part after `commands`, `_` written `-` (`dry_run` is `dry-run`).
+fn command_of(module: &str) -> String {
+    let mut parts = module.split("::");
+    let command = match parts.by_ref().position(|p| p == "commands") {
+        Some(_) => parts.next(),
+        None => None,
+    };
+    command
+        .unwrap_or_else(|| module.rsplit("::").next().unwrap_or(module))
+        .replace('_', "-")
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Flat { files } => commands::flat(&files),
-        Command::Ack { file, outcome } => commands::ack(&file, outcome),
+        Command::Flat { files } => flat::run(&files),
+        Command::Ack { file, outcome } => ack::run(&file, outcome),
         Command::Fhir(args) => fhir::run(args),
         Command::Send(args) => send::run(args),
         Command::Receive(args) => receive::run(args),
-        Command::Deadletters(args) => admin::deadletters(args),
-        Command::Replay(args) => admin::replay(args),
-        Command::Status(args) => ops::status(args),
-        Command::Trace(args) => ops::trace(args),
-        Command::DryRun(args) => admin::dry_run(args),
+        Command::Deadletters(args) => deadletters::run(args),
+        Command::Replay(args) => replay::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Trace(args) => trace::run(args),
+        Command::DryRun(args) => dry_run::run(args),
         Command::Senders(args) => senders::run(args),
         Command::Tail(args) => tail::run(args),
-        Command::Completions { shell } => completions(shell),
-        Command::Man { command } => man(command.as_deref()),
+        Command::Completions { shell } => completions::run(shell),
+        Command::Man { command } => man::run(command.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -116,42 +124,21 @@ fn main() -> ExitCode {
     }
 }
 
-/// `hl7gw completions <shell>`: the completion script on stdout.
-fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
-    use clap::CommandFactory;
-    let mut cmd = Cli::command();
-    let mut out = Vec::new();
-    clap_complete::generate(shell, &mut cmd, "hl7gw", &mut out);
-    std::io::stdout().lock().write_all(&out)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `hl7gw man [command]`: the man page of hl7gw (`hl7gw(1)`) or of one command (`hl7gw-tail(1)`).
-fn man(command: Option<&str>) -> anyhow::Result<ExitCode> {
-    use clap::CommandFactory;
-    let mut cmd = Cli::command();
-    cmd.build();
-    let page = match command {
-        None => clap_mangen::Man::new(cmd),
-        Some(name) => {
-            let sub = cmd
-                .find_subcommand(name)
-                .ok_or_else(|| anyhow::anyhow!("no command {name:?}: see hl7gw --help"))?;
-            let title = format!("hl7gw-{}", sub.get_name());
-            let sub = sub
-                .clone()
-                .display_name(title.clone())
-                .bin_name(format!("hl7gw {}", sub.get_name()));
-            clap_mangen::Man::new(sub).title(title)
-        }
-    };
-    let mut out = Vec::new();
-    page.render(&mut out)?;
-    std::io::stdout().lock().write_all(&out)?;
-    Ok(ExitCode::SUCCESS)
-}
-
 /// Reads a file, naming it in the error.
 fn read(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_lines_are_named_after_their_command() {
+        assert_eq!(super::command_of("hl7gw::commands::send"), "send");
+        assert_eq!(
+            super::command_of("hl7gw::commands::receive::http"),
+            "receive"
+        );
+        assert_eq!(super::command_of("hl7gw::commands::dry_run"), "dry-run");
+        assert_eq!(super::command_of("hl7gw::connect"), "connect");
+    }
 }

@@ -10,7 +10,7 @@
 //! Records are read with `isolation.level=read_committed` (aborted transactions are never shown), in order
 //! within each partition, with no consumer group commit: tailing moves nobody's offsets.
 
-use crate::admin::parse_time;
+use crate::when::parse_time;
 use anyhow::{Context, anyhow, bail};
 use hl7gw_proto::v1::Envelope;
 use hl7gw_runtime::kafka::{KafkaContext, KafkaSettings};
@@ -233,7 +233,7 @@ fn line(env: &Envelope, destination: &str, m: &BorrowedMessage<'_>, with_message
     };
     let mut l = json!({
         "id": env.id,
-        "received_at": crate::admin::rfc3339(env.received_at.as_ref()),
+        "received_at": crate::when::rfc3339(env.received_at.as_ref()),
         "type": ty,
         "control_id": h.control_id,
         "sending_application": h.sending_application,
@@ -278,24 +278,8 @@ fn offsets_at(
     at: i64,
     t: Duration,
 ) -> anyhow::Result<HashMap<i32, Option<i64>>> {
-    let mut tpl = TopicPartitionList::new();
-    for p in parts {
-        tpl.add_partition_offset(topic, *p, Offset::Offset(at.max(0)))?;
-    }
-    let found = c
-        .offsets_for_times(tpl, t)
-        .context("asking Kafka for offsets by time")?;
-    Ok(found
-        .elements()
-        .iter()
-        .map(|e| {
-            let o = match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            };
-            (e.partition(), o)
-        })
-        .collect())
+    hl7gw_runtime::kafka::offsets::offsets_at_time(c, topic, parts, at, t)
+        .context("asking Kafka for offsets by time")
 }
 
 fn millis(t: SystemTime) -> i64 {

@@ -1,9 +1,8 @@
-//! The subcommands.
+//! `hl7gw ack`: the ACK the gateway would send for a message, or the NAK for one that does not parse.
 
 use crate::read;
 use hl7v2::ack::{AckError, AckIds, Outcome, ack_code, hl7_timestamp, write_ack};
 use hl7v2::{Header, Message};
-use serde_json::{Map, Value, json};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,46 +16,8 @@ pub enum OutcomeArg {
     Reject,
 }
 
-/// Bytes to a string one char per byte (ISO-8859-1), as the flat format compares values.
-fn latin1(b: &[u8]) -> String {
-    b.iter().map(|&c| char::from(c)).collect()
-}
-
-/// `hl7gw flat`: one JSON line per file; exit 1 when any file failed to parse.
-pub fn flat(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut all_ok = true;
-    for path in files {
-        let bytes = read(path)?;
-        let name = path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        let line = match hl7v2::flat_file(&bytes) {
-            Ok(entries) => {
-                let flat: Map<String, Value> = entries
-                    .iter()
-                    .map(|e| (e.key(), Value::String(latin1(&e.value))))
-                    .collect();
-                json!({"file": name, "ok": true, "error": null, "flat": flat})
-            }
-            Err(e) => {
-                all_ok = false;
-                json!({"file": name, "ok": false, "error": e.to_string(), "flat": {}})
-            }
-        };
-        writeln!(out, "{line}")?;
-    }
-    Ok(if all_ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
 /// `hl7gw ack`: the ACK for a file's message, or the NAK for one that does not parse.
-pub fn ack(path: &PathBuf, outcome: OutcomeArg) -> anyhow::Result<ExitCode> {
+pub fn run(path: &PathBuf, outcome: OutcomeArg) -> anyhow::Result<ExitCode> {
     let bytes = read(path)?;
     let now = hl7_timestamp(SystemTime::now());
     let control_id = format!("ACK{}", String::from_utf8_lossy(&now[..14]));

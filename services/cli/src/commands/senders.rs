@@ -2,7 +2,7 @@
 //! token as for `hl7gw deadletters`). A readable table by default, the senders that have been silent longest
 //! first; `--json` for one JSON line per sender, per connection and a summary.
 
-use crate::admin::{Conn, runtime, status_error};
+use crate::connect::{Conn, runtime, status_error};
 use hl7gw_proto::v1::ingest_client::IngestClient;
 use hl7gw_proto::v1::{Sender, SenderConnection, SenderCounts, SendersRequest};
 use serde_json::json;

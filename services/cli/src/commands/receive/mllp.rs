@@ -1,24 +1,18 @@
-//! `hl7gw receive`: an MLLP receiver that stores each message as a file and then ACKs it.
-//!
-//! Every connection runs in its own task and handles its messages in order: parse, store (temp file, fsync,
-//! rename, so a file that is there is complete), then ACK. A payload that does not parse gets an AR/CR with an
-//! ERR segment (the parser's table 0357 code, a text without message content) and is kept under `rejected/`.
-//! A framing violation (oversized frame, start block inside a frame, end block without CR) gets an AR with
-//! ERR 207 and the connection is closed. Logs go to stderr and carry peer addresses, sequence numbers,
-//! control ids (sanitised), sizes and error kinds: never message content.
+//! The MLLP receiver: every connection in its own task, its messages in order: parse, store, then ACK; a
+//! payload that does not parse gets an AR/CR with an ERR segment and is kept under `rejected/`; a framing
+//! violation gets an AR with ERR 207 and the connection is closed.
 
+use super::args::ReceiveArgs;
+use super::shared::{REJECTED_DIR, Refusal, file_name, stop_signal, store};
 use crate::sanitise::sanitise;
-use crate::tls;
 use anyhow::Context;
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use hl7v2::ack::{AckError, AckIds, Outcome, ack_code, hl7_timestamp, write_ack};
-use hl7v2::mllp::DEFAULT_MAX_FRAME;
 use hl7v2::{ErrorCode, Header, Message, MllpCodec, MllpError};
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -30,124 +24,12 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
-/// The folder under `--out` for payloads that did not parse.
-pub const REJECTED_DIR: &str = "rejected";
-
 /// How long a closing connection keeps reading (and discarding) what the peer still sends, so that the
 /// close does not reset the connection before the peer has read our last answer.
 const LINGER: Duration = Duration::from_secs(2);
 
 /// How long in-flight connections get to finish after the receiver was told to stop.
 const DRAIN: Duration = Duration::from_secs(10);
-
-/// Arguments of `hl7gw receive`.
-#[derive(Debug, clap::Args)]
-#[command(after_help = "\
-Each message that parses is written to DIR as <sequence>-<control id>.hl7 (the control id
-reduced to [A-Za-z0-9_.-]), under a temporary name first, synced and renamed, so a file that
-is there is complete; then it is answered with AA, or CA when the sender asked for enhanced
-mode (MSH-15/MSH-16 valued).
-A payload that does not parse is answered with AR (or CR) and an ERR segment carrying the
-parse error, and kept in DIR/rejected/ for inspection. Messages refused by --reject-every or
---refuse-containing are answered AR (or CR) with ERR 207 and not stored (over HTTP: 503).
---delay makes each answer wait, as a slow receiver's would. An oversized frame or another MLLP framing
-violation is answered with AR and ERR 207, and the connection is closed.
-
-Sequence numbers continue after the highest one already in DIR: run one receiver per DIR.
-stdout carries the one line `listening on ADDR`; logs go to stderr and never carry message
-content. SIGINT/SIGTERM stop accepting, let connections finish the message in hand, exit 0.")]
-pub struct ReceiveArgs {
-    /// Address to listen on; port 0 picks a free port (printed as `listening on ADDR`).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:2575")]
-    pub listen: String,
-    /// Directory to store the messages in (created when missing).
-    #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
-    /// Largest accepted MLLP payload, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME, value_parser = positive_size)]
-    pub max_frame: usize,
-    /// Close a connection that delivers no complete frame for this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 300,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub idle_timeout: u64,
-    /// Serve TLS with this PEM certificate (chain); needs --tls-key.
-    #[arg(long, value_name = "PEM", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Require a client certificate issued by a CA of this PEM file (mutual TLS).
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
-    pub client_ca: Option<PathBuf>,
-    /// Answer every Nth parsed message with AR/CR (ERR 207) instead of storing it (for retry tests).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub reject_every: Option<u64>,
-    /// Exit (status 0) once N messages are stored and ACKed; later messages are not answered.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub count: Option<u64>,
-    /// Receive over HTTP instead of MLLP: each POST/PUT body (a FHIR Bundle, JSON, an HL7 message) is stored
-    /// as <sequence>-http.<json|hl7|bin> and answered 200 (an HTTP destination's stand-in; plain HTTP only).
-    #[arg(long, conflicts_with_all = ["tls_cert", "client_ca"])]
-    pub http: bool,
-    /// Do not fsync each file before the ACK (load tests that measure the sender, not this disk); a crash
-    /// can then lose messages that were ACKed.
-    #[arg(long)]
-    pub no_sync: bool,
-    /// Answer each message this many milliseconds after it arrived (a slow receiver: each MLLP connection and
-    /// each HTTP request waits on its own, so a sender with several in the air gets them answered together).
-    #[arg(long, value_name = "MS", default_value_t = 0)]
-    pub delay: u64,
-    /// Refuse the first --refuse-times messages whose bytes contain TEXT (MLLP: AR with ERR 207; HTTP: 503),
-    /// then take them: a receiver that refuses one patient for a while, for retry tests.
-    #[arg(long, value_name = "TEXT")]
-    pub refuse_containing: Option<String>,
-    /// How many messages --refuse-containing refuses.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 3,
-        requires = "refuse_containing"
-    )]
-    pub refuse_times: u64,
-}
-
-/// `--refuse-containing`: the first `left` payloads that contain `needle` are refused.
-#[derive(Debug)]
-pub(crate) struct Refusal {
-    needle: Vec<u8>,
-    left: AtomicU64,
-}
-
-impl Refusal {
-    pub(crate) fn from_args(args: &ReceiveArgs) -> Option<Self> {
-        let needle = args.refuse_containing.as_ref()?;
-        Some(Self {
-            needle: needle.as_bytes().to_vec(),
-            left: AtomicU64::new(args.refuse_times),
-        })
-    }
-
-    /// Whether `payload` is refused (counted against `--refuse-times`).
-    pub(crate) fn refuses(&self, payload: &[u8]) -> bool {
-        !self.needle.is_empty()
-            && payload
-                .windows(self.needle.len())
-                .any(|w| w == self.needle.as_slice())
-            && self
-                .left
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
-    }
-}
-
-/// A size of at least 1.
-fn positive_size(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".to_owned()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
 
 /// What every connection task shares.
 #[derive(Debug)]
@@ -173,33 +55,18 @@ struct Shared {
     shutdown: CancellationToken,
 }
 
-/// `hl7gw receive`.
-pub fn run(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating the output directory {}", args.out.display()))?;
-    let acceptor = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsAcceptor::from(tls::server_config(
-            cert,
-            key,
-            args.client_ca.as_deref(),
-        )?)),
-        _ => None,
-    };
-    let first = first_sequence(&args.out)?;
-    if args.http {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("starting the runtime")?;
-        runtime.block_on(crate::receive_http::serve(&args, first))?;
-        return Ok(ExitCode::SUCCESS);
-    }
+/// Serves MLLP on `--listen` until SIGINT/SIGTERM (or `--count` messages stored), numbering files from `first`.
+pub async fn serve(
+    args: &ReceiveArgs,
+    first: u64,
+    acceptor: Option<TlsAcceptor>,
+) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         out: args.out.clone(),
         max_frame: args.max_frame,
         idle: Duration::from_secs(args.idle_timeout),
         reject_every: args.reject_every,
-        refusal: Refusal::from_args(&args),
+        refusal: Refusal::from_args(args),
         delay: Duration::from_millis(args.delay),
         count: args.count,
         sync: !args.no_sync,
@@ -210,15 +77,10 @@ pub fn run(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         rejected: AtomicU64::new(0),
         shutdown: CancellationToken::new(),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(serve(&args.listen, acceptor, shared))?;
-    Ok(ExitCode::SUCCESS)
+    listen(&args.listen, acceptor, shared).await
 }
 
-async fn serve(
+async fn listen(
     listen: &str,
     acceptor: Option<TlsAcceptor>,
     shared: Arc<Shared>,
@@ -281,30 +143,6 @@ async fn serve(
         shared.rejected.load(Ordering::Relaxed)
     );
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM (pending forever when the handlers cannot be installed).
-pub(crate) async fn stop_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }
 
 /// One accepted connection: the TLS handshake when configured, then the message loop.
@@ -553,90 +391,9 @@ fn ack_control_id(now: &[u8; 19], seq: u64) -> String {
     )
 }
 
-/// `<sequence>-<sanitised control id>.hl7`.
-fn file_name(seq: u64, control_id: &[u8]) -> String {
-    format!("{seq:06}-{}.hl7", sanitise(control_id))
-}
-
-/// The sequence number a stored file name starts with.
-fn sequence_of(name: &str) -> Option<u64> {
-    let (digits, _) = name.split_once('-')?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// One past the highest sequence already used in `out` or its rejected folder (1 for an empty directory).
-fn first_sequence(out: &Path) -> anyhow::Result<u64> {
-    let mut max = 0;
-    for dir in [out.to_path_buf(), out.join(REJECTED_DIR)] {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-        };
-        for entry in entries.flatten() {
-            if let Some(n) = entry.file_name().to_str().and_then(sequence_of) {
-                max = max.max(n);
-            }
-        }
-    }
-    Ok(max.saturating_add(1))
-}
-
-/// Writes `bytes` to `dir/name` through a hidden temporary file: create, write, sync (unless `sync` is
-/// false), rename.
-pub(crate) async fn store(dir: &Path, name: &str, bytes: &[u8], sync: bool) -> std::io::Result<()> {
-    tokio::fs::create_dir_all(dir).await?;
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let written = async {
-        let mut f = tokio::fs::File::create(&tmp).await?;
-        f.write_all(bytes).await?;
-        if sync {
-            f.sync_all().await?;
-        }
-        drop(f);
-        tokio::fs::rename(&tmp, dir.join(name)).await
-    }
-    .await;
-    if written.is_err() {
-        let _ = tokio::fs::remove_file(&tmp).await;
-    }
-    written
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_names_are_safe_and_ordered() {
-        assert_eq!(file_name(1, b"DEMO0001"), "000001-DEMO0001.hl7");
-        assert_eq!(file_name(42, b"../../x"), "000042-.._.._x.hl7");
-        assert_eq!(file_name(1_234_567, b""), "1234567-none.hl7");
-        assert!(!file_name(7, b"a/b\\c").contains(['/', '\\']));
-    }
-
-    #[test]
-    fn sequences_are_read_back() {
-        assert_eq!(sequence_of("000042-X.hl7"), Some(42));
-        assert_eq!(sequence_of("7-none.hl7"), Some(7));
-        assert_eq!(sequence_of(".000042-X.hl7.tmp"), None);
-        assert_eq!(sequence_of("rejected"), None);
-        assert_eq!(sequence_of("-x.hl7"), None);
-        assert_eq!(sequence_of("12a-x.hl7"), None);
-    }
-
-    #[test]
-    fn first_sequence_continues_after_existing_files() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(first_sequence(dir.path()).unwrap(), 1);
-        std::fs::write(dir.path().join("000003-A.hl7"), b"x").unwrap();
-        std::fs::create_dir(dir.path().join(REJECTED_DIR)).unwrap();
-        std::fs::write(dir.path().join(REJECTED_DIR).join("000009-none.hl7"), b"x").unwrap();
-        assert_eq!(first_sequence(dir.path()).unwrap(), 10);
-    }
 
     #[test]
     fn ack_control_ids_fit_msh10() {
@@ -659,22 +416,5 @@ mod tests {
             &MllpError::Truncated { buffered: 3 },
             &mut out
         ));
-    }
-
-    #[tokio::test]
-    async fn store_leaves_only_the_complete_file() {
-        let dir = tempfile::tempdir().unwrap();
-        store(dir.path(), "000001-A.hl7", b"MSH|x", true)
-            .await
-            .unwrap();
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert_eq!(names, ["000001-A.hl7"]);
-        assert_eq!(
-            std::fs::read(dir.path().join("000001-A.hl7")).unwrap(),
-            b"MSH|x"
-        );
     }
 }

@@ -1,25 +1,12 @@
-//! `hl7gw status` (each destination of an egress pod: connected, backlog, age of the oldest undelivered
-//! message, retrying since, last ACK, dead letters by reason) and `hl7gw trace` (where a message went: the
-//! ingress's record and the ledger's events), as a table or as JSON lines.
+//! `hl7gw trace`: where a message went (gRPC Egress/Trace): the ingress's record and the ledger's events, a
+//! table or JSON lines.
 
-use crate::admin::{Conn, rfc3339, status_error, timestamp};
+use crate::connect::{Conn, runtime, status_error};
+use crate::when::{rfc3339, timestamp};
+use hl7gw_proto::v1::TraceRequest;
 use hl7gw_proto::v1::egress_client::EgressClient;
-use hl7gw_proto::v1::{StatusRequest, TraceRequest};
 use serde_json::json;
 use std::process::ExitCode;
-
-/// `hl7gw status`.
-#[derive(Debug, clap::Args)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    conn: Conn,
-    /// Only this destination
-    #[arg(long)]
-    destination: Option<String>,
-    /// One JSON line per destination instead of a table
-    #[arg(long)]
-    json: bool,
-}
 
 /// `hl7gw trace`.
 #[derive(Debug, clap::Args)]
@@ -52,91 +39,6 @@ pub struct TraceArgs {
     json: bool,
 }
 
-/// Prints each destination's state.
-pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
-    crate::admin::runtime()?.block_on(async {
-        let (ch, _) = a.conn.channel().await?;
-        let r = EgressClient::new(ch)
-            .status(StatusRequest {
-                destination: a.destination.unwrap_or_default(),
-            })
-            .await
-            .map_err(status_error)?
-            .into_inner();
-        if !a.json {
-            println!(
-                "{:<16} {:<9} {:>8} {:>12} {:<24} {:<4} {:<24} {:>9} {:>6}  DEAD LETTERS BY REASON",
-                "DESTINATION",
-                "CONNECTED",
-                "BACKLOG",
-                "OLDEST AGE",
-                "RETRYING SINCE",
-                "ACK",
-                "LAST ACK",
-                "DELIVERED",
-                "DEAD"
-            );
-        }
-        for d in &r.destinations {
-            let reasons: Vec<String> = d
-                .dead_lettered_by_reason
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            if a.json {
-                println!(
-                    "{}",
-                    json!({
-                        "destination": d.name,
-                        "address": d.address,
-                        "connected": d.connected,
-                        "backlog": d.lag,
-                        "oldest_undelivered_age_seconds": d.oldest_undelivered_age_seconds,
-                        "retrying": d.retrying,
-                        "retrying_since": rfc3339(d.retrying_since.as_ref()),
-                        "last_error": d.last_error,
-                        "last_ack_code": d.last_ack_code,
-                        "last_ack_at": rfc3339(d.last_ack_at.as_ref()),
-                        "delivered": d.delivered,
-                        "dead_lettered": d.dead_lettered,
-                        "dead_lettered_by_reason": d.dead_lettered_by_reason,
-                        "partitions": d.partitions,
-                    })
-                );
-            } else {
-                println!(
-                    "{:<16} {:<9} {:>8} {:>12} {:<24} {:<4} {:<24} {:>9} {:>6}  {}",
-                    d.name,
-                    if d.connected { "yes" } else { "no" },
-                    d.lag,
-                    age(d.oldest_undelivered_age_seconds),
-                    rfc3339(d.retrying_since.as_ref()),
-                    d.last_ack_code,
-                    rfc3339(d.last_ack_at.as_ref()),
-                    d.delivered,
-                    d.dead_lettered,
-                    reasons.join(" ")
-                );
-            }
-        }
-        Ok(ExitCode::SUCCESS)
-    })
-}
-
-/// A duration in seconds as `3.2s`, `12m04s`, `5h02m`.
-fn age(secs: f64) -> String {
-    if secs <= 0.0 {
-        return "-".into();
-    }
-    let s = secs as u64;
-    match s {
-        0..60 => format!("{secs:.1}s"),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
-}
-
-/// Prints where each message found went; exit 1 when none was found.
 /// A delivery's answer as the trace prints it: the MSA-1 code, or `HTTP <status>` for an HTTP destination.
 fn answer(e: &hl7gw_proto::v1::Event) -> String {
     match (e.ack_code.as_str(), e.http_status) {
@@ -146,8 +48,9 @@ fn answer(e: &hl7gw_proto::v1::Event) -> String {
     }
 }
 
-pub fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
-    crate::admin::runtime()?.block_on(async {
+/// Prints where each message found went; exit 1 when none was found.
+pub fn run(a: TraceArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
         let (ch, _) = a.conn.channel().await?;
         let r = EgressClient::new(ch)
             .trace(TraceRequest {
@@ -307,32 +210,4 @@ pub fn trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
             ExitCode::SUCCESS
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ages_read_as_an_operator_would_say_them() {
-        assert_eq!(age(0.0), "-");
-        assert_eq!(age(3.25), "3.2s");
-        assert_eq!(age(724.0), "12m04s");
-        assert_eq!(age(18_120.0), "5h02m");
-    }
-
-    #[test]
-    fn times_are_rfc3339_or_a_time_ago() {
-        let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
-        let t = |s| crate::admin::parse_time(s, now).unwrap();
-        assert_eq!(now.duration_since(t("1h")).unwrap().as_secs(), 3600);
-        assert_eq!(now.duration_since(t("2d 4h")).unwrap().as_secs(), 52 * 3600);
-        assert_eq!(now.duration_since(t("30m ago")).unwrap().as_secs(), 1800);
-        assert_eq!(t("now"), now);
-        assert_eq!(
-            t("2026-11-23T10:00:00Z"),
-            humantime::parse_rfc3339("2026-11-23T10:00:00Z").unwrap()
-        );
-        assert!(crate::admin::parse_time("yesterday-ish", now).is_err());
-    }
 }

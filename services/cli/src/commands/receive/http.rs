@@ -2,7 +2,8 @@
 //! each POST/PUT body is stored as a file (temp name, fsync, rename), then answered 200 with an
 //! OperationOutcome naming the file. Logs carry sizes, content types and file names: never content.
 
-use crate::receive::{ReceiveArgs, Refusal, store};
+use super::args::ReceiveArgs;
+use super::shared::{Refusal, stop_signal, store};
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -62,7 +63,7 @@ pub async fn serve(args: &ReceiveArgs, first_seq: u64) -> anyhow::Result<()> {
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             tokio::select! {
-                () = crate::receive::stop_signal() => log!("stopping on signal"),
+                () = stop_signal() => log!("stopping on signal"),
                 () = done.cancelled() => {}
             }
         })
