@@ -13,6 +13,25 @@ pub fn is_test_traffic(h: &Header) -> bool {
     h.sending_application.split('^').next() == Some(TEST_SENDING_APPLICATION)
 }
 
+/// Drops the message from a dead letter, keeping its ids, header and reason, and adds the message's size and
+/// SHA-256 to the rejection's detail (to find the input again). False when there was no message to drop.
+pub fn drop_message(env: &mut Envelope) -> bool {
+    if env.raw.is_empty() {
+        return false;
+    }
+    let raw = std::mem::take(&mut env.raw);
+    if let Some(rej) = env.rejection.as_mut() {
+        rej.message_dropped = true;
+        rej.detail = format!(
+            "{}; the message itself ({} bytes, sha256 {}) is not stored",
+            rej.detail,
+            raw.len(),
+            String::from_utf8_lossy(&salted_key(b"", &raw)),
+        );
+    }
+    true
+}
+
 /// A Kafka key that keeps partitioning but hides the identifier: the lowercase hex SHA-256 of `salt` then `key`.
 pub fn salted_key(salt: &[u8], key: &[u8]) -> Vec<u8> {
     use sha2::Digest;

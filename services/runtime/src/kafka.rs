@@ -3,11 +3,17 @@
 //! all of them, topic creation, and what a client's errors say for readiness.
 
 pub mod assignment;
+pub mod delivery;
+pub mod errors;
+pub mod offsets;
+pub mod producer;
 pub mod security;
 pub mod stats;
+pub mod unreadable;
 
 pub use assignment::Assignment;
 pub use security::KafkaSecurity;
+pub use unreadable::Unreadable;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -710,7 +716,7 @@ impl ClientContext for KafkaContext {
 impl rdkafka::consumer::ConsumerContext for KafkaContext {}
 
 /// The services' producer: delivery reports served on tokio.
-pub use crate::delivery::Producer;
+pub use delivery::Producer;
 
 /// The transformer's transactional producer (rdkafka's polling thread serves its reports; its
 /// `commit_transaction` flushes through it).

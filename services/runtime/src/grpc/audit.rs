@@ -1,8 +1,7 @@
 //! The audit log of admin calls (who, method, what, result; never content) and the clipping that keeps every
 //! line bounded whatever a caller sends.
 
-use super::ConnInfo;
-use super::auth::Caller;
+use super::caller::{Caller, ConnInfo};
 use std::net::SocketAddr;
 use tonic::Status;
 

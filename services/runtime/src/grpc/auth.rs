@@ -2,23 +2,17 @@
 //! ServiceAccount tokens (TokenReview + SubjectAccessReview, cached and bounded), and the allow lists.
 
 use super::audit::{audit, peer};
-use super::{ConnInfo, GrpcError, GrpcSettings};
+use super::caller::{Caller, ConnInfo};
+use super::settings::GrpcSettings;
+use super::tokens::Tokens;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tonic::Status;
 
-/// Who made a call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    Anonymous,
-    /// A static token's name.
-    Token(String),
-    /// A client certificate's CN.
-    Cert(String),
-    /// A Kubernetes user (a ServiceAccount: `system:serviceaccount:<ns>:<name>`), authorised by RBAC.
-    Kubernetes(String),
-}
+/// The permission to receive message bodies (patient data): a `grpc.allow` entry that is not a method and, for
+/// Kubernetes callers, `get messages.hl7gw.io`; asked on top of the method's own when a call wants bodies (the
+/// egress's `ListDeadLetters` with `include_envelope`).
+pub const READ_MESSAGES: &str = "ReadMessages";
 
 /// The `hl7gw.io` resource and verb a SubjectAccessReview asks about for each method, and for
 /// `ReadMessages`: not a method but the permission to receive message bodies (patient data), asked on top of
@@ -27,7 +21,7 @@ pub fn kubernetes_resource(method: &str) -> Option<(&'static str, &'static str)>
     Some(match method {
         "Status" => ("destinations", "get"),
         "ListDeadLetters" => ("deadletters", "list"),
-        "ReadMessages" => ("messages", "get"),
+        READ_MESSAGES => ("messages", "get"),
         "Replay" => ("replays", "create"),
         "Transform" => ("dryruns", "create"),
         "Ingest" => ("messages", "create"),
@@ -35,103 +29,6 @@ pub fn kubernetes_resource(method: &str) -> Option<(&'static str, &'static str)>
         "Trace" => ("traces", "get"),
         _ => return None,
     })
-}
-
-impl std::fmt::Display for Caller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Anonymous => f.write_str("anonymous"),
-            Self::Token(n) => write!(f, "token:{n}"),
-            Self::Cert(n) => write!(f, "cert:{n}"),
-            Self::Kubernetes(u) => write!(f, "k8s:{u}"),
-        }
-    }
-}
-
-/// The file's modification time and size when last read, and its (name, token) pairs.
-type TokensState = (Option<(std::time::SystemTime, u64)>, Vec<(String, String)>);
-
-/// The static tokens, re-read when the file's modification time or size changes.
-pub(super) struct Tokens {
-    path: PathBuf,
-    state: std::sync::Mutex<TokensState>,
-}
-
-impl Tokens {
-    pub(super) fn read(path: &std::path::Path) -> Result<Vec<(String, String)>, GrpcError> {
-        let err = |reason: String| GrpcError::Tokens {
-            path: path.display().to_string(),
-            reason,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let mut out = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            match line.split_once(char::is_whitespace) {
-                Some((name, token)) if token.trim().len() >= 16 => {
-                    out.push((name.to_owned(), token.trim().to_owned()))
-                }
-                // The line itself may hold a token: never in the error.
-                _ => {
-                    return Err(err(format!(
-                        "line {}: expected `<name> <token>` with a token of at least 16 characters",
-                        i + 1
-                    )));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The name of `token`, reloading the file first when it changed. A file that is missing or does not
-    /// parse accepts no token (logged).
-    fn name_of(&self, token: &str) -> Option<String> {
-        let stamp = std::fs::metadata(&self.path)
-            .ok()
-            .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if stamp != state.0 || stamp.is_none() {
-            // Fails closed: a file that is gone or no longer parses revokes every token (a revocation that
-            // left a typo must not keep the revoked token alive).
-            let tokens = match stamp.map(|_| Self::read(&self.path)) {
-                Some(Ok(tokens)) => {
-                    tracing::info!(path = %self.path.display(), tokens = tokens.len(), "gRPC tokens loaded");
-                    tokens
-                }
-                Some(Err(e)) => {
-                    tracing::error!(error = %e, "gRPC tokens file refused: no token is accepted until it is fixed");
-                    Vec::new()
-                }
-                None => {
-                    if state.0.is_some() || !state.1.is_empty() {
-                        tracing::error!(path = %self.path.display(), "gRPC tokens file missing: no token is accepted");
-                    }
-                    Vec::new()
-                }
-            };
-            *state = (stamp, tokens);
-        }
-        state
-            .1
-            .iter()
-            .find(|(_, t)| constant_time_eq(t.as_bytes(), token.as_bytes()))
-            .map(|(n, _)| n.clone())
-    }
-}
-
-impl std::fmt::Debug for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The authorisation of one service's gRPC methods.
@@ -164,10 +61,10 @@ impl Auth {
             .collect();
         allow.extend(settings.allow.clone());
         Self {
-            tokens: settings.tokens_file.as_ref().map(|p| Tokens {
-                path: p.clone(),
-                state: std::sync::Mutex::new((None, Vec::new())),
-            }),
+            tokens: settings
+                .tokens_file
+                .as_ref()
+                .map(|p| Tokens::new(p.clone())),
             allow,
             kubernetes: settings.kubernetes_auth.then(KubeAuth::default),
         }

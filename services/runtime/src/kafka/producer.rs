@@ -111,8 +111,3 @@ impl std::fmt::Debug for ProducerSlot {
         f.debug_struct("ProducerSlot").finish_non_exhaustive()
     }
 }
-
-/// True for errors that mean the producer itself is broken for good (librdkafka's `__FATAL`).
-pub fn is_fatal(e: &rdkafka::error::KafkaError) -> bool {
-    e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal)
-}
