@@ -473,11 +473,11 @@ fn check_http(name: &str, url: &str, d: &Destination) -> Result<(), String> {
 
 impl Config {
     /// The gRPC methods of this service, as named in `grpc.allow`, and `ReadMessages`: the permission to
-    /// receive message bodies (`ListDeadLetters` with `include_envelope`; see `grpc::READ_MESSAGES`).
+    /// receive message bodies (`ListDeadLetters` with `include_envelope`; see `hl7gw_runtime::grpc::READ_MESSAGES`).
     pub const GRPC_METHODS: &'static [&'static str] = &[
         "Status",
         "ListDeadLetters",
-        crate::grpc::READ_MESSAGES,
+        hl7gw_runtime::grpc::READ_MESSAGES,
         "Replay",
         "Trace",
     ];

@@ -647,9 +647,8 @@ where
     F: FnOnce(&TransactionalProducer) -> Result<(), rdkafka::error::KafkaError> + Send + 'static,
 {
     let p = producer.clone();
-    tokio::task::spawn_blocking(move || call(&p))
+    hl7gw_runtime::kafka::errors::blocking(move || call(&p))
         .await
-        .map_err(|_| DeadLetterError::Kafka(rdkafka::error::KafkaError::Canceled))?
         .map_err(DeadLetterError::Kafka)
 }
 

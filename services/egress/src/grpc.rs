@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-/// The permission to receive message bodies (patient data): a `grpc.allow` entry and, for Kubernetes callers,
-/// `get messages.hl7gw.io`. `ListDeadLetters` asks it when `include_envelope` is set; the viewer role has not.
-pub const READ_MESSAGES: &str = "ReadMessages";
+// `ListDeadLetters` asks the permission to receive message bodies when `include_envelope` is set; the viewer
+// role has not.
+use hl7gw_runtime::grpc::READ_MESSAGES;
 
 /// `ListDeadLetters` and `Trace` calls reading Kafka at once at most per process: each holds a Kafka consumer
 /// and a blocking thread for up to its budget (30 s, 20 s). Past it, RESOURCE_EXHAUSTED.
@@ -164,7 +164,7 @@ pub struct EgressService {
     /// Who may call what: every method here is an admin method (nobody unless `grpc.allow` says).
     pub auth: hl7gw_runtime::grpc::Auth,
     pub dests: Vec<Arc<DestCtx>>,
-    pub producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    pub producer: Arc<hl7gw_runtime::kafka::producer::ProducerSlot>,
     pub metrics: EgressMetrics,
     /// `ListDeadLetters` and `Trace` calls reading Kafka now.
     scans: Arc<Scans>,
@@ -220,7 +220,7 @@ impl EgressService {
     pub fn server(
         cfg: Arc<Config>,
         dests: Vec<Arc<DestCtx>>,
-        producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+        producer: Arc<hl7gw_runtime::kafka::producer::ProducerSlot>,
         metrics: EgressMetrics,
     ) -> EgressServer<Self> {
         let service = Self {

@@ -1,6 +1,8 @@
-//! hl7gw-egress: delivers `hl7.out.<destination>` to each destination's receiver over MLLP (TCP or TLS), one
-//! message in flight per partition, committing an offset only after the receiver's ACK; AR/CR and given-up
-//! messages go to `hl7.dlq` and can be listed and replayed over gRPC.
+//! hl7gw-egress: delivers `hl7.out.<destination>` to each destination's receiver over MLLP (TCP or TLS) or
+//! HTTP(S) (FHIR servers), many patients at once and each patient's messages in order ([`deliver`]), an offset
+//! stored for commit only once every record before it was answered or dead-lettered; refused and given-up
+//! messages go to `hl7.dlq`, each outcome to the `hl7.events` ledger; dead letters, replay, status and trace
+//! over gRPC.
 
 pub mod client;
 pub mod config;
@@ -52,7 +54,7 @@ hl7gw_runtime::common_error_from!(EgressError);
 pub struct App {
     cfg: Arc<Config>,
     dests: Vec<Arc<deliver::DestCtx>>,
-    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    producer: Arc<hl7gw_runtime::kafka::producer::ProducerSlot>,
     metrics: metrics::EgressMetrics,
     listening: Listening,
 }
@@ -83,7 +85,7 @@ impl hl7gw_runtime::service::Service for App {
     /// Makes the producer and each destination's consumer and TLS settings, binds gRPC and the admin server.
     async fn build(cfg: Arc<Config>) -> Result<Self, EgressError> {
         let (registry, metrics) = metrics::EgressMetrics::registered();
-        let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+        let producer = Arc::new(hl7gw_runtime::kafka::producer::ProducerSlot::from_config(
             "hl7gw-egress",
             cfg.kafka.clone(),
             Duration::from_secs(30),
@@ -92,7 +94,7 @@ impl hl7gw_runtime::service::Service for App {
 
         // The ledger's events on a producer of their own, lingering (`ledger.linger`): an event delays only the
         // commit of its offset, so batching them costs no delivery any time.
-        let ledger = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+        let ledger = Arc::new(hl7gw_runtime::kafka::producer::ProducerSlot::from_config(
             "hl7gw-egress-ledger",
             cfg.ledger.producer_settings(&cfg.kafka),
             Duration::from_secs(30),
@@ -248,7 +250,7 @@ async fn housekeeping(
     cfg: Arc<Config>,
     created: bool,
     dests: Vec<Arc<deliver::DestCtx>>,
-    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    producer: Arc<hl7gw_runtime::kafka::producer::ProducerSlot>,
     health: Arc<Health>,
     metrics: metrics::EgressMetrics,
     stop: CancellationToken,

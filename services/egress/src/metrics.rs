@@ -34,8 +34,9 @@ hl7gw_runtime::metric_set! {
         pub connections_active: Family<DestLabels, Gauge> = "Open connections to receivers";
         pub in_flight: Family<DestLabels, Gauge> =
             "Deliveries in the air (sent or being retried), at most the destination's max_in_flight";
-        pub in_flight_bytes: Family<DestLabels, Gauge> =
-            "Payload bytes of the deliveries in the air, at most the destination's max_in_flight_bytes";
+        pub in_flight_bytes as "in_flight": Family<DestLabels, Gauge> =
+            "Payload bytes of the deliveries in the air (counted with the records read ahead against the \
+             destination's queue_bytes_per_partition)", unit Bytes;
         pub waiting_for_key: Family<DestLabels, Gauge> =
             "Messages read and waiting behind an earlier message of their key (patient) that is still being delivered";
         pub consumer_lag: Family<DestLabels, Gauge> =

@@ -364,22 +364,13 @@ fn window(
         .filter(|p| only.is_none_or(|o| o == *p))
         .collect();
     let offsets_at = |at: i64| -> Result<HashMap<i32, Option<i64>>, TraceError> {
-        let mut tpl = TopicPartitionList::new();
-        for p in &parts {
-            tpl.add_partition_offset(topic, *p, Offset::Offset(at.max(0)))?;
-        }
-        let found = consumer.offsets_for_times(tpl, Duration::from_secs(5))?;
-        Ok(found
-            .elements()
-            .iter()
-            .map(|e| {
-                let o = match e.offset() {
-                    Offset::Offset(o) => Some(o),
-                    _ => None,
-                };
-                (e.partition(), o)
-            })
-            .collect())
+        Ok(hl7gw_runtime::kafka::offsets::offsets_at_time(
+            consumer,
+            topic,
+            &parts,
+            at,
+            Duration::from_secs(5),
+        )?)
     };
     let starts = offsets_at(since)?;
     let ends = if until == i64::MAX {

@@ -31,7 +31,7 @@ fn run(mode: &str) {
     std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
     p.start_all(Some(10));
     // Ready first: a partition's first records sent while its leader is still being elected can be NAKed
-    // (runtime delivery.rs, `confirmed`), and this test counts on all 100 being accepted.
+    // (runtime kafka/delivery.rs, `confirmed`), and this test counts on all 100 being accepted.
     p.wait_ready(Duration::from_secs(60));
     let ids = p.load(4, 25);
     assert_eq!(ids.len(), 100, "{mode}: every message accepted");

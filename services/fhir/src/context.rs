@@ -2,9 +2,10 @@
 //! mapped, refusals; resource targets and their Bundle entries (write modes); field maps; identifier scoping.
 
 use crate::datatypes::nm::{is_decimal, normalise_decimal};
-use crate::datatypes::pl::{PlLocation, location_body};
 use crate::ids::{Uuid, token_encode, uuid_of};
 use crate::json::Writer;
+use crate::location::{PlLocation, location_body};
+pub(crate) use crate::target::{Target, reference};
 use crate::vocab;
 use crate::{BundleType, FhirError, IdentifierRule, Options, TimeZone, Unmapped, Write};
 use hl7v2::message::{Segment, Value};
@@ -112,33 +113,6 @@ impl std::fmt::Debug for Ctx<'_, '_> {
             .field("resources", &self.resources)
             .finish()
     }
-}
-
-/// A resource's place in the Bundle: its id and how a transaction writes it.
-#[derive(Debug, Clone)]
-pub(crate) struct Target {
-    pub rtype: &'static str,
-    /// A UUID derived from the business key: the same message always gives the same one.
-    pub id: Uuid,
-    /// The business identifier (system, value) a transaction updates by, when there is one.
-    pub by: Option<(String, String)>,
-    /// With `by`: the code (system, if the coding has one, and code) the condition also names, for resources
-    /// one identifier does not single out (several tests under one order number, several observations under
-    /// one instance id).
-    pub code: Option<(Option<String>, String)>,
-    /// True when an earlier entry of the Bundle updates by the same condition: this one is updated by its
-    /// derived id and does not carry that business identifier (the field is reported as unmapped), so the
-    /// condition never matches more than one resource.
-    pub repeat: bool,
-    /// How a transaction writes it.
-    pub write: Write,
-}
-
-/// A Reference under `key` to the entry of `t` (its `urn:uuid:` fullUrl).
-pub(crate) fn reference(w: &mut Writer<'_>, key: &str, t: &Target) {
-    w.object(key);
-    w.string_parts("reference", &["urn:uuid:", &t.id]);
-    w.end_object();
 }
 
 impl<'a, 'm> Ctx<'a, 'm> {

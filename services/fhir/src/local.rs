@@ -197,7 +197,7 @@ impl FieldMap {
             "valueIdentifier" => ValueType::Identifier,
             _ => return Err(bad_to()),
         };
-        if !crate::RESOURCE_TYPES.contains(&resource) {
+        if !crate::vocab::RESOURCE_TYPES.contains(&resource) {
             return Err(format!(
                 "field map to {to:?}: {resource} is not a resource type the converter writes"
             ));

@@ -114,6 +114,28 @@ pub fn fits(system: &str, code: &str) -> bool {
     }
 }
 
+/// The resource types [`crate::convert`] writes (the keys [`crate::Options::write`] takes).
+pub const RESOURCE_TYPES: &[&str] = &[
+    "AllergyIntolerance",
+    "Appointment",
+    "Condition",
+    "Coverage",
+    "Device",
+    "DiagnosticReport",
+    "DocumentReference",
+    "Encounter",
+    "Immunization",
+    "Location",
+    "Observation",
+    "Organization",
+    "Patient",
+    "Practitioner",
+    "Provenance",
+    "RelatedPerson",
+    "ServiceRequest",
+    "Specimen",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ pub mod connection;
 pub mod grpc;
 pub mod listener;
 pub mod metrics;
+pub mod origin;
 pub mod pipeline;
 pub mod senders;
 pub mod tls;
@@ -31,7 +32,7 @@ pub enum IngressError {
     #[error(transparent)]
     Common(hl7gw_runtime::service::CommonError),
     #[error(transparent)]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] hl7gw_tls::TlsError),
 }
 hl7gw_runtime::common_error_from!(IngressError);
 
@@ -41,7 +42,7 @@ pub struct App {
     tls: Option<tokio_rustls::TlsAcceptor>,
     key_salt: Option<Vec<u8>>,
     metrics: metrics::IngressMetrics,
-    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    producer: Arc<hl7gw_runtime::kafka::producer::ProducerSlot>,
     mllp: tokio::net::TcpListener,
     listening: Listening,
     bound: Bound,
@@ -64,7 +65,7 @@ impl hl7gw_runtime::service::Service for App {
         let key_salt = cfg.read_key_salt()?;
         let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
         let (registry, metrics) = metrics::IngressMetrics::registered();
-        let producer = Arc::new(hl7gw_runtime::producer::ProducerSlot::from_config(
+        let producer = Arc::new(hl7gw_runtime::kafka::producer::ProducerSlot::from_config(
             "hl7gw-ingress",
             cfg.kafka.clone(),
             cfg.ack_timeout,
@@ -184,7 +185,7 @@ fn mllp_addr(b: &Bound) -> String {
 
 /// Creates the topics when missing and keeps readiness in step with Kafka's answers.
 async fn probe_kafka(
-    producer: Arc<hl7gw_runtime::producer::ProducerSlot>,
+    producer: Arc<hl7gw_runtime::kafka::producer::ProducerSlot>,
     cfg: Arc<Config>,
     health: Arc<Health>,
     stop: CancellationToken,

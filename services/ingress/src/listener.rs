@@ -174,7 +174,7 @@ async fn handle(
                         .peer_certificates()
                         .and_then(|c| c.first())
                     {
-                        origin.tls_client = crate::tls::subject(cert);
+                        origin.tls_client = hl7gw_tls::subject(cert);
                     }
                     connection::serve(stream, origin, pipe, cfg, stop, progress).await;
                 }

@@ -112,7 +112,7 @@ impl IngressMetrics {
         reason: &'static str,
         hl7_code: u16,
         control_id: &[u8],
-        who: &crate::pipeline::Who<'_>,
+        who: &crate::origin::Who<'_>,
     ) {
         self.rejects.get_or_create(&ReasonLabels { reason }).inc();
         self.message(t, outcome::REJECTED);

@@ -16,9 +16,10 @@
 
 use crate::config::{Config, NamedSender};
 use crate::metrics::{IngressMetrics, SenderCodeLabels, SenderLabels, TimestampGauge};
+use crate::origin::hd1;
 use hl7gw_runtime::proto::v1 as pb;
 use hl7v2::Header;
-use hl7v2::ack::{AckCode, MAX_HD};
+use hl7v2::ack::AckCode;
 use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,15 +64,6 @@ impl Counts {
 /// The index of a negative code in [`Counts::naks`].
 fn nak_index(code: Option<AckCode>) -> Option<usize> {
     code.and_then(|c| NAK_CODES.iter().position(|n| *n == c))
-}
-
-/// The first component of an HD field, cut to [`MAX_HD`] bytes.
-pub(crate) fn hd1(field: &[u8], component: u8) -> &[u8] {
-    let first = field
-        .iter()
-        .position(|b| *b == component)
-        .map_or(field, |i| &field[..i]);
-    &first[..first.len().min(MAX_HD)]
 }
 
 /// A sender named in the config, with its metrics made at start.
@@ -201,7 +193,7 @@ impl Senders {
     }
 
     /// Lists a connection (or gRPC stream) until the returned handle is dropped.
-    pub fn connect(self: &Arc<Self>, origin: &crate::pipeline::Origin) -> SenderConn {
+    pub fn connect(self: &Arc<Self>, origin: &crate::origin::Origin) -> SenderConn {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = origin.peer.clone();
         self.lock().conns.insert(
@@ -227,7 +219,7 @@ impl Senders {
     }
 
     /// A handle for a unary call: its messages count for their sender, no connection is listed.
-    pub fn unlisted(self: &Arc<Self>, origin: &crate::pipeline::Origin) -> SenderConn {
+    pub fn unlisted(self: &Arc<Self>, origin: &crate::origin::Origin) -> SenderConn {
         SenderConn {
             senders: self.clone(),
             id: 0,
@@ -416,7 +408,7 @@ fn unix_seconds(t: SystemTime) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::Origin;
+    use crate::origin::Origin;
 
     fn origin(peer: &str) -> Origin {
         Origin {
@@ -515,7 +507,7 @@ mod tests {
         assert!(
             v.senders
                 .iter()
-                .all(|x| x.sending_application.len() <= MAX_HD)
+                .all(|x| x.sending_application.len() <= hl7v2::ack::MAX_HD)
         );
         let lab = v
             .senders

@@ -3,7 +3,7 @@
 use crate::config::TlsConfig;
 use tokio_rustls::TlsAcceptor;
 
-pub use hl7gw_tls::TlsError;
+use hl7gw_tls::TlsError;
 
 /// Builds the acceptor; with `client_ca`, clients without a certificate signed by it are refused.
 pub fn acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
@@ -11,6 +11,3 @@ pub fn acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
     hl7gw_runtime::certs::record("mllp-server", None, &cfg.cert);
     Ok(TlsAcceptor::from(config))
 }
-
-/// The subject of a client certificate (e.g. `CN=lab-sender, O=Hospital`), for the envelope's `tls_client`.
-pub use hl7gw_tls::subject;

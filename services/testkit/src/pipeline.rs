@@ -467,21 +467,8 @@ pub fn read_events(
     topic: &str,
     limit: Duration,
 ) -> Vec<(i32, i64, hl7gw_runtime::proto::v1::Event)> {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker())
-        .set(
-            "group.id",
-            format!("test-{}", uuid::Uuid::now_v7().simple()),
-        )
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[topic]).expect("subscribe");
+    let consumer = crate::topic::reader(broker(), topic);
     let deadline = Instant::now() + limit;
     let mut quiet_since = Instant::now();
     let mut out = Vec::new();

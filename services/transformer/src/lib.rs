@@ -13,13 +13,13 @@ pub mod metrics;
 pub mod plugin;
 pub mod route;
 pub mod source;
+mod topics;
 pub mod worker;
 
 use config::Config;
 use hl7gw_runtime::admin::Health;
 use hl7gw_runtime::kafka::{
-    Commit, KafkaContext, consumer_config, consumer_lag, ensure_topics,
-    transactional_producer_config,
+    Commit, KafkaContext, consumer_config, consumer_lag, transactional_producer_config,
 };
 use hl7gw_runtime::service::{Bound, Listening};
 use rdkafka::consumer::Consumer;
@@ -209,7 +209,7 @@ impl hl7gw_runtime::service::Service for App {
         };
 
         // Topics first (inbound, DLQ, every destination's); the worker subscribes once the routes are loaded.
-        ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
+        topics::ensure_destinations(&cfg, &live, &mut BTreeSet::new()).await;
         let worker_health = Arc::new(worker::WorkerHealth::default());
         tokio::spawn(housekeeping(
             cfg.clone(),
@@ -307,43 +307,6 @@ fn transactional_id(cfg: &Config) -> String {
     }
 }
 
-/// Creates the inbound, DLQ and destination topics that do not exist yet.
-pub(crate) async fn ensure_destinations(
-    cfg: &Config,
-    live: &source::LiveRoutes,
-    known: &mut BTreeSet<String>,
-) -> bool {
-    let mut topics: BTreeSet<String> = [cfg.inbound_topic.clone(), cfg.dlq_topic.clone()].into();
-    for r in &live.get().routes {
-        topics.extend(r.destinations.iter().map(|d| cfg.out_topic(d)));
-    }
-    if let Some(d) = &cfg.default_destination {
-        topics.insert(cfg.out_topic(d));
-    }
-    let new: Vec<&str> = topics
-        .iter()
-        .filter(|t| !known.contains(*t))
-        .map(String::as_str)
-        .collect();
-    if new.is_empty() {
-        return true;
-    }
-    let created = match ensure_topics(&cfg.kafka, &new).await {
-        Ok(()) => cfg.ledger.ensure_topic(&cfg.kafka).await,
-        Err(e) => Err(e),
-    };
-    match created {
-        Ok(()) => {
-            known.extend(new.iter().map(|t| (*t).to_owned()));
-            true
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot create topics yet");
-            false
-        }
-    }
-}
-
 /// Readiness (Kafka answers, routes are loaded, the worker is not recovering), new destination topics,
 /// consumer lag.
 async fn housekeeping(
@@ -358,7 +321,7 @@ async fn housekeeping(
     let known = tokio::sync::Mutex::new(BTreeSet::new());
     hl7gw_runtime::service::readiness_loop(health, stop, || async {
         let mut known = known.lock().await;
-        let topics_ok = ensure_destinations(&cfg, &live, &mut known).await;
+        let topics_ok = topics::ensure_destinations(&cfg, &live, &mut known).await;
         // Kafka answers: every topic's metadata until the inbound topic is created, then the inbound topic's
         // alone (every topic's every 2 s from every pod is heavy on a cluster with many topics).
         let named = known

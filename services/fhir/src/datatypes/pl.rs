@@ -2,10 +2,9 @@
 //! (facility, building, floor, point of care, room, bed), each `partOf` the next level above it, the most
 //! specific one the place the Encounter references; and the PL's display text.
 
-use crate::context::{Ctx, Target};
+use crate::context::Ctx;
 use crate::datatypes::components;
-use crate::ids::Uuid;
-use crate::json::Writer;
+use crate::location::{PhysicalType, PlLocation};
 use hl7v2::message::Value;
 use std::borrow::Cow;
 
@@ -23,9 +22,6 @@ impl<'a, 'm> Ctx<'a, 'm> {
     }
 }
 
-/// A location-physical-type code and its display.
-type PhysicalType = (&'static str, &'static str);
-
 /// A level of a PL: its component (and that number as text, a part of the derived ids), the R4
 /// location-physical-type code and display (none for a point of care: the IG leaves it open).
 const LEVELS: &[(usize, &str, Option<PhysicalType>)] = &[
@@ -36,17 +32,6 @@ const LEVELS: &[(usize, &str, Option<PhysicalType>)] = &[
     (2, "2", Some(("ro", "Room"))),
     (3, "3", Some(("bd", "Bed"))),
 ];
-
-/// One Location of a PL.
-#[derive(Debug, Clone)]
-pub(crate) struct PlLocation {
-    pub target: Target,
-    name: String,
-    physical_type: Option<PhysicalType>,
-    part_of: Option<Uuid>,
-    /// PL-9, on the most specific level.
-    description: Option<String>,
-}
 
 /// The Locations of a PL, the facility first and the most specific last. Each level's id derives from the
 /// levels above it and itself (room `101` of ward `W4` is not room `101` of ward `W5`), and, without a facility,
@@ -93,32 +78,4 @@ pub(crate) fn pl_locations<'a>(cx: &Ctx<'a, '_>, pl: Value<'a>) -> Vec<PlLocatio
         last.description = cx.text(comps[8]).map(Cow::into_owned);
     }
     out
-}
-
-/// The Location's elements.
-pub(crate) fn location_body(w: &mut Writer<'_>, l: &PlLocation) {
-    w.string("name", &l.name);
-    if let Some(d) = &l.description {
-        w.string("description", d);
-    }
-    w.string("mode", "instance");
-    if let Some((code, display)) = l.physical_type {
-        w.object("physicalType");
-        w.array("coding");
-        w.begin_object();
-        w.string(
-            "system",
-            "http://terminology.hl7.org/CodeSystem/location-physical-type",
-        );
-        w.string("code", code);
-        w.string("display", display);
-        w.end_object();
-        w.end_array();
-        w.end_object();
-    }
-    if let Some(p) = &l.part_of {
-        w.object("partOf");
-        w.string_parts("reference", &["urn:uuid:", p]);
-        w.end_object();
-    }
 }

@@ -15,11 +15,14 @@ mod publish;
 use crate::budget::Budget;
 use crate::config::{AcceptAck, AckMode, Config, OnTimeout};
 use crate::metrics::{IngressMetrics, MsgType, ReasonLabels, outcome};
+pub use crate::origin::Origin;
+pub(crate) use crate::origin::Who;
 use bytes::Bytes;
 use hl7gw_runtime::dedup::{Claim, Claimed, Dedup, FirstCopy, Key};
-use hl7gw_runtime::delivery::DeliveryFuture;
 use hl7gw_runtime::envelope;
-use hl7gw_runtime::producer::{ProducerSlot, is_fatal};
+use hl7gw_runtime::kafka::delivery::DeliveryFuture;
+use hl7gw_runtime::kafka::errors::{is_fatal, is_too_large};
+use hl7gw_runtime::kafka::producer::ProducerSlot;
 use hl7gw_runtime::proto::v1::{Envelope, Rejection, Source, Stage, TraceContext};
 use hl7v2::ack::{
     AckCode, AckError, AckIds, ErrorLocation, MAX_CODE, MAX_CONTROL_ID, MAX_HD,
@@ -34,16 +37,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use tracing::Span;
-
-/// Where messages come from: one per connection or gRPC stream.
-#[derive(Debug, Clone)]
-pub struct Origin {
-    pub listener: Arc<str>,
-    pub protocol: &'static str,
-    pub peer: Arc<str>,
-    pub connection_id: String,
-    pub tls_client: String,
-}
 
 /// Why a message gets a negative answer, as the ERR segment and the DLQ record say it.
 #[derive(Debug, Clone)]
@@ -283,41 +276,6 @@ pub struct Publish {
     protocol: &'static str,
 }
 
-/// Who sent a message, for reject and NAK log lines: MSH-3 and MSH-4 (their first component, as the sender
-/// view names senders, cut short), peer address and listener. No patient data.
-#[derive(Clone, Copy)]
-pub(crate) struct Who<'a> {
-    pub sending_application: &'a [u8],
-    pub sending_facility: &'a [u8],
-    pub peer: &'a str,
-    pub listener: &'a str,
-}
-
-impl<'a> Who<'a> {
-    /// `h`'s sender on `origin` (unknown for a record Kafka refused after the publish: empty peer and listener).
-    pub(crate) fn new(h: &'a Header<'a>, peer: &'a str, listener: &'a str) -> Self {
-        let c = h.delimiters.component;
-        let clip = |v: &'a [u8]| {
-            let v = crate::senders::hd1(v, c);
-            &v[..v.len().min(64)]
-        };
-        Self {
-            sending_application: clip(h.sending_application),
-            sending_facility: clip(h.sending_facility),
-            peer,
-            listener,
-        }
-    }
-
-    pub(crate) fn app(&self) -> std::borrow::Cow<'a, str> {
-        String::from_utf8_lossy(self.sending_application)
-    }
-
-    pub(crate) fn fac(&self) -> std::borrow::Cow<'a, str> {
-        String::from_utf8_lossy(self.sending_facility)
-    }
-}
-
 /// The shared per-process message pipeline.
 pub struct Pipeline {
     cfg: Arc<Config>,
@@ -444,15 +402,6 @@ fn charset_label(h: &Header<'_>, fallback: &str) -> String {
     }
 }
 
-/// A record over librdkafka's or the topic's size limit.
-fn is_too_large(e: &rdkafka::error::KafkaError) -> bool {
-    use rdkafka::error::RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge)
-    )
-}
-
 fn kafka_reason(e: &rdkafka::error::KafkaError) -> &'static str {
     use rdkafka::error::{KafkaError, RDKafkaErrorCode as C};
     match e.rdkafka_error_code() {
@@ -461,7 +410,7 @@ fn kafka_reason(e: &rdkafka::error::KafkaError) -> &'static str {
         Some(C::MessageSizeTooLarge) => "too_large",
         Some(C::UnknownTopicOrPartition) | Some(C::UnknownTopic) => "unknown_topic",
         Some(C::AllBrokersDown) => "brokers_down",
-        // A success report without an offset (runtime delivery.rs, `confirmed`).
+        // A success report without an offset (runtime kafka/delivery.rs, `confirmed`).
         Some(C::Inconsistent) => "unconfirmed",
         _ => match e {
             KafkaError::Canceled => "canceled",

@@ -63,7 +63,7 @@ impl Pipeline {
         drop(p.in_flight);
         match res {
             Ok(Ok(Ok((partition, offset)))) => {
-                // A success report may come without an offset (runtime delivery.rs, `confirmed`).
+                // A success report may come without an offset (runtime kafka/delivery.rs, `confirmed`).
                 if offset >= 0 {
                     span.record("messaging.destination.partition.id", partition.to_string());
                     span.record("messaging.kafka.offset", offset);
