@@ -48,10 +48,12 @@ kafka-cluster-up: ## a 3-node KRaft cluster for failover tests on 127.0.0.1:9092
 kafka-cluster-down: ## stop the local Kafka cluster
 	@KAFKA_NODES=$${KAFKA_NODES:-3} scripts/kafka.sh down
 
-lint: ## cargo fmt --check, clippy with -D warnings, no unused dependency (cargo-machete), licences/bans/sources (cargo-deny, deny.toml), advisories when .cache/ holds the RustSec database
+lint: ## cargo fmt --check, clippy with -D warnings, no unused dependency (cargo-machete), licences/bans/sources (cargo-deny, deny.toml), advisories when .cache/ holds the RustSec database, no import circle, docs/architecture.md true to cargo metadata
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@scripts/deps-check.sh
+	@python3 scripts/imports-check.py
+	@python3 scripts/arch-check.py
 
 .PHONY: advisories
 advisories: ## fetch the RustSec advisory database into .cache/ (needs GitHub, or ADVISORY_DB=<a clone>) and check the dependencies against it; make lint then checks it offline

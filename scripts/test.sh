@@ -51,6 +51,9 @@ mvn -q -B -Dstyle.color=never --no-transfer-progress -f services/ingress/tests/h
 mvn -q -B -Dstyle.color=never --no-transfer-progress -f services/egress/tests/fhir/pom.xml \
   -Dharness.out="$PWD/target/tmp/fhir-harness" package
 cargo test --workspace --all-targets --no-run
+# The docs say what the binaries do: every `hl7gw ...` command line of the README, the runbook and the
+# troubleshooting page against the built binaries' --help (the metric names: scripts/prom-check.sh, against a scrape).
+python3 scripts/docs-check.py commands --bin target/debug
 # KEDA for the node check's lag-scaling step, built from the Go module proxy once (.cache/tools/keda-*; cold ~15
 # CPU-minutes): at nice 19 beside the tests, which mostly wait on brokers and processes, instead of before them.
 mkdir -p target/test-logs
