@@ -1,363 +1,48 @@
-//! An HTTP(S) client for one destination: hyper's pooled client (keep-alive; HTTP/2 when the server offers it
-//! over TLS), TLS from the destination's PEM files, and `Authorization` from a bearer token file or a SMART
-//! backend services token endpoint (a JWT assertion signed with the client's key). An answer is the status,
-//! `Retry-After` and at most `http.max_response_bytes` of the body; following redirects is not done (a 3xx is an
-//! answer like any other).
+//! `Authorization` for a destination: a bearer token file (re-read when it changes) or a SMART backend services
+//! token endpoint (a JWT assertion signed with the client's key; the endpoint discovered from the server's
+//! `.well-known` must be https on a trusted host), tokens kept for a clamped lifetime.
 
-use crate::config::{Destination, HttpMethod, HttpVersion, SmartBackend};
+use super::wire::HttpError;
+use super::wire::Pool;
+use super::wire::SetupError;
+use super::wire::exchange;
+use crate::config::SmartBackend;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full};
-use hyper_rustls::{DefaultServerNameResolver, HttpsConnector, ResolveServerName};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Uri, header};
+use http_body_util::Full;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
-use tokio_rustls::rustls;
-
-type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// How long a bearer token read from its file is used before the file is read again.
-const TOKEN_FILE_REREAD: Duration = Duration::from_secs(60);
+pub(super) const TOKEN_FILE_REREAD: Duration = Duration::from_secs(60);
 
 /// How long a SMART assertion is valid (the specification allows at most five minutes).
-const ASSERTION_LIFETIME: Duration = Duration::from_secs(300);
+pub(super) const ASSERTION_LIFETIME: Duration = Duration::from_secs(300);
 
 /// Most bytes read of a token endpoint's or discovery document's answer.
-const MAX_AUTH_RESPONSE: usize = 64 << 10;
+pub(super) const MAX_AUTH_RESPONSE: usize = 64 << 10;
 
 /// The longest a token is kept, whatever its `expires_in` says (a huge one overflowed `Instant + keep` and
 /// panicked the worker); a token revoked early costs a 401 and a new token anyway.
-const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+pub(super) const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 
-/// Why an attempt got no answer. `kind()` is a bounded label.
-#[derive(Debug, thiserror::Error)]
-pub enum HttpError {
-    #[error("connect: {0}")]
-    Connect(String),
-    #[error("no answer within the response timeout")]
-    Timeout,
-    #[error("request: {0}")]
-    Request(String),
-    /// No token could be had for now (the token endpoint is away, busy, or answered nonsense; the key cannot
-    /// sign): retried like a receiver that is down.
-    #[error("authorisation: {0}")]
-    Auth(String),
-    /// The credentials were refused until someone fixes them: the token endpoint refused the client, or the
-    /// server refused its discovery document (a 4xx other than 408/429: `status`), or the discovered token
-    /// endpoint is not one an assertion may be sent to (`status` 0). Counted toward
-    /// `ack_policy.max_auth_retries`, like a 401/403.
-    #[error("authorisation refused: {detail}")]
-    Refused { status: u16, detail: String },
-}
-
-impl HttpError {
-    /// The label for metrics and status.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Connect(_) => "connect_failed",
-            Self::Timeout => "response_timeout",
-            Self::Request(_) => "io_error",
-            Self::Auth(_) => "auth_failed",
-            Self::Refused { .. } => "auth_refused",
-        }
-    }
-}
-
-/// Why a destination's HTTP client could not be built (at start: a configuration error).
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    #[error(transparent)]
-    Tls(#[from] hl7gw_tls::TlsError),
-    #[error("url: {0}")]
-    Url(String),
-    #[error("oauth2.private_key: {0}")]
-    Key(String),
-}
-
-/// The receiver's answer to one request.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: StatusCode,
-    /// `Retry-After` (seconds or an HTTP date), when the answer had one.
-    pub retry_after: Option<Duration>,
-    /// The body's first `max_response_bytes`.
-    pub body: Bytes,
-    pub content_type: String,
-}
-
-/// One HTTP(S) destination's client, shared by its partition workers (one connection pool).
-pub struct HttpClient {
-    pool: Pool,
-    url: Uri,
-    method: Method,
-    content_type: Option<HeaderValue>,
-    headers: HeaderMap,
-    auth: Auth,
-    response_timeout: Duration,
-    max_body: usize,
-}
-
-impl std::fmt::Debug for HttpClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpClient")
-            .field("url", &self.url)
-            .field("method", &self.method)
-            .finish_non_exhaustive()
-    }
-}
-
-enum Auth {
+pub(super) enum Auth {
     None,
     Bearer(BearerFile),
     Smart(Box<Smart>),
 }
 
-impl HttpClient {
-    /// The client of destination `name` (whose `url` is set), built once at start.
-    pub fn new(name: &str, d: &Destination) -> Result<Option<Self>, SetupError> {
-        let Some(url) = &d.url else { return Ok(None) };
-        let url: Uri = url.parse().map_err(|e| SetupError::Url(format!("{e}")))?;
-        let h = &d.http;
-        let tls = match &d.tls {
-            Some(t) => {
-                let identity = t.cert.as_deref().zip(t.key.as_deref());
-                if let Some(cert) = &t.cert {
-                    hl7gw_runtime::certs::record("http-client", Some(name), cert);
-                }
-                Arc::unwrap_or_clone(hl7gw_tls::client_config(&t.ca, identity)?)
-            }
-            // Plain http://: the connector wants a TLS config all the same; this one trusts nothing.
-            None => rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| SetupError::Tls(hl7gw_tls::TlsError::Rustls(e)))?
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth(),
-        };
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(d.connect_timeout));
-        let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http();
-        let builder = match d.tls.as_ref().and_then(|t| t.server_name.as_deref()) {
-            Some(n) => builder.with_server_name_resolver(HostServerName {
-                host: url.host().unwrap_or_default().to_owned(),
-                name: hl7gw_tls::server_name(n)?,
-            }),
-            None => builder,
-        };
-        let connector = match h.version {
-            HttpVersion::Auto => builder.enable_http1().enable_http2().wrap_connector(http),
-            HttpVersion::Http1 => builder.enable_http1().wrap_connector(http),
-            HttpVersion::Http2 => builder.enable_http2().wrap_connector(http),
-        };
-        let pool = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(h.pool_idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            // Auto over plain HTTP is HTTP/1.1: h2c needs prior knowledge (`version: http2`).
-            .http2_only(h.version == HttpVersion::Http2)
-            .build(connector);
-        let mut headers = HeaderMap::new();
-        for (k, v) in &h.headers {
-            // Checked by the config's validation; a bad one here is skipped rather than sent.
-            if let (Ok(k), Ok(v)) = (
-                HeaderName::from_bytes(k.as_bytes()),
-                HeaderValue::from_str(v),
-            ) {
-                headers.insert(k, v);
-            }
-        }
-        let auth = match (&h.bearer_token_file, &h.oauth2) {
-            (Some(path), _) => Auth::Bearer(BearerFile {
-                path: path.clone(),
-                cached: Mutex::new(None),
-            }),
-            (None, Some(o)) => Auth::Smart(Box::new(Smart::new(o, &url)?)),
-            (None, None) => Auth::None,
-        };
-        Ok(Some(Self {
-            pool,
-            url,
-            method: match h.method {
-                HttpMethod::Post => Method::POST,
-                HttpMethod::Put => Method::PUT,
-            },
-            content_type: h
-                .content_type
-                .as_deref()
-                .and_then(|c| HeaderValue::from_str(c).ok()),
-            headers,
-            auth,
-            response_timeout: d.response_timeout,
-            max_body: h.max_response_bytes,
-        }))
-    }
-
-    /// Sends `body` (of `content_type`, unless the destination sets one) and reads the answer, within the
-    /// response timeout. A 401 makes the token be fetched (or its file read) again and the request sent once
-    /// more.
-    pub async fn send(
-        &self,
-        body: Bytes,
-        content_type: &str,
-        traceparent: &str,
-    ) -> Result<Answer, HttpError> {
-        let mut fresh = false;
-        loop {
-            let authorization = match &self.auth {
-                Auth::None => None,
-                Auth::Bearer(b) => Some(b.header(fresh).await?),
-                Auth::Smart(s) => Some(s.header(&self.pool, fresh, self.response_timeout).await?),
-            };
-            let ct = self.content_type.clone().unwrap_or_else(|| {
-                HeaderValue::from_str(content_type)
-                    .unwrap_or(HeaderValue::from_static("application/octet-stream"))
-            });
-            let accept = if content_type.starts_with("application/fhir+json") {
-                HeaderValue::from_static("application/fhir+json")
-            } else {
-                HeaderValue::from_static("*/*")
-            };
-            let mut req = Request::builder()
-                .method(self.method.clone())
-                .uri(self.url.clone())
-                .body(Full::new(body.clone()))
-                .map_err(|e| HttpError::Request(e.to_string()))?;
-            let hs = req.headers_mut();
-            // The configured headers, each name and value a reference-counted copy (no map built per request).
-            for (name, value) in &self.headers {
-                hs.append(name.clone(), value.clone());
-            }
-            hs.insert(header::CONTENT_TYPE, ct);
-            hs.insert(header::ACCEPT, accept);
-            if let Ok(tp) = HeaderValue::from_str(traceparent)
-                && !traceparent.is_empty()
-            {
-                hs.insert(HeaderName::from_static("traceparent"), tp);
-            }
-            if let Some(a) = authorization.clone() {
-                hs.insert(header::AUTHORIZATION, a);
-            }
-            let answer = exchange(&self.pool, req, self.max_body, self.response_timeout).await?;
-            if answer.status == StatusCode::UNAUTHORIZED && authorization.is_some() && !fresh {
-                fresh = true;
-                continue;
-            }
-            return Ok(answer);
-        }
-    }
-}
-
-/// `tls.server_name` for the destination's own host only: another host reached through the same client (a
-/// token endpoint elsewhere) is checked against its own name, not the FHIR server's.
-struct HostServerName {
-    host: String,
-    name: rustls_pki_types::ServerName<'static>,
-}
-
-impl ResolveServerName for HostServerName {
-    fn resolve(
-        &self,
-        uri: &Uri,
-    ) -> Result<rustls_pki_types::ServerName<'static>, Box<dyn std::error::Error + Sync + Send>>
-    {
-        if uri.host() == Some(self.host.as_str()) {
-            Ok(self.name.clone())
-        } else {
-            DefaultServerNameResolver::default().resolve(uri)
-        }
-    }
-}
-
-/// Sends one request and reads its answer (at most `max_body` bytes of the body) within `timeout`.
-async fn exchange(
-    pool: &Pool,
-    req: Request<Full<Bytes>>,
-    max_body: usize,
-    timeout: Duration,
-) -> Result<Answer, HttpError> {
-    let run = async {
-        let resp = pool.request(req).await.map_err(|e| {
-            let chain = error_chain(&e);
-            if e.is_connect() {
-                HttpError::Connect(chain)
-            } else {
-                HttpError::Request(chain)
-            }
-        })?;
-        let (parts, mut body) = resp.into_parts();
-        let mut buf = BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| HttpError::Request(error_chain(&e)))?;
-            if let Ok(data) = frame.into_data() {
-                let room = max_body.saturating_sub(buf.len());
-                if data.len() >= room {
-                    // The rest is not read: the connection is dropped rather than returned to the pool.
-                    buf.extend_from_slice(&data[..room]);
-                    break;
-                }
-                buf.extend_from_slice(&data);
-            }
-        }
-        Ok(Answer {
-            status: parts.status,
-            retry_after: parts
-                .headers
-                .get(header::RETRY_AFTER)
-                .and_then(|v| retry_after(v.as_bytes(), SystemTime::now())),
-            body: buf.freeze(),
-            content_type: parts
-                .headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned(),
-        })
-    };
-    tokio::time::timeout(timeout, run)
-        .await
-        .unwrap_or(Err(HttpError::Timeout))
-}
-
-/// An error and its sources, one line (hyper's own text is terse: "client error (Connect)").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(c) = source {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        source = c.source();
-    }
-    s
-}
-
-/// `Retry-After` as a wait from `now`: delta-seconds or an HTTP date (a past date is no wait).
-pub fn retry_after(v: &[u8], now: SystemTime) -> Option<Duration> {
-    let s = std::str::from_utf8(v).ok()?.trim();
-    if let Ok(secs) = s.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(s).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
 /// A bearer token read from a file (a mounted secret), read again every minute and after a 401.
-struct BearerFile {
-    path: PathBuf,
-    cached: Mutex<Option<(HeaderValue, Instant)>>,
+pub(super) struct BearerFile {
+    pub(super) path: PathBuf,
+    pub(super) cached: Mutex<Option<(HeaderValue, Instant)>>,
 }
 
 impl BearerFile {
-    async fn header(&self, fresh: bool) -> Result<HeaderValue, HttpError> {
+    pub(super) async fn header(&self, fresh: bool) -> Result<HeaderValue, HttpError> {
         if !fresh
             && let Ok(c) = self.cached.lock()
             && let Some((v, at)) = c.as_ref()
@@ -382,7 +67,7 @@ impl BearerFile {
 }
 
 /// `Bearer <token>`, marked sensitive (never printed by hyper's debug output).
-fn bearer(token: &str) -> Result<HeaderValue, HttpError> {
+pub(super) fn bearer(token: &str) -> Result<HeaderValue, HttpError> {
     if token.is_empty() {
         return Err(HttpError::Auth("the token is empty".into()));
     }
@@ -393,14 +78,14 @@ fn bearer(token: &str) -> Result<HeaderValue, HttpError> {
 }
 
 /// The key that signs SMART client assertions: RS384 for RSA keys, ES384 for EC P-384 keys.
-enum Signer {
+pub(super) enum Signer {
     Rsa(ring::signature::RsaKeyPair),
     Ec(ring::signature::EcdsaKeyPair),
 }
 
 impl Signer {
     /// Reads a PKCS#8 (or, for RSA, PKCS#1) PEM private key.
-    fn load(path: &std::path::Path) -> Result<Self, SetupError> {
+    pub(super) fn load(path: &std::path::Path) -> Result<Self, SetupError> {
         use rustls_pki_types::PrivateKeyDer;
         use rustls_pki_types::pem::PemObject as _;
         let key = PrivateKeyDer::from_pem_file(path)
@@ -437,7 +122,7 @@ impl Signer {
         }
     }
 
-    fn alg(&self) -> &'static str {
+    pub(super) fn alg(&self) -> &'static str {
         match self {
             Self::Rsa(_) => "RS384",
             Self::Ec(_) => "ES384",
@@ -445,7 +130,7 @@ impl Signer {
     }
 
     /// The JWS signature of `msg` (ES384: r || s, as JWS wants).
-    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, HttpError> {
+    pub(super) fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, HttpError> {
         let rng = ring::rand::SystemRandom::new();
         match self {
             Self::Rsa(k) => {
@@ -464,23 +149,23 @@ impl Signer {
 
 /// SMART backend services: an access token got with a signed client assertion, kept until shortly before it
 /// expires; one fetch at a time for all the destination's workers.
-struct Smart {
-    client_id: String,
-    key_id: Option<String>,
-    scope: String,
-    signer: Signer,
+pub(super) struct Smart {
+    pub(super) client_id: String,
+    pub(super) key_id: Option<String>,
+    pub(super) scope: String,
+    pub(super) signer: Signer,
     /// The token endpoint: configured, or discovered from `<base>/.well-known/smart-configuration`.
-    token_url: tokio::sync::OnceCell<Uri>,
-    configured_token_url: Option<String>,
-    base: String,
+    pub(super) token_url: tokio::sync::OnceCell<Uri>,
+    pub(super) configured_token_url: Option<String>,
+    pub(super) base: String,
     /// The FHIR server's URL: a discovered token endpoint must be on its host (or in `token_hosts`).
-    fhir: Uri,
-    token_hosts: Vec<String>,
-    token: tokio::sync::Mutex<Option<(HeaderValue, Instant)>>,
+    pub(super) fhir: Uri,
+    pub(super) token_hosts: Vec<String>,
+    pub(super) token: tokio::sync::Mutex<Option<(HeaderValue, Instant)>>,
 }
 
 impl Smart {
-    fn new(o: &SmartBackend, url: &Uri) -> Result<Self, SetupError> {
+    pub(super) fn new(o: &SmartBackend, url: &Uri) -> Result<Self, SetupError> {
         Ok(Self {
             client_id: o.client_id.clone(),
             key_id: o.key_id.clone(),
@@ -495,7 +180,7 @@ impl Smart {
         })
     }
 
-    async fn header(
+    pub(super) async fn header(
         &self,
         pool: &Pool,
         fresh: bool,
@@ -522,7 +207,7 @@ impl Smart {
     }
 
     /// The token endpoint from the configuration, or from the server's SMART configuration document.
-    async fn discover(&self, pool: &Pool, timeout: Duration) -> Result<Uri, HttpError> {
+    pub(super) async fn discover(&self, pool: &Pool, timeout: Duration) -> Result<Uri, HttpError> {
         let url = match &self.configured_token_url {
             Some(u) => u.clone(),
             None => {
@@ -566,7 +251,7 @@ impl Smart {
     }
 
     /// Asks the token endpoint for an access token with a new signed assertion.
-    async fn fetch(
+    pub(super) async fn fetch(
         &self,
         pool: &Pool,
         token_url: &Uri,
@@ -611,7 +296,7 @@ impl Smart {
     }
 
     /// A signed client assertion for `aud` (the token endpoint) made at `now`.
-    fn assertion(&self, aud: &str, now: SystemTime) -> Result<String, HttpError> {
+    pub(super) fn assertion(&self, aud: &str, now: SystemTime) -> Result<String, HttpError> {
         let iat = now
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -640,7 +325,7 @@ impl Smart {
 /// A token endpoint's (or the discovery document's) answer that gave no token: a 4xx other than 408/429 is a
 /// refusal (the client, its key, its scope or the server's SMART set-up must be fixed first), the rest is a
 /// server that is busy or away.
-fn auth_answer(status: u16, detail: String) -> HttpError {
+pub(super) fn auth_answer(status: u16, detail: String) -> HttpError {
     if (400..500).contains(&status) && !matches!(status, 408 | 429) {
         HttpError::Refused { status, detail }
     } else {
@@ -650,14 +335,14 @@ fn auth_answer(status: u16, detail: String) -> HttpError {
 
 /// How long a token that `lifetime` says is valid is kept: at most [`MAX_TOKEN_LIFETIME`], renewed a tenth
 /// before it runs out (a token that runs out in flight costs a 401 and a second try), at least a second.
-fn token_keep(lifetime: Duration) -> Duration {
+pub(super) fn token_keep(lifetime: Duration) -> Duration {
     let lifetime = lifetime.min(MAX_TOKEN_LIFETIME);
     lifetime
         .saturating_sub(lifetime / 10)
         .max(Duration::from_secs(1))
 }
 
-fn is_loopback(host: Option<&str>) -> bool {
+pub(super) fn is_loopback(host: Option<&str>) -> bool {
     host.is_some_and(hl7gw_tls::is_loopback_host)
 }
 
@@ -665,7 +350,11 @@ fn is_loopback(host: Option<&str>) -> bool {
 /// https, on the FHIR server's own host or one of `allowed` (`oauth2.token_hosts`). A FHIR server on this
 /// machine over plain http may name plain http on that same host. Anything else (another host, plain http to
 /// the pod's loopback, where sidecars listen) would let the server's answer aim our requests anywhere.
-fn trusted_token_endpoint(endpoint: &Uri, fhir: &Uri, allowed: &[String]) -> Result<(), String> {
+pub(super) fn trusted_token_endpoint(
+    endpoint: &Uri,
+    fhir: &Uri,
+    allowed: &[String],
+) -> Result<(), String> {
     let Some(host) = endpoint.host() else {
         return Err("no host".into());
     };
@@ -693,7 +382,7 @@ fn trusted_token_endpoint(endpoint: &Uri, fhir: &Uri, allowed: &[String]) -> Res
 }
 
 /// `application/x-www-form-urlencoded` for a value (unreserved characters kept, the rest percent-encoded).
-fn form_encode(s: &str) -> String {
+pub(super) fn form_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -707,23 +396,7 @@ fn form_encode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    #[test]
-    fn retry_after_takes_seconds_and_dates() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(retry_after(b" 7 ", now), Some(Duration::from_secs(7)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
-        assert_eq!(
-            retry_after(later.as_bytes(), now),
-            Some(Duration::from_secs(30))
-        );
-        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
-        assert_eq!(retry_after(past.as_bytes(), now), Some(Duration::ZERO));
-        assert_eq!(retry_after(b"soon", now), None);
-        assert_eq!(retry_after(b"-1", now), None);
-    }
 
     /// Issue 36, item 4: an `expires_in` of 2^64-1 s is kept an hour at most (it panicked the worker), a short
     /// one is renewed early, a zero one kept a second.
@@ -765,18 +438,6 @@ mod tests {
         assert!(ok("http://127.0.0.1:8080/auth/token", &local).is_ok());
         assert!(ok("http://127.0.0.1:15000/token", &local).is_err());
         assert!(ok("http://localhost:8080/token", &local).is_err());
-    }
-
-    /// Issue 36, item 4: `tls.server_name` names the FHIR server's host only; the token host keeps its own.
-    #[test]
-    fn the_fixed_server_name_is_for_its_own_host() {
-        let r = HostServerName {
-            host: "10.0.0.5".into(),
-            name: hl7gw_tls::server_name("fhir.internal").unwrap(),
-        };
-        let name = |u: &'static str| format!("{:?}", r.resolve(&Uri::from_static(u)).unwrap());
-        assert!(name("https://10.0.0.5:8443/fhir").contains("fhir.internal"));
-        assert!(name("https://auth.example/token").contains("auth.example"));
     }
 
     /// Issue 36, item 4: a token endpoint's 4xx counts as refused credentials; 408, 429 and 5xx are retried
