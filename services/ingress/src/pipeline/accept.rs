@@ -198,25 +198,22 @@ impl Pipeline {
                 d
             }
             Err(e) => {
-                if is_fatal(&e) {
-                    self.producer.recover_if_fatal();
-                }
-                self.metrics.publish_failed(kafka_reason(&e));
                 if is_too_large(&e) {
+                    if is_fatal(&e) {
+                        self.producer.recover_if_fatal();
+                    }
+                    self.metrics.publish_failed(kafka_reason(&e));
                     let r = self.too_large(payload.len());
                     return Pending::Ready(self.reject(frame, r, Some(origin), sequence, received));
                 }
                 let who = Who::new(&h, &origin.peer, &origin.listener);
-                tracing::warn!(
-                    parent: &span,
-                    error = %e,
-                    sending_application = %who.app(),
-                    sending_facility = %who.fac(),
-                    peer = %who.peer,
-                    listener = %who.listener,
-                    "publish refused by the producer: AR/CR 207"
+                self.kafka_refused(
+                    &e,
+                    &who,
+                    &span,
+                    t,
+                    "publish refused by the producer: AR/CR 207",
                 );
-                self.metrics.message(t, outcome::UNAVAILABLE);
                 return Pending::Ready(self.unavailable(frame, "kafka_unavailable"));
             }
         };

@@ -88,19 +88,7 @@ impl Pipeline {
             return None;
         }
         let code = ack_code(&h, outcome);
-        let mut id = [0u8; 28];
-        let n = self.next_ack_id(&mut id);
-        let ts = hl7_timestamp(SystemTime::now());
-        write_ack(
-            buf,
-            &h,
-            code,
-            err.as_ref(),
-            &AckIds {
-                control_id: &id[..n],
-                timestamp: &ts,
-            },
-        );
+        self.write_ack_now(buf, &h, code, err.as_ref());
         // Remember accepted messages even when MSH-15 asked for no ACK, so a resend is not published twice.
         if let (true, Some(tk)) = (remember, &r.ticket) {
             let ack = Bytes::copy_from_slice(buf);
@@ -162,19 +150,7 @@ impl Pipeline {
             }),
         });
         let code = application_ack_code(outcome);
-        let mut id = [0u8; 28];
-        let n = self.next_ack_id(&mut id);
-        let ts = hl7_timestamp(SystemTime::now());
-        write_ack(
-            buf,
-            &h,
-            code,
-            err.as_ref(),
-            &AckIds {
-                control_id: &id[..n],
-                timestamp: &ts,
-            },
-        );
+        self.write_ack_now(buf, &h, code, err.as_ref());
         self.metrics.application_ack(code.as_str());
         Some(code)
     }
@@ -255,6 +231,30 @@ impl Pipeline {
             envelope_id: String::new(),
             ticket: None,
         }
+    }
+
+    /// Writes the ACK (`code`, `err`) to `h` into `buf`, with the next control id of this process and the time
+    /// now.
+    fn write_ack_now(
+        &self,
+        buf: &mut Vec<u8>,
+        h: &Header<'_>,
+        code: AckCode,
+        err: Option<&AckError<'_>>,
+    ) {
+        let mut id = [0u8; 28];
+        let n = self.next_ack_id(&mut id);
+        let ts = hl7_timestamp(SystemTime::now());
+        write_ack(
+            buf,
+            h,
+            code,
+            err,
+            &AckIds {
+                control_id: &id[..n],
+                timestamp: &ts,
+            },
+        );
     }
 
     fn next_ack_id(&self, out: &mut [u8; 28]) -> usize {

@@ -90,22 +90,15 @@ impl Pipeline {
                 if e.rdkafka_error_code()
                     != Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) =>
             {
-                self.metrics.publish_failed(kafka_reason(&e));
-                if is_fatal(&e) {
-                    self.producer.recover_if_fatal();
-                }
                 let h = Header::salvage(&frame);
                 let who = Who::new(&h, &origin.peer, &origin.listener);
-                tracing::warn!(
-                    parent: &span,
-                    error = %e,
-                    sending_application = %who.app(),
-                    sending_facility = %who.fac(),
-                    peer = %who.peer,
-                    listener = %who.listener,
-                    "Kafka did not store the message: AR/CR 207"
+                self.kafka_refused(
+                    &e,
+                    &who,
+                    &span,
+                    msg_type,
+                    "Kafka did not store the message: AR/CR 207",
                 );
-                self.metrics.message(msg_type, outcome::UNAVAILABLE);
                 self.unavailable(frame, "kafka_unavailable")
             }
             Ok(Err(_)) => {
@@ -170,6 +163,33 @@ impl Pipeline {
         }
         self.metrics.message(msg_type, outcome::UNAVAILABLE);
         self.unavailable(frame, "kafka_unavailable")
+    }
+
+    /// Kafka refused or lost a message and a resend may get through: the producer recreated if it broke for good,
+    /// the failure counted, one line saying `what` with who sent it (never the patient), the message counted
+    /// unavailable. The caller answers AR/CR 207 ([`Self::unavailable`]).
+    pub(super) fn kafka_refused(
+        &self,
+        e: &rdkafka::error::KafkaError,
+        who: &Who<'_>,
+        span: &tracing::Span,
+        t: MsgType,
+        what: &'static str,
+    ) {
+        if is_fatal(e) {
+            self.producer.recover_if_fatal();
+        }
+        self.metrics.publish_failed(kafka_reason(e));
+        tracing::warn!(
+            parent: span,
+            error = %e,
+            sending_application = %who.app(),
+            sending_facility = %who.fac(),
+            peer = %who.peer,
+            listener = %who.listener,
+            "{what}"
+        );
+        self.metrics.message(t, outcome::UNAVAILABLE);
     }
 
     /// AR/CR 207: the sender may resend.
