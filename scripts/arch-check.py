@@ -8,7 +8,7 @@ against `cargo metadata` (no build) and the CLI's source.
   parts       the table under "## The parts" has one row per crate with its folder, and its last column names
               exactly the crate's dependencies of ours
   readme      the README's "## What is here" table has a row for each crate's folder that names the crate
-  commands    every command of `hl7gw` (`enum Command` in the CLI's main.rs) is named in the CLI's row of both
+  commands    every command of `hl7gw` (`enum Command` in the CLI's cli.rs) is named in the CLI's row of both
   paths       every path docs/architecture.md names exists: a path from the repository's root
               (`services/...`), or a file or folder (`deliver/window.rs`) under the folder its heading names
   look-for    in the tables of "A message's way", each name of the "look for" column (`Worker`, the last part
@@ -173,8 +173,8 @@ def code_spans(s):
 
 
 def commands():
-    """The commands of `hl7gw`, as clap names them (kebab-case), from `enum Command` in the CLI's main.rs."""
-    path = "services/cli/src/main.rs"
+    """The commands of `hl7gw`, as clap names them (kebab-case), from `enum Command` in the CLI's cli.rs."""
+    path = "services/cli/src/cli.rs"
     src = read(path)
     m = re.search(r"^(?:pub(?:\([a-z]+\))? )?enum Command \{\n(.*?)^\}", src, re.S | re.M)
     if not m:

@@ -132,9 +132,19 @@ def edges_of(mods, me, text, reexports):
                 add(m.group(1), m.group(2))
     for m in PATH.finditer(text):
         add(m.group(1), m.group(2))
-    for c in children:
+    # a child named by its bare name, and a module's children brought in by `use that::module::*`
+    named = {c: me + (c,) for c in children}
+    for g in re.finditer(r"(?<![\w:])use ((?:crate|super|self)(?:::\w+)*|\w+(?:::\w+)*)::\*;", text):
+        comps = g.group(1).split("::")
+        base = () if comps[0] == "crate" else me[:-1] if comps[0] == "super" else me
+        rest = comps[1:] if comps[0] in ("crate", "super", "self") else comps
+        glob = resolve(mods, base, rest)
+        for m in mods:
+            if len(m) == len(glob) + 1 and m[: len(glob)] == glob:
+                named.setdefault(m[-1], m)
+    for c, module in named.items():
         for m in re.finditer(r"(?<![\w:])" + re.escape(c) + r"((?:::\w+)+)", text):
-            target = resolve(mods, me, [c] + [x for x in m.group(1).split("::") if x], reexports)
+            target = resolve(mods, module[:-1], [c] + [x for x in m.group(1).split("::") if x], reexports)
             if target != me:
                 out.add(target)
     return out

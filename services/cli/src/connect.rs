@@ -71,11 +71,14 @@ impl Conn {
         if https {
             let mut tls = ClientTlsConfig::new();
             tls = match &self.ca {
-                Some(ca) => tls.ca_certificate(Certificate::from_pem(crate::read(ca)?)),
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(crate::files::read(ca)?)),
                 None => tls.with_webpki_roots(),
             };
             if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
-                tls = tls.identity(Identity::from_pem(crate::read(cert)?, crate::read(key)?));
+                tls = tls.identity(Identity::from_pem(
+                    crate::files::read(cert)?,
+                    crate::files::read(key)?,
+                ));
             }
             if let Some(name) = &self.server_name {
                 tls = tls.domain_name(name.clone());
@@ -86,7 +89,8 @@ impl Conn {
         }
         let token = match &self.token_file {
             Some(f) => {
-                let t = String::from_utf8(crate::read(f)?).context("the token file is not text")?;
+                let t = String::from_utf8(crate::files::read(f)?)
+                    .context("the token file is not text")?;
                 let v = format!("Bearer {}", t.trim()).parse().map_err(|_| {
                     anyhow::anyhow!("the token file holds characters a header cannot")
                 })?;

@@ -1,6 +1,6 @@
 //! `hl7gw ack`: the ACK the gateway would send for a message, or the NAK for one that does not parse.
 
-use crate::read;
+use crate::files::read;
 use hl7v2::ack::{AckError, AckIds, Outcome, ack_code, hl7_timestamp, write_ack};
 use hl7v2::{Header, Message};
 use std::io::Write;

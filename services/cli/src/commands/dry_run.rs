@@ -21,7 +21,7 @@ pub struct DryRunArgs {
 
 /// Prints one JSON line per output and per route that did not match.
 pub fn run(a: DryRunArgs) -> anyhow::Result<ExitCode> {
-    let message = crate::read(&a.file)?;
+    let message = crate::files::read(&a.file)?;
     runtime()?.block_on(async {
         let (ch, _) = a.conn.channel().await?;
         let r = TransformClient::new(ch)

@@ -1,7 +1,7 @@
 //! `hl7gw fhir`: the transformer's `toFhir` step on message files, offline (no Kafka, no service), for people
 //! developing a mapping: each file's Bundle on stdout, what was not mapped on stderr.
 
-use crate::read;
+use crate::files::read;
 use hl7gw_transformer::route::{FhirBundleType, FhirUnmapped, FhirUnscoped, ToFhirStep};
 use hl7v2::{Charset, Message};
 use std::io::Write;

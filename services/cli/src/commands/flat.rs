@@ -1,6 +1,6 @@
 //! `hl7gw flat`: the canonical flat view of each file as one JSON line (docs/flat-format.md).
 
-use crate::read;
+use crate::files::read;
 use serde_json::{Map, Value, json};
 use std::io::Write;
 use std::path::PathBuf;

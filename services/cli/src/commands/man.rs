@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 /// `hl7gw man [command]`: the man page of hl7gw (`hl7gw(1)`) or of one command (`hl7gw-tail(1)`).
 pub fn run(command: Option<&str>) -> anyhow::Result<ExitCode> {
-    let mut cmd = crate::Cli::command();
+    let mut cmd = crate::cli::Cli::command();
     cmd.build();
     let page = match command {
         None => clap_mangen::Man::new(cmd),

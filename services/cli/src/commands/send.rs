@@ -109,10 +109,10 @@ fn inputs(path: &Path) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         }
         return files
             .iter()
-            .map(|p| Ok((name(p), crate::read(&p.to_path_buf())?)))
+            .map(|p| Ok((name(p), crate::files::read(&p.to_path_buf())?)))
             .collect();
     }
-    Ok(vec![(name(path), crate::read(&path.to_path_buf())?)])
+    Ok(vec![(name(path), crate::files::read(&path.to_path_buf())?)])
 }
 
 /// `hl7gw send`.
