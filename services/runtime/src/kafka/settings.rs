@@ -47,7 +47,7 @@ pub struct KafkaSettings {
     /// TLS and SASL for every client.
     pub security: KafkaSecurity,
     /// Extra librdkafka properties, applied last. The properties the services' promises rest on
-    /// ([`PROTECTED_PROPERTIES`]) and those `security` sets ([`super::security::SECURITY_PROPERTIES`]) are refused
+    /// ([`PROTECTED_PROPERTIES`]) and those `security` sets ([`security::SECURITY_PROPERTIES`]) are refused
     /// when the config is read.
     #[serde(deserialize_with = "deserialize_properties")]
     pub properties: BTreeMap<String, String>,
