@@ -14,11 +14,9 @@ pub fn is_test_traffic(h: &Header) -> bool {
 }
 
 /// Drops the message from a dead letter, keeping its ids, header and reason, and adds the message's size and
-/// SHA-256 to the rejection's detail (to find the input again). False when there was no message to drop.
-pub fn drop_message(env: &mut Envelope) -> bool {
-    if env.raw.is_empty() {
-        return false;
-    }
+/// SHA-256 to the rejection's detail (to find the input again). Marked dropped even when the message was empty:
+/// a replay must never send an empty body for it.
+pub fn drop_message(env: &mut Envelope) {
     let raw = std::mem::take(&mut env.raw);
     if let Some(rej) = env.rejection.as_mut() {
         rej.message_dropped = true;
@@ -29,7 +27,6 @@ pub fn drop_message(env: &mut Envelope) -> bool {
             String::from_utf8_lossy(&salted_key(b"", &raw)),
         );
     }
-    true
 }
 
 /// A Kafka key that keeps partitioning but hides the identifier: the lowercase hex SHA-256 of `salt` then `key`.
@@ -252,6 +249,34 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope, prost::DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dead letter without its message says so (size and SHA-256 in the detail, `message_dropped`), also
+    /// when the message was empty: a replay then re-reads the original instead of sending an empty body.
+    #[test]
+    fn a_dropped_message_is_marked_with_its_size_and_hash() {
+        let letter = |raw: &[u8]| Envelope {
+            raw: raw.to_vec().into(),
+            rejection: Some(crate::proto::v1::Rejection {
+                reason: "too_large".into(),
+                detail: "over the limit".into(),
+                ..Default::default()
+            }),
+            ..Envelope::default()
+        };
+        let mut env = letter(b"MSH|^~\\&|");
+        drop_message(&mut env);
+        let rej = env.rejection.as_ref().expect("rejection");
+        assert!(env.raw.is_empty() && rej.message_dropped);
+        assert!(
+            rej.detail
+                .starts_with("over the limit; the message itself (9 bytes, sha256 "),
+            "{}",
+            rej.detail
+        );
+        let mut empty = letter(b"");
+        drop_message(&mut empty);
+        assert!(empty.rejection.expect("rejection").message_dropped);
+    }
 
     #[test]
     fn ids_are_time_ordered_and_round_trip() {

@@ -185,7 +185,11 @@ pub(super) fn shrink_one(env: &mut Envelope) -> bool {
         );
         return true;
     }
-    envelope::drop_message(env)
+    if env.raw.is_empty() {
+        return false;
+    }
+    envelope::drop_message(env);
+    true
 }
 
 #[cfg(test)]
