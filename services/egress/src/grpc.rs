@@ -10,6 +10,7 @@ use crate::deadletters::{self, Filter};
 use crate::deliver::DestCtx;
 use crate::metrics::{DestLabels, EgressMetrics, ScanLabels};
 use hl7gw_runtime::grpc::Caller;
+use hl7gw_runtime::grpc::READ_MESSAGES;
 use hl7gw_runtime::proto::v1::egress_server::{Egress, EgressServer};
 use hl7gw_runtime::proto::v1::{
     DestinationStatus, ListDeadLettersRequest, ListDeadLettersResponse, RefusedReplay,
@@ -23,10 +24,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-
-// `ListDeadLetters` asks the permission to receive message bodies when `include_envelope` is set; the viewer
-// role has not.
-use hl7gw_runtime::grpc::READ_MESSAGES;
 
 /// `ListDeadLetters` and `Trace` calls reading Kafka at once at most per process: each holds a Kafka consumer
 /// and a blocking thread for up to its budget (30 s, 20 s). Past it, RESOURCE_EXHAUSTED.
