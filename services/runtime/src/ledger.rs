@@ -242,6 +242,10 @@ mod tests {
             (b"le", 0x9ef1_9451),
             (b"e", 0xc655_a13a),
             (b"", 0x106e_08d9),
+            // The Java client's UtilsTest.testMurmur2.
+            (b"21", -973_932_308_i32 as u32),
+            (b"foobar", -790_332_482_i32 as u32),
+            (b"a-little-bit-long-string", -985_981_536_i32 as u32),
         ];
         for (key, want) in cases {
             assert_eq!(murmur2(key), *want, "{}", String::from_utf8_lossy(key));
