@@ -185,6 +185,13 @@ def commands():
     return [re.sub(r"(?<!^)(?=[A-Z])", "-", n).lower() for n in names], path
 
 
+def check_commands_named(row, cli_commands, where, problems):
+    """The CLI's row of a table names every command of `hl7gw` (in code spans of its second cell)."""
+    missing = [k for k in cli_commands if k not in code_spans(row[1])]
+    if missing:
+        problems.append(f"{where} does not name " + ", ".join(f"`{k}`" for k in missing))
+
+
 def check_parts(cs, arch, cli_commands, problems):
     rows = section_rows(arch, "## The parts")
     if rows is None:
@@ -214,10 +221,7 @@ def check_parts(cs, arch, cli_commands, problems):
         for n in sorted(said - want):
             problems.append(f"{ARCH}, The parts: `{c.name}` does not depend on `{n}`, its last column says it does")
         if c.folder == "services/cli":
-            missing = [k for k in cli_commands if k not in code_spans(r[1])]
-            if missing:
-                problems.append(f"{ARCH}, The parts: `{c.name}`'s row does not name "
-                                + ", ".join(f"`{k}`" for k in missing))
+            check_commands_named(r, cli_commands, f"{ARCH}, The parts: `{c.name}`'s row", problems)
 
 
 def check_readme(cs, cli_commands, problems):
@@ -238,10 +242,7 @@ def check_readme(cs, cli_commands, problems):
         if c.name not in code_spans(" | ".join(r[1:])):
             problems.append(f"{README}, What is here: the row of `{c.folder}` does not name `{c.name}`")
         if c.folder == "services/cli":
-            missing = [k for k in cli_commands if k not in code_spans(r[1])]
-            if missing:
-                problems.append(f"{README}, What is here: the row of `{c.folder}` does not name "
-                                + ", ".join(f"`{k}`" for k in missing))
+            check_commands_named(r, cli_commands, f"{README}, What is here: the row of `{c.folder}`", problems)
 
 
 def expand(token):
