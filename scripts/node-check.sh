@@ -386,6 +386,19 @@ ingress_connections() {
         awk '/^hl7gw_ingress_connections_active/ {n += $NF} END {print n + 0}')"
     done
 }
+# sample_replicas T0 METRIC (in the background, into a file): every 2 s, the seconds since T0 (a $SECONDS) before
+# lines `hpa NAME current desired VALUE` (VALUE: METRIC of the HPA's first current metric) and `deploy NAME wanted ready`.
+sample_replicas() {
+  local t
+  while :; do
+    t=$((SECONDS - $1))
+    kubectl get hpa -n $ns -o jsonpath='{range .items[*]}{.metadata.name} {.status.currentReplicas} {.status.desiredReplicas} {.status.currentMetrics[0].'"$2"'}{"\n"}{end}' 2>/dev/null |
+      sed "s/^/$t hpa /"
+    kubectl get deploy -n $ns -o jsonpath='{range .items[*]}{.metadata.name} {.spec.replicas} {.status.readyReplicas}{"\n"}{end}' 2>/dev/null |
+      sed "s/^/$t deploy /"
+    sleep 2
+  done
+}
 # From a quiet start: every HPA at 2 replicas and under its target (step 3's load has left the metrics' window).
 for _ in $(seq 120); do
   quiet=1
@@ -398,16 +411,8 @@ done
 log "   before the Job (replicas:CPU% of requests): $(kubectl get hpa -n $ns -o jsonpath='{range .items[*]}{.metadata.name}={.status.currentReplicas}:{.status.currentMetrics[0].resource.current.averageUtilization} {end}' | sed 's/hl7gw-hl7-gateway-//g')"
 t_job=$SECONDS
 start_job 60 250m
-# Replica counts every 2 s: seconds since the Job was created, then `hpa NAME current desired cpu%` and
-# `deploy NAME wanted ready`.
-(while :; do
-  t=$((SECONDS - t_job))
-  kubectl get hpa -n $ns -o jsonpath='{range .items[*]}{.metadata.name} {.status.currentReplicas} {.status.desiredReplicas} {.status.currentMetrics[0].resource.current.averageUtilization}{"\n"}{end}' 2>/dev/null |
-    sed "s/^/$t hpa /"
-  kubectl get deploy -n $ns -o jsonpath='{range .items[*]}{.metadata.name} {.spec.replicas} {.status.readyReplicas}{"\n"}{end}' 2>/dev/null |
-    sed "s/^/$t deploy /"
-  sleep 2
-done) >"$work/autoscale.txt" 2>/dev/null &
+# Replica counts every 2 s from the Job's creation on, the HPAs' value being their CPU%.
+sample_replicas "$t_job" resource.current.averageUtilization >"$work/autoscale.txt" 2>/dev/null &
 sampler=$!
 out_s=
 for _ in $(seq 150); do
@@ -570,16 +575,8 @@ if [ "${NODE_CHECK_KEDA:-0}" = 1 ]; then
   log "   HPAs: $(kubectl get hpa -n $ns -o jsonpath='{range .items[*]}{.metadata.name}:{.spec.minReplicas}-{.spec.maxReplicas}:{.spec.metrics[0].external.metric.name} {end}')"
   tf=hl7gw-hl7-gateway-transformer
   t_k=$SECONDS
-  # Every 2 s: `hpa NAME current desired lag-per-pod` (KEDA's external metric, as the HPA last read it) and
-  # `deploy NAME wanted ready`.
-  (while :; do
-    t=$((SECONDS - t_k))
-    kubectl get hpa -n $ns -o jsonpath='{range .items[*]}{.metadata.name} {.status.currentReplicas} {.status.desiredReplicas} {.status.currentMetrics[0].external.current.averageValue}{"\n"}{end}' 2>/dev/null |
-      sed "s/^/$t hpa /"
-    kubectl get deploy -n $ns -o jsonpath='{range .items[*]}{.metadata.name} {.spec.replicas} {.status.readyReplicas}{"\n"}{end}' 2>/dev/null |
-      sed "s/^/$t deploy /"
-    sleep 2
-  done) >"$work/keda.txt" 2>/dev/null &
+  # Replica counts every 2 s, the HPAs' value being the lag per pod (KEDA's external metric, as the HPA last read it).
+  sample_replicas "$t_k" external.current.averageValue >"$work/keda.txt" 2>/dev/null &
   sampler=$!
   kubectl annotate scaledobject -n $ns $tf autoscaling.keda.sh/paused-replicas=0 >/dev/null
   for _ in $(seq 90); do
