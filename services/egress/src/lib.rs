@@ -4,7 +4,6 @@
 //! messages go to `hl7.dlq`, each outcome to the `hl7.events` ledger; dead letters, replay, status and trace
 //! over gRPC.
 
-pub mod client;
 pub mod config;
 pub mod deadletters;
 pub mod deliver;
@@ -12,6 +11,7 @@ pub mod events;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod mllp_client;
 pub mod trace;
 
 use config::Config;
@@ -73,7 +73,7 @@ impl hl7gw_runtime::service::Service for App {
                     source,
                 })?;
             } else {
-                client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
+                mllp_client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
                     destination: name.clone(),
                     source,
                 })?;
@@ -106,7 +106,7 @@ impl hl7gw_runtime::service::Service for App {
             let tls = if d.url.is_some() {
                 None
             } else {
-                client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
+                mllp_client::Tls::from_config(name, d).map_err(|source| EgressError::Tls {
                     destination: name.clone(),
                     source,
                 })?

@@ -5,8 +5,8 @@
 
 use hl7gw_testkit as support;
 
-use hl7gw_egress::client::{MllpClient, Tls};
 use hl7gw_egress::config::{ClientTls, Destination, RetryPolicy};
+use hl7gw_egress::mllp_client::{MllpClient, Tls};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::process::{Command, Stdio};

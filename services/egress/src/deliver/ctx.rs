@@ -1,9 +1,9 @@
 //! The delivery context of one destination (its config, clients, metrics, state) and what a delivery ends in.
 
 use super::state::DestState;
-use crate::client::Tls;
 use crate::config::{Config, Destination};
 use crate::metrics::{DestMetrics, EgressMetrics};
+use crate::mllp_client::Tls;
 use hl7gw_runtime::dedup::Dedup;
 use hl7gw_runtime::proto::v1::Event;
 use rdkafka::consumer::StreamConsumer;

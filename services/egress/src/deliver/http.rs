@@ -24,20 +24,12 @@ impl DestCtx {
         env: Envelope,
         d: Delivery<'_>,
     ) -> Done {
-        let Delivery {
-            m,
-            key,
-            generation,
-            head,
-            span,
-            stop,
-        } = d;
         let content_type = match env.content_type.as_str() {
             "" => "application/hl7-v2",
             c => c,
         }
         .to_owned();
-        let traceparent = hl7gw_runtime::telemetry::trace_context(span).0;
+        let traceparent = hl7gw_runtime::telemetry::trace_context(d.span).0;
         let retry = &self.dest.retry;
         let policy = &self.dest.ack_policy;
         let mut attempt = env.attempts;
@@ -64,15 +56,16 @@ impl DestCtx {
                     if let Ok(mut t) = self.state.last_ack_at.lock() {
                         *t = Some(SystemTime::now());
                     }
-                    span.record("http.response.status_code", status);
-                    span.record("hl7.attempts", attempt);
+                    d.span.record("http.response.status_code", status);
+                    d.span.record("hl7.attempts", attempt);
                     match http_verdict(status) {
                         HttpVerdict::Delivered => {
                             let answer = ("", u32::from(status));
-                            return self.delivered(&env, m, started, attempt, tries, key, answer);
+                            return self
+                                .delivered(&env, d.m, started, attempt, tries, d.key, answer);
                         }
                         HttpVerdict::Refused => {
-                            self.m.http_refused(span, status);
+                            self.m.http_refused(d.span, status);
                             let end = Ending {
                                 tries,
                                 attempt,
@@ -80,7 +73,7 @@ impl DestCtx {
                                 detail: http_detail(status, &a.content_type, &a.body),
                                 answer: Answer::http(a.body, status),
                             };
-                            return self.last_attempt(env, m, end, span, stop).await;
+                            return self.last_attempt(env, d.m, end, d.span, d.stop).await;
                         }
                         HttpVerdict::RetryLater(reason) => {
                             negative += 1;
@@ -101,7 +94,7 @@ impl DestCtx {
                 Err(e) => {
                     self.state.answered.store(false, Ordering::Relaxed);
                     if !matches!(e, crate::http::HttpError::Connect(_)) {
-                        self.m.attempt_failed(span, &e);
+                        self.m.attempt_failed(d.span, &e);
                     }
                     if let crate::http::HttpError::Refused { status, detail } = &e {
                         refused_auth += 1;
@@ -113,7 +106,7 @@ impl DestCtx {
             };
             set(&self.state.last_error, reason);
             if policy.max_auth_retries > 0 && refused_auth > policy.max_auth_retries {
-                self.m.gave_up(span, reason, tries);
+                self.m.gave_up(d.span, reason, tries);
                 let end = Ending {
                     tries,
                     attempt,
@@ -123,12 +116,12 @@ impl DestCtx {
                     ),
                     answer: last.unwrap_or_default(),
                 };
-                return self.last_attempt(env, m, end, span, stop).await;
+                return self.last_attempt(env, d.m, end, d.span, d.stop).await;
             }
             if (retry.max_attempts > 0 && tries >= retry.max_attempts)
                 || (policy.max_retries > 0 && negative > policy.max_retries)
             {
-                self.m.gave_up(span, reason, tries);
+                self.m.gave_up(d.span, reason, tries);
                 let end = Ending {
                     tries,
                     attempt,
@@ -136,10 +129,10 @@ impl DestCtx {
                     detail: format!("{tries} attempts, last: {reason}"),
                     answer: last.unwrap_or_default(),
                 };
-                return self.last_attempt(env, m, end, span, stop).await;
+                return self.last_attempt(env, d.m, end, d.span, d.stop).await;
             }
             if !self
-                .pause_before_retry(tries, reason, wait, generation, head, stop)
+                .pause_before_retry(tries, reason, wait, d.generation, d.head, d.stop)
                 .await
             {
                 return Done::Abandoned;

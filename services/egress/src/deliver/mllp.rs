@@ -7,7 +7,7 @@ use super::record::Answer;
 use super::record::Delivery;
 use super::record::Ending;
 use super::state::set;
-use crate::client::{MllpClient, SendError};
+use crate::mllp_client::{MllpClient, SendError};
 use hl7gw_runtime::proto::v1::Envelope;
 use hl7v2::AckCode;
 use std::time::{Instant, SystemTime};
