@@ -82,7 +82,7 @@ impl<P: PluginCaller + 'static> DryRun<P> {
             if let Err(reason) = route.matches(&env, &msg, charset) {
                 resp.misses.push(RouteMiss {
                     route: route.name.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 });
                 continue;
             }

@@ -48,7 +48,7 @@ pub struct FhirArgs {
 /// Runs `hl7gw fhir`: exit 0 when every file converted, 1 otherwise (each failure named on stderr).
 pub fn run(args: FhirArgs) -> anyhow::Result<ExitCode> {
     let step = step_of(&args)?;
-    let opts = hl7gw_transformer::engine::fhir_options(&step).map_err(anyhow::Error::msg)?;
+    let opts = hl7gw_transformer::engine::fhir_options(&step)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut all_ok = true;

@@ -5,9 +5,11 @@ use super::glob::Glob;
 use super::types::Cond;
 use super::types::FhirStep;
 use super::types::Matcher;
+use super::types::Mismatch;
 use super::types::Plugin;
 use super::types::Route;
 use super::types::RouteError;
+use super::types::SpecError;
 use super::types::Step;
 use crate::route::{HL7RouteSpec, OnFailure, Predicate, Transform};
 use hl7gw_runtime::proto::v1::{Envelope, Header};
@@ -58,7 +60,7 @@ impl Route {
             {
                 return Err(RouteError::Step {
                     index,
-                    reason: format!("only plugin steps may follow toJson and toFhir (step {j})"),
+                    reason: SpecError::AfterJson(j),
                 });
             }
             if matches!(step, Step::ToJson | Step::ToFhir(_)) {
@@ -77,9 +79,7 @@ impl Route {
         {
             return Err(RouteError::Step {
                 index,
-                reason: "onFailure: skip is not allowed in a route that de-identifies (mask or hash): a \
-                         skipped plugin would pass the message on unchanged; use deadLetter"
-                    .into(),
+                reason: SpecError::SkipWhileDeidentifying,
             });
         }
         let key_paths = spec
@@ -104,7 +104,7 @@ impl Route {
         env: &Envelope,
         msg: &Message<'_>,
         charset: Charset,
-    ) -> Result<(), String> {
+    ) -> Result<(), Mismatch> {
         let none = Header::default();
         let h = env.header.as_ref().unwrap_or(&none);
         let m = &self.matcher;
@@ -114,7 +114,7 @@ impl Route {
                     && tr.as_ref().is_none_or(|tr| tr.matches(&h.trigger_event))
             })
         {
-            return Err("messageTypes".into());
+            return Err(Mismatch::MessageTypes);
         }
         let hd = |patterns: &[Glob], whole: &str| {
             let first = whole.split('^').next().unwrap_or("");
@@ -124,7 +124,7 @@ impl Route {
                     .any(|p| p.matches(whole) || p.matches(first))
         };
         if !hd(&m.applications, &h.sending_application) {
-            return Err("sendingApplications".into());
+            return Err(Mismatch::SendingApplications);
         }
         // Test traffic (`helm test`) only through routes that name its sending application.
         if hl7gw_runtime::envelope::is_test_traffic(h)
@@ -133,13 +133,13 @@ impl Route {
                 .iter()
                 .any(|p| p.pattern == hl7gw_runtime::envelope::TEST_SENDING_APPLICATION)
         {
-            return Err("test traffic (HL7GW-TEST) and the route does not name it".into());
+            return Err(Mismatch::TestTraffic);
         }
         if !hd(&m.facilities, &h.sending_facility) {
-            return Err("sendingFacilities".into());
+            return Err(Mismatch::SendingFacilities);
         }
         if !m.versions.is_empty() && !m.versions.iter().any(|v| v.matches(&h.version)) {
-            return Err("versions".into());
+            return Err(Mismatch::Versions);
         }
         for (p, text, cond) in &m.predicates {
             let value = msg
@@ -153,7 +153,7 @@ impl Route {
                 Cond::Exists(want) => value.is_empty() != *want,
             };
             if !ok {
-                return Err(format!("where {text}"));
+                return Err(Mismatch::Where(text.clone()));
             }
         }
         Ok(())
@@ -171,19 +171,19 @@ impl Route {
     }
 }
 
-pub(super) fn path(s: &str) -> Result<Path, String> {
-    Path::parse(s).map_err(|e| e.to_string())
+pub(super) fn path(s: &str) -> Result<Path, SpecError> {
+    Ok(Path::parse(s)?)
 }
 
-pub(super) fn segment_name(s: &str) -> Result<String, String> {
+pub(super) fn segment_name(s: &str) -> Result<String, SpecError> {
     if s.len() == 3 && s.bytes().all(|b| b.is_ascii_alphanumeric()) && s != "MSH" {
         Ok(s.to_owned())
     } else {
-        Err(format!("segment {s:?}: three letters or digits, not MSH"))
+        Err(SpecError::SegmentName(s.to_owned()))
     }
 }
 
-pub(super) fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), String> {
+pub(super) fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), SpecError> {
     let at = path(&p.path)?;
     let set = [
         p.equals.is_some(),
@@ -195,10 +195,7 @@ pub(super) fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), S
     .filter(|b| **b)
     .count();
     if set != 1 {
-        return Err(format!(
-            "where {}: exactly one of equals, in, regex, exists",
-            p.path
-        ));
+        return Err(SpecError::OneCondition(p.path.clone()));
     }
     let cond = if let Some(x) = &p.equals {
         Cond::Equals(x.clone())
@@ -206,14 +203,17 @@ pub(super) fn compile_predicate(p: &Predicate) -> Result<(Path, String, Cond), S
         Cond::In(xs.clone())
     } else if let Some(r) = &p.regex {
         let anchored = format!("^(?:{r})$");
-        Cond::Regex(Regex::new(&anchored).map_err(|e| format!("where {}: regex: {e}", p.path))?)
+        Cond::Regex(Regex::new(&anchored).map_err(|source| SpecError::Regex {
+            path: p.path.clone(),
+            source,
+        })?)
     } else {
         Cond::Exists(p.exists.unwrap_or(true))
     };
     Ok((at, p.path.clone(), cond))
 }
 
-pub(super) fn compile_step(t: &Transform) -> Result<Step, String> {
+pub(super) fn compile_step(t: &Transform) -> Result<Step, SpecError> {
     let mut steps = Vec::new();
     if let Some(s) = &t.set {
         steps.push(Step::Set(path(&s.path)?, s.value.clone()));
@@ -238,9 +238,7 @@ pub(super) fn compile_step(t: &Transform) -> Result<Step, String> {
         let (from, to) = (segment_name(&s.from)?, segment_name(&s.to)?);
         // Renaming a segment to its own name would never finish (every pass finds it again).
         if from == to {
-            return Err(format!(
-                "renameSegment: from and to are both {from:?}; nothing to rename"
-            ));
+            return Err(SpecError::RenameToItself(from));
         }
         steps.push(Step::RenameSegment(from, to));
     }
@@ -252,8 +250,7 @@ pub(super) fn compile_step(t: &Transform) -> Result<Step, String> {
     }
     if let Some(s) = &t.hash {
         let salt = match &s.salt_env {
-            Some(var) => std::env::var(var)
-                .map_err(|_| format!("hash: environment variable {var} is not set"))?,
+            Some(var) => std::env::var(var).map_err(|_| SpecError::SaltUnset(var.clone()))?,
             None => String::new(),
         };
         steps.push(Step::Hash(path(&s.path)?, salt));
@@ -275,10 +272,7 @@ pub(super) fn compile_step(t: &Transform) -> Result<Step, String> {
     }
     if let Some(p) = &t.plugin {
         if !(p.endpoint.starts_with("http://") || p.endpoint.starts_with("https://")) {
-            return Err(format!(
-                "plugin endpoint {:?}: expected http://host:port or https://host:port",
-                p.endpoint
-            ));
+            return Err(SpecError::PluginEndpoint(p.endpoint.clone()));
         }
         steps.push(Step::Plugin(Plugin {
             endpoint: p.endpoint.clone(),
@@ -290,19 +284,17 @@ pub(super) fn compile_step(t: &Transform) -> Result<Step, String> {
     let n = steps.len();
     match (steps.pop(), n) {
         (Some(step), 1) => Ok(step),
-        _ => Err(format!(
-            "exactly one of set, copy, clear, map, deleteSegment, renameSegment, mask, hash, toJson, plugin (found {n})"
-        )),
+        _ => Err(SpecError::StepKinds(n)),
     }
 }
 
 /// A `toFhir` step's settings as the converter's options; a bad time zone, resource type or write mode is
 /// refused when the route loads.
-pub fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, String> {
+pub fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options, SpecError> {
     use crate::route::{FhirBundleType, FhirUnmapped, FhirUnscoped, FhirWrite};
-    let zone = |tz: &Option<String>| -> Result<Option<hl7gw_fhir::TimeZone>, String> {
+    let zone = |tz: &Option<String>| -> Result<Option<hl7gw_fhir::TimeZone>, SpecError> {
         tz.as_deref()
-            .map(|t| hl7gw_fhir::TimeZone::parse(t).map_err(|e| format!("toFhir {e}")))
+            .map(|t| hl7gw_fhir::TimeZone::parse(t).map_err(SpecError::Fhir))
             .transpose()
     };
     let rule = |r: &Option<crate::route::FhirIdentifierRule>| {
@@ -314,10 +306,7 @@ pub fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options,
     let mut write = BTreeMap::new();
     for (rtype, mode) in &f.write {
         if !hl7gw_fhir::RESOURCE_TYPES.contains(&rtype.as_str()) {
-            return Err(format!(
-                "toFhir write: {rtype:?} is not a resource type the converter writes ({})",
-                hl7gw_fhir::RESOURCE_TYPES.join(", ")
-            ));
+            return Err(SpecError::FhirResourceType(rtype.clone()));
         }
         let mode = match mode {
             FhirWrite::Update => hl7gw_fhir::Write::Update,
@@ -326,31 +315,38 @@ pub fn fhir_options(f: &crate::route::ToFhirStep) -> Result<hl7gw_fhir::Options,
         };
         write.insert(rtype.clone(), mode);
     }
-    let code_maps = |maps: &BTreeMap<String, String>| -> Result<_, String> {
+    let code_maps = |maps: &BTreeMap<String, String>| -> Result<_, SpecError> {
         maps.iter()
             .map(|(name, path)| {
                 hl7gw_fhir::CodeMap::load(std::path::Path::new(path))
                     .map(|m| (name.clone(), std::sync::Arc::new(m)))
-                    .map_err(|e| format!("toFhir codeMaps.{name}: {e}"))
+                    .map_err(|reason| SpecError::CodeMap {
+                        name: name.clone(),
+                        reason,
+                    })
             })
             .collect()
     };
     let mut senders = BTreeMap::new();
     for (name, s) in &f.senders {
+        let in_sender = |source| SpecError::Sender {
+            name: name.clone(),
+            source: Box::new(source),
+        };
         senders.insert(
             name.clone(),
             hl7gw_fhir::Sender {
                 authority: s.authority.clone(),
-                timezone: zone(&s.timezone).map_err(|e| format!("senders.{name}: {e}"))?,
+                timezone: zone(&s.timezone).map_err(in_sender)?,
                 patient_identifier: rule(&s.patient_identifier),
-                code_maps: code_maps(&s.code_maps).map_err(|e| format!("senders.{name}: {e}"))?,
+                code_maps: code_maps(&s.code_maps).map_err(in_sender)?,
             },
         );
     }
     let field_maps = f
         .field_maps
         .iter()
-        .map(|m| hl7gw_fhir::FieldMap::parse(&m.from, &m.to).map_err(|e| format!("toFhir {e}")))
+        .map(|m| hl7gw_fhir::FieldMap::parse(&m.from, &m.to).map_err(SpecError::Fhir))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(hl7gw_fhir::Options {
         bundle_type: match f.bundle_type.unwrap_or_default() {

@@ -6,7 +6,11 @@ use serde::Serialize;
 
 /// The canonical JSON form: the header essentials and every non-empty value under its flat key, decoded as
 /// text in the message's charset (docs/consuming.md).
-pub fn to_json(env: &Envelope, msg: &Message<'_>, charset: Charset) -> Result<Vec<u8>, String> {
+pub fn to_json(
+    env: &Envelope,
+    msg: &Message<'_>,
+    charset: Charset,
+) -> Result<Vec<u8>, serde_json::Error> {
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Canonical<'a> {
@@ -50,5 +54,5 @@ pub fn to_json(env: &Envelope, msg: &Message<'_>, charset: Charset) -> Result<Ve
         segments: msg.segments().map(|s| t(s.name())).collect(),
         flat: Flat(flat),
     };
-    serde_json::to_vec(&c).map_err(|e| e.to_string())
+    serde_json::to_vec(&c)
 }

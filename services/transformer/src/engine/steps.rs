@@ -123,7 +123,7 @@ impl Route {
                 Step::ToJson => {
                     content_type = JSON_CONTENT_TYPE;
                     last_hl7 = Some(cur.clone());
-                    to_json(env, &msg, charset).map_err(|e| fail("to_json", e))?
+                    to_json(env, &msg, charset).map_err(|e| fail("to_json", e.to_string()))?
                 }
                 Step::ToFhir(fhir) => {
                     content_type = FHIR_CONTENT_TYPE;

@@ -165,7 +165,7 @@ fn matching_uses_type_trigger_sender_version_and_predicates() {
         assert_eq!(takes(msg, matches).is_ok(), taken, "{matches}");
     }
     let miss = takes(&adt, "{where: [{path: PID-19, exists: true}]}");
-    assert_eq!(miss.unwrap_err(), "where PID-19");
+    assert_eq!(miss.unwrap_err().to_string(), "where PID-19");
 }
 
 #[test]

@@ -18,16 +18,76 @@ pub const JSON_CONTENT_TYPE: &str = "application/json";
 pub const FHIR_CONTENT_TYPE: &str = "application/fhir+json";
 
 /// Why a route was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RouteError {
     #[error("destinations: {0}")]
     Destination(String),
     #[error("match: {0}")]
-    Match(String),
+    Match(SpecError),
     #[error("transforms[{index}]: {reason}")]
-    Step { index: usize, reason: String },
+    Step { index: usize, reason: SpecError },
     #[error("keyPaths: {0}")]
-    Key(String),
+    Key(SpecError),
+}
+
+/// Why one part of a route (a path, a condition, a step, a `toFhir` setting) cannot run as written.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    #[error(transparent)]
+    Path(#[from] hl7v2::PathError),
+    #[error("segment {0:?}: three letters or digits, not MSH")]
+    SegmentName(String),
+    #[error("where {0}: exactly one of equals, in, regex, exists")]
+    OneCondition(String),
+    #[error("where {path}: regex: {source}")]
+    Regex { path: String, source: regex::Error },
+    #[error("renameSegment: from and to are both {0:?}; nothing to rename")]
+    RenameToItself(String),
+    #[error("hash: environment variable {0} is not set")]
+    SaltUnset(String),
+    #[error("plugin endpoint {0:?}: expected http://host:port or https://host:port")]
+    PluginEndpoint(String),
+    #[error(
+        "exactly one of set, copy, clear, map, deleteSegment, renameSegment, mask, hash, toJson, plugin (found {0})"
+    )]
+    StepKinds(usize),
+    #[error("only plugin steps may follow toJson and toFhir (step {0})")]
+    AfterJson(usize),
+    #[error(
+        "onFailure: skip is not allowed in a route that de-identifies (mask or hash): a skipped plugin would pass \
+         the message on unchanged; use deadLetter"
+    )]
+    SkipWhileDeidentifying,
+    /// A `toFhir` time zone, field map or code map the converter refused (its words).
+    #[error("toFhir {0}")]
+    Fhir(String),
+    #[error("toFhir write: {0:?} is not a resource type the converter writes ({list})", list = hl7gw_fhir::RESOURCE_TYPES.join(", "))]
+    FhirResourceType(String),
+    #[error("toFhir codeMaps.{name}: {reason}")]
+    CodeMap { name: String, reason: String },
+    #[error("senders.{name}: {source}")]
+    Sender {
+        name: String,
+        source: Box<SpecError>,
+    },
+}
+
+/// Why a route does not take a message: the first of its conditions that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    #[error("messageTypes")]
+    MessageTypes,
+    #[error("sendingApplications")]
+    SendingApplications,
+    #[error("test traffic (HL7GW-TEST) and the route does not name it")]
+    TestTraffic,
+    #[error("sendingFacilities")]
+    SendingFacilities,
+    #[error("versions")]
+    Versions,
+    /// A `where` condition, by its path.
+    #[error("where {0}")]
+    Where(String),
 }
 
 /// Why a transform step failed on a message. `kind` is a bounded label for metrics and the DLQ reason.
