@@ -677,8 +677,8 @@ async fn replay_in_transaction(
             (cfg.topic(&env.destination), env.destination.clone())
         };
         envelope::push_stage(&mut env, "replay");
-        envelope::encode_into(&env, &mut buf);
-        let rec = envelope::record(&topic, &env.key, &buf, &env, &envelope::traceparent(&env));
+        let traceparent = envelope::traceparent(&env);
+        let rec = envelope::encode_record(&topic, &env.key, &env, &traceparent, &mut buf);
         deliveries.push(producer.send_result(rec).map_err(|(e, _)| e)?);
         // The marker: the letter's envelope without its message, rejection stage `replay`, in its partition.
         let mut marker = letter;

@@ -223,6 +223,18 @@ pub fn record<'a>(
     if key.is_empty() { rec } else { rec.key(key) }
 }
 
+/// [`record`] of `env` encoded into `buf` (cleared first): how every worker writes an envelope to a topic.
+pub fn encode_record<'a>(
+    topic: &'a str,
+    key: &'a str,
+    env: &Envelope,
+    traceparent: &str,
+    buf: &'a mut Vec<u8>,
+) -> rdkafka::producer::FutureRecord<'a, str, [u8]> {
+    encode_into(env, buf);
+    record(topic, key, buf, env, traceparent)
+}
+
 /// The W3C `traceparent` the envelope carries, empty when none.
 pub fn traceparent(env: &Envelope) -> String {
     env.trace

@@ -28,8 +28,8 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 /// OpenTelemetry semantic convention names and values used on the gateway's spans (messaging conventions as of
 /// semconv 1.27+: `messaging.operation.type` is `send` for producers, `process` for consumers; `publish` and
-/// `deliver` are the deprecated names). The span fields are written out in each `info_span!` (tracing wants
-/// literal field names); these are for tests and for code that reads spans back.
+/// `deliver` are the deprecated names). The spans themselves are made by [`kafka_span!`](crate::kafka_span)
+/// (tracing wants literal field names); these are for tests and for code that reads spans back.
 pub mod semconv {
     pub const MESSAGING_SYSTEM: &str = "messaging.system";
     pub const MESSAGING_OPERATION_TYPE: &str = "messaging.operation.type";
@@ -46,6 +46,35 @@ pub mod semconv {
     pub const SERVICE_VERSION: &str = "service.version";
     /// The resource's hostname (the pod's name in Kubernetes): what Jaeger's v3 query API tells hosts apart by.
     pub const HOST_NAME: &str = "host.name";
+}
+
+/// An info span of a record written to or read from Kafka, under OpenTelemetry's messaging conventions (see
+/// [`semconv`]): `kafka_span!(producer, ...)` or `kafka_span!(consumer, ...)` sets `otel.kind`,
+/// `messaging.system` and `messaging.operation.type` (`send`, `process`), then takes what `tracing::info_span!`
+/// takes (an optional `parent: ...,`, the name, the span's other fields).
+#[macro_export]
+macro_rules! kafka_span {
+    (producer, $($rest:tt)+) => { $crate::kafka_span!(@ "producer", "send", $($rest)+) };
+    (consumer, $($rest:tt)+) => { $crate::kafka_span!(@ "consumer", "process", $($rest)+) };
+    (@ $kind:literal, $op:literal, parent: $parent:expr, $name:literal, $($fields:tt)+) => {
+        tracing::info_span!(
+            parent: $parent,
+            $name,
+            otel.kind = $kind,
+            messaging.system = "kafka",
+            messaging.operation.type = $op,
+            $($fields)+
+        )
+    };
+    (@ $kind:literal, $op:literal, $name:literal, $($fields:tt)+) => {
+        tracing::info_span!(
+            $name,
+            otel.kind = $kind,
+            messaging.system = "kafka",
+            messaging.operation.type = $op,
+            $($fields)+
+        )
+    };
 }
 
 /// Keeps the tracer provider alive; flushes spans when dropped.

@@ -39,12 +39,10 @@ impl DestCtx {
         let span = if parent.is_none() {
             tracing::Span::none()
         } else {
-            tracing::info_span!(
+            hl7gw_runtime::kafka_span!(
+                producer,
                 parent: parent,
                 "dead_letter",
-                otel.kind = "producer",
-                messaging.system = "kafka",
-                messaging.operation.type = "send",
                 messaging.destination.name = %self.cfg.dlq_topic,
                 messaging.destination.partition.id = tracing::field::Empty,
                 messaging.kafka.offset = tracing::field::Empty,
@@ -85,8 +83,13 @@ impl DestCtx {
         );
         let mut wait = Duration::from_millis(200);
         let written = loop {
-            envelope::encode_into(&env, &mut buf);
-            let rec = envelope::record(&self.cfg.dlq_topic, &env.key, &buf, &env, &traceparent);
+            let rec = envelope::encode_record(
+                &self.cfg.dlq_topic,
+                &env.key,
+                &env,
+                &traceparent,
+                &mut buf,
+            );
             let producer = self.producer.get();
             match producer.send(rec, Duration::from_secs(5)).await {
                 Ok(d) => {
@@ -160,14 +163,14 @@ impl DestCtx {
 }
 
 /// Encodes `env` into `buf` and returns the size Kafka counts for its record ([`envelope::record_size`]).
-pub(super) fn encode_record(env: &Envelope, traceparent: &str, buf: &mut Vec<u8>) -> usize {
+pub(super) fn encoded_size(env: &Envelope, traceparent: &str, buf: &mut Vec<u8>) -> usize {
     envelope::encode_into(env, buf);
     envelope::record_size(env, buf.len(), env.key.len(), traceparent)
 }
 
 /// Shrinks a dead letter until its record fits `max` bytes (see [`shrink_one`]); `buf` is scratch space.
 pub(super) fn shrink_to_fit(env: &mut Envelope, traceparent: &str, max: usize, buf: &mut Vec<u8>) {
-    while encode_record(env, traceparent, buf) > max && shrink_one(env) {}
+    while encoded_size(env, traceparent, buf) > max && shrink_one(env) {}
 }
 
 /// Drops the next part of a dead letter that may be dropped: the receiver's answer, then the message itself,
@@ -236,7 +239,7 @@ pub(super) mod tests {
             "{}",
             rej.detail
         );
-        assert!(encode_record(&env, "", &mut buf) <= 12_000);
+        assert!(encoded_size(&env, "", &mut buf) <= 12_000);
 
         assert!(!env.rejection.as_ref().unwrap().message_dropped);
         shrink_to_fit(&mut env, "", 2_000, &mut buf);
@@ -252,7 +255,7 @@ pub(super) mod tests {
             rej.detail
         );
         assert_eq!((env.id.as_str(), rej.reason.as_str()), ("e1", "rejected"));
-        assert!(encode_record(&env, "", &mut buf) <= 2_000);
+        assert!(encoded_size(&env, "", &mut buf) <= 2_000);
         // Nothing left to drop: Kafka refusing it now is not a size it can fix.
         assert!(!shrink_one(&mut env));
     }

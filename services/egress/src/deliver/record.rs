@@ -6,7 +6,7 @@ use super::ctx::Done;
 use super::ctx::STAGE;
 use super::state::Head;
 use super::state::epoch_ms;
-use crate::client::MllpClient;
+use crate::mllp_client::MllpClient;
 use hl7gw_runtime::dedup::Seen;
 use hl7gw_runtime::envelope;
 use hl7gw_runtime::ledger;
@@ -57,11 +57,9 @@ impl DestCtx {
         let h = env.header.clone().unwrap_or_default();
         // A consumer span (OpenTelemetry messaging conventions) for the record of `hl7.out.<destination>`; no
         // `messaging.kafka.message.key`: the key is made of the patient id by default.
-        let span = tracing::info_span!(
+        let span = hl7gw_runtime::kafka_span!(
+            consumer,
             "deliver",
-            otel.kind = "consumer",
-            messaging.system = "kafka",
-            messaging.operation.type = "process",
             messaging.destination.name = %self.topic,
             messaging.destination.partition.id = %m.partition(),
             messaging.kafka.offset = m.offset(),

@@ -90,11 +90,9 @@ impl Pipeline {
         // The message's span is the producer of its `hl7.inbound` record (OpenTelemetry messaging conventions;
         // the topic is recorded when the record is handed to the producer, so a message refused before has
         // none; `messaging.kafka.message.key` is left out: the key is made of the patient id by default).
-        let span = tracing::info_span!(
+        let span = hl7gw_runtime::kafka_span!(
+            producer,
             "hl7.ingest",
-            otel.kind = "producer",
-            messaging.system = "kafka",
-            messaging.operation.type = "send",
             messaging.destination.name = tracing::field::Empty,
             messaging.destination.partition.id = tracing::field::Empty,
             messaging.kafka.offset = tracing::field::Empty,

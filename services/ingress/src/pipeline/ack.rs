@@ -68,19 +68,7 @@ impl Pipeline {
                 return code;
             }
             Action::Accept => (Outcome::Accept, None),
-            Action::Reject(rej) => (
-                rej.outcome,
-                Some(AckError {
-                    code: rej.code,
-                    severity: Severity::Error,
-                    text: &rej.text,
-                    location: rej.location.map(|(segment, field)| ErrorLocation {
-                        segment,
-                        sequence: 1,
-                        field,
-                    }),
-                }),
-            ),
+            Action::Reject(rej) => (rej.outcome, Some(rej.ack_error())),
         };
         let wanted = always || accept_ack_wanted(&h, outcome);
         let remember = outcome == Outcome::Accept && r.ticket.is_some();
@@ -139,16 +127,7 @@ impl Pipeline {
         if !application_ack_wanted(&h, outcome) {
             return None;
         }
-        let err = rej.map(|rej| AckError {
-            code: rej.code,
-            severity: Severity::Error,
-            text: &rej.text,
-            location: rej.location.map(|(segment, field)| ErrorLocation {
-                segment,
-                sequence: 1,
-                field,
-            }),
-        });
+        let err = rej.map(Rejected::ack_error);
         let code = application_ack_code(outcome);
         self.write_ack_now(buf, &h, code, err.as_ref());
         self.metrics.application_ack(code.as_str());

@@ -61,6 +61,20 @@ impl Rejected {
         Self::new(Outcome::Reject, code, reason, text.into())
     }
 
+    /// The ERR segment of the answer: this rejection's code, text and location (the first repetition).
+    pub(crate) fn ack_error(&self) -> AckError<'_> {
+        AckError {
+            code: self.code,
+            severity: Severity::Error,
+            text: &self.text,
+            location: self.location.map(|(segment, field)| ErrorLocation {
+                segment,
+                sequence: 1,
+                field,
+            }),
+        }
+    }
+
     fn new(outcome: Outcome, code: ErrorCode, reason: &'static str, text: String) -> Self {
         Self {
             outcome,

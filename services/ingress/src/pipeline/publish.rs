@@ -251,16 +251,8 @@ impl Pipeline {
         });
         let mut payload = Vec::new();
         envelope::encode_into(&env, &mut payload);
-        if payload.len() > self.cfg.kafka.max_message_bytes
-            && let Some(rej) = env.rejection.as_mut()
-        {
-            rej.detail = format!(
-                "{}; the message itself ({} bytes) is not stored",
-                rej.detail,
-                env.raw.len()
-            );
-            env.raw = Bytes::new();
-            payload.clear();
+        if payload.len() > self.cfg.kafka.max_message_bytes {
+            envelope::drop_message(&mut env);
             envelope::encode_into(&env, &mut payload);
         }
         let hdrs = kafka_headers(&h, None);

@@ -67,8 +67,7 @@ pub(super) fn send(
         });
         r.traceparent = traceparent;
     }
-    envelope::encode_into(&r.envelope, buf);
-    let rec = envelope::record(&r.topic, &r.key, buf, &r.envelope, &r.traceparent);
+    let rec = envelope::encode_record(&r.topic, &r.key, &r.envelope, &r.traceparent, buf);
     let _in = span.enter();
     producer.send_result(rec).map_err(|(e, _)| e)
 }
@@ -79,12 +78,10 @@ pub(super) fn publish_span(r: &OutRecord) -> tracing::Span {
     if r.parent.is_none() {
         return tracing::Span::none();
     }
-    tracing::info_span!(
+    hl7gw_runtime::kafka_span!(
+        producer,
         parent: &r.parent,
         "publish",
-        otel.kind = "producer",
-        messaging.system = "kafka",
-        messaging.operation.type = "send",
         messaging.destination.name = %r.topic,
         hl7.control_id = r.envelope.header.as_ref().map_or("", |h| h.control_id.as_str()),
         hl7.route = %r.envelope.route,

@@ -73,11 +73,9 @@ pub async fn route_consumed<P: PluginCaller>(
     let t = MsgType::new(h.message_type.as_bytes());
     // A consumer span (OpenTelemetry messaging conventions), one per inbound record; no
     // `messaging.kafka.message.key`: the key is made of the patient id by default.
-    let span = tracing::info_span!(
+    let span = hl7gw_runtime::kafka_span!(
+        consumer,
         "transform",
-        otel.kind = "consumer",
-        messaging.system = "kafka",
-        messaging.operation.type = "process",
         messaging.destination.name = tracing::field::Empty,
         messaging.destination.partition.id = tracing::field::Empty,
         messaging.kafka.offset = tracing::field::Empty,
