@@ -56,7 +56,7 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
 
 /// The opening every message map shares: the Bundle ([`begin_bundle`]) and, in a message Bundle, the
 /// MessageHeader about `focus` (worked out only then) as its first entry.
-pub(crate) fn open_bundle<'t>(
+fn open_bundle<'t>(
     cx: &mut Ctx<'_, '_>,
     w: &mut Writer<'_>,
     key: &[String; 3],
@@ -68,6 +68,87 @@ pub(crate) fn open_bundle<'t>(
         message_header(cx, w, &msg_key, &focus())?;
     }
     Ok(frame)
+}
+
+/// The entry writer every message map shares: an open Bundle, and the fullUrl of every entry written into
+/// it (the Provenance's targets), so each entry is opened, closed and counted alike.
+#[derive(Debug)]
+pub(crate) struct Entries<'o> {
+    pub w: Writer<'o>,
+    pub targets: Vec<Uuid>,
+    frame: Frame,
+}
+
+impl<'o> Entries<'o> {
+    /// Opens the Bundle in `out` ([`open_bundle`]).
+    pub fn open<'t>(
+        cx: &mut Ctx<'_, '_>,
+        out: &'o mut Vec<u8>,
+        key: &[String; 3],
+        focus: impl FnOnce() -> Vec<&'t Target>,
+    ) -> Result<Self, FhirError> {
+        let mut w = Writer::new(out);
+        let frame = open_bundle(cx, &mut w, key, focus)?;
+        Ok(Self {
+            w,
+            targets: Vec::new(),
+            frame,
+        })
+    }
+
+    /// Writes `t` as an entry, its elements by `body`, and counts it among the Provenance's targets. Returns
+    /// what `body` returns.
+    pub fn entry<'a, 'm, R>(
+        &mut self,
+        cx: &mut Ctx<'a, 'm>,
+        t: &Target,
+        body: impl FnOnce(&Ctx<'a, 'm>, &mut Writer<'o>) -> R,
+    ) -> R {
+        cx.begin_entry(&mut self.w, t);
+        let r = body(cx, &mut self.w);
+        cx.end_entry(&mut self.w, t);
+        self.targets.push(t.id);
+        r
+    }
+
+    /// [`Entries::entry`] for the resource of a segment `seg`: `body` returns the fields of `seg` it mapped,
+    /// and the others are reported.
+    pub fn segment<'a, 'm, M: std::ops::Deref<Target = [usize]>>(
+        &mut self,
+        cx: &mut Ctx<'a, 'm>,
+        t: &Target,
+        seg: &Segment<'a>,
+        body: impl FnOnce(&Ctx<'a, 'm>, &mut Writer<'o>) -> M,
+    ) {
+        let mapped = self.entry(cx, t, body);
+        cx.note_unmapped(seg, &mapped);
+    }
+
+    /// The Bundle's last entry, the Provenance of this conversion (its targets: the resources written, and
+    /// the event of EVN when there is one; none when nothing was written), then the Bundle's end.
+    pub fn finish<'a>(
+        mut self,
+        cx: &mut Ctx<'a, '_>,
+        msg_key: &[&str],
+        evn: Option<&Segment<'a>>,
+    ) -> Outcome {
+        if !self.targets.is_empty() {
+            let prov = cx.target("Provenance", msg_key, None);
+            cx.begin_entry(&mut self.w, &prov);
+            provenance_body(
+                cx,
+                &mut self.w,
+                &self.targets,
+                evn,
+                self.frame.timestamp.as_deref(),
+            );
+            cx.end_entry(&mut self.w, &prov);
+        }
+        if let Some(evn) = evn {
+            cx.note_unmapped(evn, EVN_MAPPED);
+        }
+        end_bundle(cx, &mut self.w, &self.frame)
+    }
 }
 
 /// Closes the `entry` array and the Bundle (with what no map covered, and its values, in `meta` when the
@@ -101,26 +182,6 @@ pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame
         resources: cx.resources,
         unmapped: std::mem::take(&mut cx.unmapped),
     }
-}
-
-/// The Bundle's last entry, the Provenance of this conversion (its targets: the resources written, and the
-/// event of EVN when there is one), then the Bundle's end.
-pub(crate) fn provenance_and_end<'a>(
-    cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
-    msg_key: &[&str],
-    targets: &[Uuid],
-    evn: Option<&Segment<'a>>,
-    frame: &Frame,
-) -> Outcome {
-    let prov = cx.target("Provenance", msg_key, None);
-    cx.begin_entry(w, &prov);
-    provenance_body(cx, w, targets, evn, frame.timestamp.as_deref());
-    cx.end_entry(w, &prov);
-    if let Some(evn) = evn {
-        cx.note_unmapped(evn, EVN_MAPPED);
-    }
-    end_bundle(cx, w, frame)
 }
 
 /// The conditional updates of one Bundle: a condition (business identifier, and code when it names one) two

@@ -5,7 +5,7 @@ use crate::datatypes::nm::{is_decimal, normalise_decimal};
 use crate::ids::{Uuid, token_encode, uuid_of};
 use crate::json::Writer;
 use crate::location::{PlLocation, location_body};
-pub(crate) use crate::target::{Target, reference};
+pub(crate) use crate::target::{Target, reference, references};
 use crate::vocab;
 use crate::{BundleType, FhirError, IdentifierRule, Options, TimeZone, Unmapped, Write};
 use hl7v2::message::{Segment, Value};

@@ -31,3 +31,17 @@ pub(crate) fn reference(w: &mut Writer<'_>, key: &str, t: &Target) {
     w.string_parts("reference", &["urn:uuid:", &t.id]);
     w.end_object();
 }
+
+/// An array of References under `key` to the entries of `targets`; nothing when there are none.
+pub(crate) fn references(w: &mut Writer<'_>, key: &str, targets: &[&Target]) {
+    if targets.is_empty() {
+        return;
+    }
+    w.array(key);
+    for t in targets {
+        w.begin_object();
+        w.string_parts("reference", &["urn:uuid:", &t.id]);
+        w.end_object();
+    }
+    w.end_array();
+}

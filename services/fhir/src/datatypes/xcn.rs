@@ -1,6 +1,7 @@
 //! XCN (and the CNN of an NDL) → Practitioner: its target, its body, and the Practitioners of a Bundle, each
 //! written once.
 
+use crate::bundle::Entries;
 use crate::context::{Ctx, Target};
 use crate::datatypes::xpn::write_name;
 use crate::ids::Uuid;
@@ -140,13 +141,10 @@ impl<'a> Practitioners<'a> {
         }
     }
 
-    /// Writes them, each as an entry, and adds their fullUrls to `targets`.
-    pub fn write(&self, cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, targets: &mut Vec<Uuid>) {
+    /// Writes them, each as an entry.
+    pub fn write(&self, cx: &mut Ctx<'_, '_>, b: &mut Entries<'_>) {
         for (t, p) in &self.list {
-            cx.begin_entry(w, t);
-            practitioner_body(cx, w, *p);
-            cx.end_entry(w, t);
-            targets.push(t.id);
+            b.entry(cx, t, |cx, w| practitioner_body(cx, w, *p));
         }
     }
 }

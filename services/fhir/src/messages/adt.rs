@@ -3,22 +3,18 @@
 //! XCN fields), OBX → Observation, AL1 → AllergyIntolerance, DG1 → Condition, IN1 → Coverage, and a
 //! Provenance of the transformation.
 
-use crate::bundle::{Unique, open_bundle, provenance_and_end};
+use crate::bundle::{Entries, Unique};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::xcn::{Person, Practitioners};
-use crate::ids::Uuid;
 use crate::json::Writer;
-use crate::segments::al1::{AL1_MAPPED, allergy_body};
-use crate::segments::dg1::{condition_body, condition_target};
-use crate::segments::in1::{IN1_MAPPED, coverage_body};
-use crate::segments::msh::MSH_MAPPED;
-use crate::segments::nk1::{NK1_MAPPED, related_person_body};
-use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
-use crate::segments::pid::{patient_body, patient_key, patient_target};
-use crate::segments::pv1::{
-    PV1_MAPPED, PV2_MAPPED, Participant, encounter_body, note_no_encounter, visit,
+use crate::messages::common::{
+    Visit, encounter_entry, observation_entry, patient_part_entry, patient_part_target, required,
 };
-use crate::segments::{n_key, write_items};
+use crate::segments::msh::MSH_MAPPED;
+use crate::segments::obx::{ObsLinks, observation_people, observation_target};
+use crate::segments::pid::{patient_body, patient_key, patient_target};
+use crate::segments::pv1::{Participant, visit};
+use crate::segments::write_items;
 use crate::{FhirError, Outcome, Write};
 use hl7v2::message::Segment;
 
@@ -31,17 +27,14 @@ pub(crate) fn convert(
     if kind == "ADT^A17" {
         return convert_swap(cx, out);
     }
-    let pid = msg.segment("PID", 1).ok_or(FhirError::Missing {
-        message: kind.to_owned(),
-        segment: "PID",
-    })?;
+    let pid = required(cx, kind, "PID")?;
     let pv1 = msg.segment("PV1", 1);
+    let pv2 = msg.segment("PV2", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
     let trigger = kind.split('^').nth(1).unwrap_or_default();
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let patient_key = patient.id;
     // A merge (A34, A40): the record MRG names is retired into this one.
     let mrg = msg.segment("MRG", 1);
     // A route that only references Patients writes no merge: its MRG is reported.
@@ -57,44 +50,38 @@ pub(crate) fn convert(
         observation_people(cx, &mut practitioners, &seg, &[]);
     }
 
-    let mut w = Writer::new(out);
-    let frame = open_bundle(cx, &mut w, &key, || {
+    let mut b = Entries::open(cx, out, &key, || {
         std::iter::once(&patient)
             .chain(encounter.as_ref())
             .collect()
     })?;
 
-    // Every entry's fullUrl, for the Provenance's targets.
-    let mut targets: Vec<Uuid> = Vec::new();
-
     // Patient (and the one it replaces).
-    cx.begin_entry(&mut w, &patient);
-    let pid_mapped = patient_body(cx, &mut w, &pid);
-    if let Some(old) = &merged {
-        patient_link(&mut w, old, "replaces");
-    }
-    cx.end_entry(&mut w, &patient);
-    targets.push(patient.id);
-    cx.note_unmapped(&pid, &pid_mapped);
+    b.segment(cx, &patient, &pid, |cx, w| {
+        let mapped = patient_body(cx, w, &pid);
+        if let Some(old) = &merged {
+            patient_link(w, old, "replaces");
+        }
+        mapped
+    });
     if let (Some(old), Some(mrg)) = (&merged, &mrg) {
-        cx.begin_entry(&mut w, old);
-        merged_body(cx, &mut w, mrg, &patient);
-        cx.end_entry(&mut w, old);
-        targets.push(old.id);
-        cx.note_unmapped(mrg, MRG_MAPPED);
+        b.segment(cx, old, mrg, |cx, w| {
+            merged_body(cx, w, mrg, &patient);
+            MRG_MAPPED
+        });
     }
 
     // Practitioners (each once).
-    practitioners.write(cx, &mut w, &mut targets);
+    practitioners.write(cx, &mut b);
 
     // Encounter.
     let visit_of = Visit {
         pv1: pv1.as_ref(),
-        pv2: msg.segment("PV2", 1),
+        pv2: pv2.as_ref(),
         encounter: encounter.as_ref(),
         participants: &participants,
     };
-    encounter_entry(cx, &mut w, trigger, &visit_of, &patient, &mut targets);
+    encounter_entry(cx, &mut b, Some(trigger), &visit_of, &patient);
 
     // The repeating segments, in message order; each condition used once.
     let mut unique = Unique::default();
@@ -108,53 +95,17 @@ pub(crate) fn convert(
             // second merge) is reported, never silently left out.
             b"PID" if same(&seg, Some(&pid)) => {}
             b"PV1" if same(&seg, pv1.as_ref()) => {}
-            b"PV2" if same(&seg, msg.segment("PV2", 1).as_ref()) => {}
+            b"PV2" if same(&seg, pv2.as_ref()) => {}
             b"MRG" if merged.is_some() && same(&seg, mrg.as_ref()) => {}
             b"EVN" => evn = Some(seg),
-            b"NK1" => {
-                let t = cx.target(
-                    "RelatedPerson",
-                    &[&patient_key, "NK1", &n_key(cx, &seg, &n)],
-                    None,
-                );
-                cx.begin_entry(&mut w, &t);
-                related_person_body(cx, &mut w, &seg, &patient);
-                cx.end_entry(&mut w, &t);
-                targets.push(t.id);
-                cx.note_unmapped(&seg, NK1_MAPPED);
-            }
-            b"AL1" => {
-                let code = cx.field(&seg, 3).unwrap_or_default();
-                let t = cx.target(
-                    "AllergyIntolerance",
-                    &[&patient_key, "AL1", &code, &n],
-                    None,
-                );
-                cx.begin_entry(&mut w, &t);
-                allergy_body(cx, &mut w, &seg, &patient);
-                cx.end_entry(&mut w, &t);
-                targets.push(t.id);
-                cx.note_unmapped(&seg, AL1_MAPPED);
-            }
-            b"DG1" => {
-                let t = unique.check(cx, condition_target(cx, &seg, &patient_key, &n), &n);
-                cx.begin_entry(&mut w, &t);
-                let mapped = condition_body(cx, &mut w, &seg, &t, &patient);
-                cx.end_entry(&mut w, &t);
-                targets.push(t.id);
-                cx.note_unmapped(&seg, mapped);
-            }
-            b"IN1" => {
-                let t = cx.target(
-                    "Coverage",
-                    &[&patient_key, "IN1", &n_key(cx, &seg, &n)],
-                    None,
-                );
-                cx.begin_entry(&mut w, &t);
-                coverage_body(cx, &mut w, &seg, &patient);
-                cx.end_entry(&mut w, &t);
-                targets.push(t.id);
-                cx.note_unmapped(&seg, IN1_MAPPED);
+            b"NK1" | b"AL1" | b"IN1" | b"DG1" => {
+                let t = patient_part_target(cx, &seg, &patient.id, &n);
+                // Each condition used once.
+                let t = match name {
+                    b"DG1" => unique.check(cx, t, &n),
+                    _ => t,
+                };
+                patient_part_entry(cx, &mut b, &seg, &t, &patient);
             }
             b"OBX" => {
                 let at = Obx {
@@ -163,21 +114,14 @@ pub(crate) fn convert(
                     msg_key: &msg_key,
                 };
                 let subject = (&patient, encounter.as_ref());
-                observation_entry(cx, &mut w, &mut unique, at, subject, &mut targets);
+                subject_observation(cx, &mut b, &mut unique, at, subject);
             }
             _ => cx.note_unmapped_segment(&seg),
         }
     }
 
     // The Provenance of this transformation (and of the event, EVN).
-    Ok(provenance_and_end(
-        cx,
-        &mut w,
-        &msg_key,
-        &targets,
-        evn.as_ref(),
-        &frame,
-    ))
+    Ok(b.finish(cx, &msg_key, evn.as_ref()))
 }
 
 /// Whether `seg` is `other` (the same bytes of the message).
@@ -273,31 +217,25 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
             "a second patient (both PIDs of the A17 name one)",
         ));
     }
-    let mut w = Writer::new(out);
-    let frame = open_bundle(cx, &mut w, &key, || {
+    let mut b = Entries::open(cx, out, &key, || {
         groups
             .iter()
             .flat_map(|g| std::iter::once(&g.patient).chain(g.encounter.as_ref()))
             .collect()
     })?;
-    let mut targets: Vec<Uuid> = Vec::new();
     for g in &groups {
         let pid = &segs[g.range.start];
-        cx.begin_entry(&mut w, &g.patient);
-        let mapped = patient_body(cx, &mut w, pid);
-        cx.end_entry(&mut w, &g.patient);
-        targets.push(g.patient.id);
-        cx.note_unmapped(pid, &mapped);
+        b.segment(cx, &g.patient, pid, |cx, w| patient_body(cx, w, pid));
     }
-    practitioners.write(cx, &mut w, &mut targets);
+    practitioners.write(cx, &mut b);
     for g in &groups {
         let visit_of = Visit {
             pv1: g.pv1.as_ref(),
-            pv2: g.pv2,
+            pv2: g.pv2.as_ref(),
             encounter: g.encounter.as_ref(),
             participants: &g.participants,
         };
-        encounter_entry(cx, &mut w, "A17", &visit_of, &g.patient, &mut targets);
+        encounter_entry(cx, &mut b, Some("A17"), &visit_of, &g.patient);
     }
     let mut unique = Unique::default();
     let mut evn = None;
@@ -308,10 +246,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
             (b"EVN", _) => evn = Some(*seg),
             (b"PID", _) => {}
             (b"PV1" | b"PV2", Some(g))
-                if g.pv1
-                    .is_some_and(|p| p.raw().as_ptr() == seg.raw().as_ptr())
-                    || g.pv2
-                        .is_some_and(|p| p.raw().as_ptr() == seg.raw().as_ptr()) => {}
+                if same(seg, g.pv1.as_ref()) || same(seg, g.pv2.as_ref()) => {}
             (b"OBX", Some(g)) => {
                 let n = i.to_string();
                 let at = Obx {
@@ -320,19 +255,12 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
                     msg_key: &msg_key,
                 };
                 let subject = (&g.patient, g.encounter.as_ref());
-                observation_entry(cx, &mut w, &mut unique, at, subject, &mut targets);
+                subject_observation(cx, &mut b, &mut unique, at, subject);
             }
             _ => cx.note_unmapped_segment(seg),
         }
     }
-    Ok(provenance_and_end(
-        cx,
-        &mut w,
-        &msg_key,
-        &targets,
-        evn.as_ref(),
-        &frame,
-    ))
+    Ok(b.finish(cx, &msg_key, evn.as_ref()))
 }
 
 /// One patient of an A17: its segments, Patient, visit.
@@ -345,48 +273,6 @@ struct SwapGroup<'a> {
     participants: Vec<Participant<'a>>,
 }
 
-/// A PV1 (and PV2) with the Encounter and the participants made of it.
-struct Visit<'v, 'a> {
-    pv1: Option<&'v Segment<'a>>,
-    pv2: Option<Segment<'a>>,
-    encounter: Option<&'v Target>,
-    participants: &'v [Participant<'a>],
-}
-
-/// The Encounter of a visit as an entry (its PV1 and PV2 fields noted), or, when the PV1 names no visit, its
-/// fields reported.
-fn encounter_entry<'a>(
-    cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
-    trigger: &str,
-    v: &Visit<'_, 'a>,
-    patient: &Target,
-    targets: &mut Vec<Uuid>,
-) {
-    match (v.pv1, v.encounter) {
-        (Some(pv1), Some(enc)) => {
-            cx.begin_entry(w, enc);
-            encounter_body(
-                cx,
-                w,
-                Some(trigger),
-                pv1,
-                v.pv2.as_ref(),
-                patient,
-                v.participants,
-            );
-            cx.end_entry(w, enc);
-            targets.push(enc.id);
-            cx.note_unmapped(pv1, PV1_MAPPED);
-            if let Some(pv2) = &v.pv2 {
-                cx.note_unmapped(pv2, PV2_MAPPED);
-            }
-        }
-        (Some(pv1), None) => note_no_encounter(cx, pv1, v.pv2.as_ref()),
-        _ => {}
-    }
-}
-
 /// An OBX, its position in the message and the message's key (the Observation's derived id without OBX-21).
 struct Obx<'s, 'a> {
     seg: &'s Segment<'a>,
@@ -394,15 +280,14 @@ struct Obx<'s, 'a> {
     msg_key: &'s [&'s str],
 }
 
-/// An OBX as an Observation entry of `subject` (the patient, and the encounter when there is one), each
-/// condition used once.
-fn observation_entry<'a>(
+/// An OBX as an Observation entry of `subject` (the patient, and the encounter when there is one): by OBX-21
+/// and its code, else derived from the message, OBX-3 and its position; each condition used once.
+fn subject_observation<'a>(
     cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
+    b: &mut Entries<'_>,
     unique: &mut Unique,
     at: Obx<'_, 'a>,
     subject: (&Target, Option<&Target>),
-    targets: &mut Vec<Uuid>,
 ) {
     let code = cx.field(at.seg, 3).unwrap_or_default();
     let t = observation_target(
@@ -411,15 +296,10 @@ fn observation_entry<'a>(
         &[&at.msg_key.join("|"), "OBX", &code, at.position],
     );
     let t = unique.check(cx, t, at.position);
-    cx.begin_entry(w, &t);
     let links = ObsLinks {
         patient: Some(subject.0),
         encounter: subject.1,
-        repeat: t.repeat,
         ..ObsLinks::default()
     };
-    let mapped = observation_body(cx, w, at.seg, links);
-    cx.end_entry(w, &t);
-    targets.push(t.id);
-    cx.note_unmapped(at.seg, &mapped);
+    observation_entry(cx, b, &t, at.seg, &[], links);
 }

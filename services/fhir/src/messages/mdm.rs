@@ -10,16 +10,17 @@
 //! The conditional update: DocumentReference by its unique document number (TXA-12), else its file name
 //! (TXA-16); without either, an id derived from the message.
 
-use crate::bundle::{open_bundle, provenance_and_end};
-use crate::context::{Ctx, Target, reference};
+use crate::bundle::Entries;
+use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;
 use crate::datatypes::xcn::{Person, practitioner_target};
-use crate::ids::{Uuid, is_oid};
+use crate::ids::is_oid;
 use crate::json::Writer;
+use crate::messages::common::{Visit, encounter_entry, required};
 use crate::segments::msh::MSH_MAPPED;
-use crate::segments::pid::{patient_entry, patient_target};
-use crate::segments::pv1::{PV1_MAPPED, encounter_body, note_no_encounter, visit};
+use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pv1::visit;
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -47,12 +48,8 @@ pub(crate) fn convert(
     out: &mut Vec<u8>,
 ) -> Result<Outcome, FhirError> {
     let msg = cx.msg;
-    let missing = |segment| FhirError::Missing {
-        message: kind.to_owned(),
-        segment,
-    };
-    let pid = msg.segment("PID", 1).ok_or_else(|| missing("PID"))?;
-    let txa = msg.segment("TXA", 1).ok_or_else(|| missing("TXA"))?;
+    let pid = required(cx, kind, "PID")?;
+    let txa = required(cx, kind, "TXA")?;
     let pv1 = msg.segment("PV1", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
@@ -132,37 +129,22 @@ pub(crate) fn convert(
     }
     let doc = document_target(cx, &txa, &msg_key);
 
-    let mut w = Writer::new(out);
-    let frame = open_bundle(cx, &mut w, &key, || vec![&patient, &doc])?;
-    let mut targets: Vec<Uuid> = Vec::new();
-    patient_entry(cx, &mut w, &pid, &patient, &mut targets);
-
-    practitioners.write(cx, &mut w, &mut targets);
-
-    if let (Some(pv1), Some(enc)) = (&pv1, &encounter) {
-        cx.begin_entry(&mut w, enc);
-        encounter_body(cx, &mut w, None, pv1, None, &patient, &participants);
-        cx.end_entry(&mut w, enc);
-        targets.push(enc.id);
-        cx.note_unmapped(pv1, PV1_MAPPED);
-    } else if let Some(pv1) = &pv1 {
-        note_no_encounter(cx, pv1, None);
-    }
-
-    cx.begin_entry(&mut w, &doc);
-    txa_body(cx, &mut w, &txa, &patient, encounter.as_ref(), &contents);
-    cx.end_entry(&mut w, &doc);
-    targets.push(doc.id);
-    cx.note_unmapped(&txa, TXA_MAPPED);
-
-    Ok(provenance_and_end(
-        cx,
-        &mut w,
-        &msg_key,
-        &targets,
-        evn.as_ref(),
-        &frame,
-    ))
+    let mut b = Entries::open(cx, out, &key, || vec![&patient, &doc])?;
+    b.segment(cx, &patient, &pid, |cx, w| patient_body(cx, w, &pid));
+    practitioners.write(cx, &mut b);
+    // The MDM map has no PV2: a PV2 is reported with the other segments.
+    let visit_of = Visit {
+        pv1: pv1.as_ref(),
+        pv2: None,
+        encounter: encounter.as_ref(),
+        participants: &participants,
+    };
+    encounter_entry(cx, &mut b, None, &visit_of, &patient);
+    b.segment(cx, &doc, &txa, |cx, w| {
+        txa_body(cx, w, &txa, &patient, encounter.as_ref(), &contents);
+        TXA_MAPPED
+    });
+    Ok(b.finish(cx, &msg_key, evn.as_ref()))
 }
 
 /// The DocumentReference: by TXA-12, else TXA-16, else the message.
@@ -450,15 +432,7 @@ fn txa_body(
             }
         }
     }
-    if !authors.is_empty() {
-        w.array("author");
-        for t in &authors {
-            w.begin_object();
-            w.string_parts("reference", &["urn:uuid:", &t.id]);
-            w.end_object();
-        }
-        w.end_array();
-    }
+    references(w, "author", &authors.iter().collect::<Vec<_>>());
     // authenticator (0..1): TXA-10, else the first of TXA-22 (authentication person).
     let authenticators: Vec<(usize, Target)> = [10, 22]
         .iter()

@@ -1,7 +1,9 @@
 //! The IG's message maps, one file per message structure: each groups its message's segments, works out the
-//! resources' targets, then writes the Bundle through the segment and data type maps.
+//! resources' targets, then writes the Bundle through the segment and data type maps (the entries they write
+//! alike in `common`).
 
 pub(crate) mod adt;
+pub(crate) mod common;
 pub(crate) mod mdm;
 pub(crate) mod order;
 pub(crate) mod siu;

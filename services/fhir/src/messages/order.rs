@@ -20,8 +20,8 @@
 //! identifier that two different resources of one message carry (CDC case notifications repeat OBR-3 in
 //! every OBR) is not used for a conditional update: each of them gets an id derived from it and its rank.
 
-use crate::bundle::{end_bundle, open_bundle};
-use crate::context::{Ctx, Target, reference};
+use crate::bundle::Entries;
+use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::cwe::{Table, primary_coding};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::date_or_period;
@@ -29,18 +29,15 @@ use crate::datatypes::nm::{is_decimal, normalise_decimal};
 use crate::datatypes::xcn::{Person, Practitioners, practitioner_refs, practitioner_target};
 use crate::ids::{Uuid, uuid_of};
 use crate::json::Writer;
-use crate::segments::al1::{AL1_MAPPED, allergy_body};
-use crate::segments::dg1::{condition_body, condition_target};
-use crate::segments::evn::provenance_body;
-use crate::segments::in1::{IN1_MAPPED, coverage_body};
-use crate::segments::msh::MSH_MAPPED;
-use crate::segments::nk1::{NK1_MAPPED, related_person_body};
-use crate::segments::nte::{NTE_MAPPED, note_author, notes_items};
-use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
-use crate::segments::pid::{PID_MAPPED, patient_body, patient_target};
-use crate::segments::pv1::{
-    PV1_MAPPED, PV2_MAPPED, encounter_body, encounter_target, note_no_encounter, pv1_participants,
+use crate::messages::common::{
+    Visit, encounter_entry, observation_entry, patient_part_entry, patient_part_target,
 };
+use crate::segments::dg1::condition_target;
+use crate::segments::msh::MSH_MAPPED;
+use crate::segments::nte::{NTE_MAPPED, note_author, notes_items};
+use crate::segments::obx::{ObsLinks, observation_people, observation_target};
+use crate::segments::pid::{PID_MAPPED, patient_body, patient_target};
+use crate::segments::pv1::{encounter_target, note_encounter, pv1_participants};
 use crate::segments::{coded_target, n_key, write_items};
 use crate::{FhirError, Outcome};
 use hl7v2::message::Segment;
@@ -192,8 +189,7 @@ pub(crate) fn convert(
         }
     }
 
-    let mut w = Writer::new(out);
-    let frame = open_bundle(cx, &mut w, &key, || {
+    let mut b = Entries::open(cx, out, &key, || {
         let mut focus: Vec<&Target> = pats
             .iter()
             .flat_map(|p| &p.orders)
@@ -208,50 +204,34 @@ pub(crate) fn convert(
         focus
     })?;
 
-    let mut targets: Vec<Uuid> = Vec::new();
     let mut written: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
     for (i, p) in pats.iter().enumerate() {
         let patient = p.patient.as_ref().expect("planned");
         // A repeated patient is written once; its PID's fields count as mapped like the first one's.
-        let pid_mapped = if p.write {
-            cx.begin_entry(&mut w, patient);
-            let mapped = patient_body(cx, &mut w, &p.pid);
-            cx.end_entry(&mut w, patient);
-            targets.push(patient.id);
-            mapped
+        if p.write {
+            b.segment(cx, patient, &p.pid, |cx, w| patient_body(cx, w, &p.pid));
         } else {
-            PID_MAPPED.to_vec()
-        };
-        cx.note_unmapped(&p.pid, &pid_mapped);
-        if i == 0 {
-            practitioners.write(cx, &mut w, &mut targets);
+            cx.note_unmapped(&p.pid, PID_MAPPED);
         }
-        if let (Some(pv1), Some(enc)) = (&p.pv1, &p.encounter) {
-            if written.insert(enc.id) {
-                cx.begin_entry(&mut w, enc);
-                encounter_body(
-                    cx,
-                    &mut w,
-                    None,
-                    pv1,
-                    p.pv2.as_ref(),
-                    patient,
-                    &participants[i],
-                );
-                cx.end_entry(&mut w, enc);
-                targets.push(enc.id);
-            }
-            cx.note_unmapped(pv1, PV1_MAPPED);
-            if let Some(pv2) = &p.pv2 {
-                cx.note_unmapped(pv2, PV2_MAPPED);
-            }
-        } else if let Some(pv1) = &p.pv1 {
-            note_no_encounter(cx, pv1, p.pv2.as_ref());
+        if i == 0 {
+            practitioners.write(cx, &mut b);
+        }
+        if let (Some(pv1), Some(enc)) = (&p.pv1, &p.encounter)
+            && !written.insert(enc.id)
+        {
+            // The visit of an earlier patient group: its Encounter is written once, its PV1 and PV2 noted.
+            note_encounter(cx, pv1, p.pv2.as_ref());
+        } else {
+            let visit_of = Visit {
+                pv1: p.pv1.as_ref(),
+                pv2: p.pv2.as_ref(),
+                encounter: p.encounter.as_ref(),
+                participants: &participants[i],
+            };
+            encounter_entry(cx, &mut b, None, &visit_of, patient);
         }
         for (seg, t) in &p.others {
-            let t = t.as_ref().expect("planned");
-            other_entry(cx, &mut w, seg, t, patient);
-            targets.push(t.id);
+            patient_part_entry(cx, &mut b, seg, t.as_ref().expect("planned"), patient);
         }
         for o in &p.obs {
             let links = ObsLinks {
@@ -259,20 +239,15 @@ pub(crate) fn convert(
                 encounter: p.encounter.as_ref(),
                 ..ObsLinks::default()
             };
-            observation_entry(cx, &mut w, o, links, &mut targets);
+            planned_observation(cx, &mut b, o, links);
         }
         for order in &p.orders {
-            order_entries(cx, &mut w, map, p, order, &mut targets);
+            order_entries(cx, &mut b, map, p, order);
         }
     }
 
-    if !targets.is_empty() {
-        let prov = cx.target("Provenance", &msg_key, None);
-        cx.begin_entry(&mut w, &prov);
-        provenance_body(cx, &mut w, &targets, None, frame.timestamp.as_deref());
-        cx.end_entry(&mut w, &prov);
-    }
-    Ok(end_bundle(cx, &mut w, &frame))
+    // No Provenance without a resource (a message with neither patient nor order).
+    Ok(b.finish(cx, &msg_key, None))
 }
 
 /// Pass 1: the message's segments in their groups; segments no map covers are reported here. True with
@@ -416,20 +391,7 @@ fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pat<'_>]) {
             .as_ref()
             .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
         for (i, (seg, t)) in p.others.iter_mut().enumerate() {
-            let n = i.to_string();
-            *t = Some(match seg.name() {
-                b"NK1" => cx.target(
-                    "RelatedPerson",
-                    &[&patient.id, "NK1", &n_key(cx, seg, &n)],
-                    None,
-                ),
-                b"AL1" => {
-                    let code = cx.field(seg, 3).unwrap_or_default();
-                    cx.target("AllergyIntolerance", &[&patient.id, "AL1", &code, &n], None)
-                }
-                b"IN1" => cx.target("Coverage", &[&patient.id, "IN1", &n_key(cx, seg, &n)], None),
-                _ => condition_target(cx, seg, &patient.id, &n),
-            });
+            *t = Some(patient_part_target(cx, seg, &patient.id, &i.to_string()));
         }
         for (oi, o) in p.orders.iter_mut().enumerate() {
             let on = format!("{pi}.{oi}");
@@ -669,65 +631,24 @@ fn requester<'a>(cx: &Ctx<'a, '_>, o: &Order<'a>) -> Option<Person<'a>> {
         .find(|p| practitioner_target(cx, *p).is_some())
 }
 
-/// NK1, AL1, IN1, DG1 of the patient.
-fn other_entry<'a>(
+/// An OBX (and its NTE) as its planned Observation.
+fn planned_observation<'a>(
     cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
-    seg: &Segment<'a>,
-    t: &Target,
-    patient: &Target,
-) {
-    cx.begin_entry(w, t);
-    let mapped = match seg.name() {
-        b"NK1" => {
-            related_person_body(cx, w, seg, patient);
-            NK1_MAPPED
-        }
-        b"AL1" => {
-            allergy_body(cx, w, seg, patient);
-            AL1_MAPPED
-        }
-        b"IN1" => {
-            coverage_body(cx, w, seg, patient);
-            IN1_MAPPED
-        }
-        _ => condition_body(cx, w, seg, t, patient),
-    };
-    cx.end_entry(w, t);
-    cx.note_unmapped(seg, mapped);
-}
-
-fn observation_entry<'a>(
-    cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
+    b: &mut Entries<'_>,
     o: &Obs<'a>,
-    links: ObsLinks<'_, '_>,
-    targets: &mut Vec<Uuid>,
+    links: ObsLinks<'_, 'a>,
 ) {
     let t = o.target.as_ref().expect("planned");
-    let links = ObsLinks {
-        notes: &o.notes,
-        repeat: t.repeat,
-        ..links
-    };
-    cx.begin_entry(w, t);
-    let mapped = observation_body(cx, w, &o.obx, links);
-    cx.end_entry(w, t);
-    targets.push(t.id);
-    cx.note_unmapped(&o.obx, &mapped);
-    for nte in &o.notes {
-        cx.note_unmapped(nte, NTE_MAPPED);
-    }
+    observation_entry(cx, b, t, &o.obx, &o.notes, links);
 }
 
 /// An order's entries: ServiceRequest, Conditions, Specimens, Observations, DiagnosticReport.
 fn order_entries<'a>(
     cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
+    b: &mut Entries<'_>,
     map: Kind,
     p: &Pat<'a>,
     o: &Order<'a>,
-    targets: &mut Vec<Uuid>,
 ) {
     let patient = p.patient.as_ref().expect("planned");
     let request = o.request.as_ref().expect("planned");
@@ -735,37 +656,30 @@ fn order_entries<'a>(
     let obs_targets: Vec<&Target> = o.obs.iter().filter_map(|x| x.target.as_ref()).collect();
     let conditions: Vec<&Target> = o.dg1.iter().filter_map(|(_, t)| t.as_ref()).collect();
 
-    cx.begin_entry(w, request);
-    let (mut orc_mapped, obr_mapped) = service_request_body(
-        cx,
-        w,
-        map,
-        o,
-        patient,
-        p.encounter.as_ref(),
-        &conditions,
-        &obs_targets,
-        &spec_targets,
-    );
-    cx.end_entry(w, request);
-    targets.push(request.id);
+    let (mut orc_mapped, mut obr_mapped) = b.entry(cx, request, |cx, w| {
+        service_request_body(
+            cx,
+            w,
+            map,
+            o,
+            patient,
+            p.encounter.as_ref(),
+            &conditions,
+            &obs_targets,
+            &spec_targets,
+        )
+    });
     for nte in &o.notes {
         cx.note_unmapped(nte, NTE_MAPPED);
     }
-    let mut obr_mapped = obr_mapped;
 
     for (seg, t) in &o.dg1 {
-        let t = t.as_ref().expect("planned");
-        other_entry(cx, w, seg, t, patient);
-        targets.push(t.id);
+        patient_part_entry(cx, b, seg, t.as_ref().expect("planned"), patient);
     }
     for s in &o.specs {
         let t = s.target.as_ref().expect("planned");
         if s.write {
-            cx.begin_entry(w, t);
-            specimen_body(cx, w, &s.spm, t, patient);
-            cx.end_entry(w, t);
-            targets.push(t.id);
+            b.entry(cx, t, |cx, w| specimen_body(cx, w, &s.spm, t, patient));
         }
         let mut mapped = specimen_mapped(cx, &s.spm);
         if s.write && t.repeat {
@@ -788,7 +702,7 @@ fn order_entries<'a>(
         ..ObsLinks::default()
     };
     for x in &o.obs {
-        observation_entry(cx, w, x, links, targets);
+        planned_observation(cx, b, x, links);
     }
     for s in &o.specs {
         let focus = ObsLinks {
@@ -797,23 +711,22 @@ fn order_entries<'a>(
             ..links
         };
         for x in &s.obs {
-            observation_entry(cx, w, x, focus, targets);
+            planned_observation(cx, b, x, focus);
         }
     }
     if let Some(report) = &o.report {
-        cx.begin_entry(w, report);
-        let mapped = report_body(
-            cx,
-            w,
-            o,
-            request,
-            patient,
-            p.encounter.as_ref(),
-            &obs_targets,
-            &spec_targets,
-        );
-        cx.end_entry(w, report);
-        targets.push(report.id);
+        let mapped = b.entry(cx, report, |cx, w| {
+            report_body(
+                cx,
+                w,
+                o,
+                request,
+                patient,
+                p.encounter.as_ref(),
+                &obs_targets,
+                &spec_targets,
+            )
+        });
         obr_mapped.extend(mapped);
         if !report.repeat {
             // The report carries the order numbers (when the ServiceRequest, a repeat, does not).
@@ -826,19 +739,6 @@ fn order_entries<'a>(
     if let Some(obr) = &o.obr {
         cx.note_unmapped(obr, &obr_mapped);
     }
-}
-
-fn references(w: &mut Writer<'_>, key: &str, targets: &[&Target]) {
-    if targets.is_empty() {
-        return;
-    }
-    w.array(key);
-    for t in targets {
-        w.begin_object();
-        w.string_parts("reference", &["urn:uuid:", &t.id]);
-        w.end_object();
-    }
-    w.end_array();
 }
 
 /// Writes the identifiers of `keys` with the v2-0203 type `ty`.
@@ -1018,7 +918,7 @@ fn report_body(
             .collect();
         identifiers(w, &ids);
     }
-    reference_array(w, "basedOn", request);
+    references(w, "basedOn", &[request]);
     let obr = o.obr.as_ref();
     // status (1..1): OBR-25 through the IG's ResultStatus map, else unknown.
     let status = obr
@@ -1085,14 +985,6 @@ fn report_body(
     references(w, "specimen", specimens);
     references(w, "result", observations);
     mapped
-}
-
-fn reference_array(w: &mut Writer<'_>, key: &str, t: &Target) {
-    w.array(key);
-    w.begin_object();
-    w.string_parts("reference", &["urn:uuid:", &t.id]);
-    w.end_object();
-    w.end_array();
 }
 
 /// The SPM fields [`specimen_body`] writes: SPM-12 when it is a number, SPM-20 when the IG maps its code.

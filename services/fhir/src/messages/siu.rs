@@ -8,20 +8,21 @@
 //! The conditional update: Appointment by the filler appointment id (SCH-2), else the placer's (SCH-1);
 //! without either, an id derived from the message.
 
-use crate::bundle::{Unique, open_bundle, provenance_and_end};
+use crate::bundle::{Entries, Unique};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coding_item};
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::{add_seconds, duration_seconds, period};
 use crate::datatypes::xcn::{Person, practitioner_target};
-use crate::ids::Uuid;
 use crate::json::Writer;
-use crate::segments::dg1::{condition_body, condition_target};
+use crate::messages::common::{
+    Obs, Visit, encounter_entry, observation_entry, patient_part_entry, required,
+};
+use crate::segments::dg1::condition_target;
 use crate::segments::msh::MSH_MAPPED;
-use crate::segments::nte::NTE_MAPPED;
-use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
-use crate::segments::pid::{patient_entry, patient_target};
-use crate::segments::pv1::{PV1_MAPPED, PV2_MAPPED, encounter_body, visit};
+use crate::segments::obx::{ObsLinks, observation_people, observation_target};
+use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pv1::visit;
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -81,25 +82,16 @@ struct Part<'a> {
     actor: Target,
 }
 
-/// An OBX of the patient and the NTE after it.
-#[derive(Debug)]
-struct Obs<'a> {
-    obx: Segment<'a>,
-    notes: Vec<Segment<'a>>,
-}
-
 pub(crate) fn convert(
     cx: &mut Ctx<'_, '_>,
     kind: &str,
     out: &mut Vec<u8>,
 ) -> Result<Outcome, FhirError> {
     let msg = cx.msg;
-    let sch = msg.segment("SCH", 1).ok_or(FhirError::Missing {
-        message: kind.to_owned(),
-        segment: "SCH",
-    })?;
+    let sch = required(cx, kind, "SCH")?;
     let pid = msg.segment("PID", 1);
     let pv1 = msg.segment("PV1", 1);
+    let pv2 = msg.segment("PV2", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
     let trigger = kind.split('^').nth(1).unwrap_or_default();
@@ -234,43 +226,36 @@ pub(crate) fn convert(
         ));
     }
 
-    let mut w = Writer::new(out);
-    let frame = open_bundle(cx, &mut w, &key, || {
+    let mut b = Entries::open(cx, out, &key, || {
         std::iter::once(&appointment)
             .chain(patient.as_ref())
             .collect()
     })?;
-    let mut targets: Vec<Uuid> = Vec::new();
     if let (Some(pid), Some(patient)) = (&pid, &patient) {
-        patient_entry(cx, &mut w, pid, patient, &mut targets);
+        b.segment(cx, patient, pid, |cx, w| patient_body(cx, w, pid));
     }
-    practitioners.write(cx, &mut w, &mut targets);
+    practitioners.write(cx, &mut b);
     for (t, name) in &locations {
-        cx.begin_entry(&mut w, t);
-        w.string("name", name);
-        cx.end_entry(&mut w, t);
-        targets.push(t.id);
+        b.entry(cx, t, |_, w| w.string("name", name));
     }
     for (t, id) in &devices {
-        cx.begin_entry(&mut w, t);
-        device_body(cx, &mut w, *id);
-        cx.end_entry(&mut w, t);
-        targets.push(t.id);
+        b.entry(cx, t, |cx, w| device_body(cx, w, *id));
     }
-    if let (Some(pv1), Some(enc), Some(patient)) = (&pv1, &encounter, &patient) {
-        let pv2 = msg.segment("PV2", 1);
-        cx.begin_entry(&mut w, enc);
-        encounter_body(cx, &mut w, None, pv1, pv2.as_ref(), patient, &participants);
-        cx.end_entry(&mut w, enc);
-        targets.push(enc.id);
-        cx.note_unmapped(pv1, PV1_MAPPED);
-        if let Some(pv2) = &pv2 {
-            cx.note_unmapped(pv2, PV2_MAPPED);
+    match &patient {
+        Some(patient) if encounter.is_some() => {
+            let visit_of = Visit {
+                pv1: pv1.as_ref(),
+                pv2: pv2.as_ref(),
+                encounter: encounter.as_ref(),
+                participants: &participants,
+            };
+            encounter_entry(cx, &mut b, None, &visit_of, patient);
         }
-    } else {
-        // A visit without a patient: no Encounter to make of it.
-        for seg in [pv1, msg.segment("PV2", 1)].iter().flatten() {
-            cx.note_unmapped_segment(seg);
+        // No visit named, or a visit without a patient: no Encounter to make of it.
+        _ => {
+            for seg in [&pv1, &pv2].into_iter().flatten() {
+                cx.note_unmapped_segment(seg);
+            }
         }
     }
     // Each condition (OBX-21 and code, DG1-20) used once.
@@ -283,31 +268,18 @@ pub(crate) fn convert(
         let n = n.to_string();
         let t = observation_target(cx, &o.obx, &[parent, &appointment.id, "OBX", &code, &n]);
         let t = unique.check(cx, t, &n);
-        cx.begin_entry(&mut w, &t);
         let links = ObsLinks {
             patient: patient.as_ref(),
             encounter: encounter.as_ref(),
-            notes: &o.notes,
-            repeat: t.repeat,
             ..ObsLinks::default()
         };
-        let mapped = observation_body(cx, &mut w, &o.obx, links);
-        cx.end_entry(&mut w, &t);
-        targets.push(t.id);
-        cx.note_unmapped(&o.obx, &mapped);
-        for nte in &o.notes {
-            cx.note_unmapped(nte, NTE_MAPPED);
-        }
+        observation_entry(cx, &mut b, &t, &o.obx, &o.notes, links);
     }
     if let Some(patient) = &patient {
         for (n, dg1) in dg1s.iter().enumerate() {
             let n = n.to_string();
             let t = unique.check(cx, condition_target(cx, dg1, &patient.id, &n), &n);
-            cx.begin_entry(&mut w, &t);
-            let mapped = condition_body(cx, &mut w, dg1, &t, patient);
-            cx.end_entry(&mut w, &t);
-            targets.push(t.id);
-            cx.note_unmapped(dg1, mapped);
+            patient_part_entry(cx, &mut b, dg1, &t, patient);
         }
     } else {
         for dg1 in &dg1s {
@@ -315,24 +287,19 @@ pub(crate) fn convert(
         }
     }
 
-    cx.begin_entry(&mut w, &appointment);
-    appointment_body(
-        cx,
-        &mut w,
-        &sch,
-        AppLinks {
-            status,
-            start: start.as_deref(),
-            end: end.as_deref(),
-            patient: patient.as_ref(),
-            services: &services,
-            comments: &comments,
-            parts: &parts,
-        },
-    );
-    cx.end_entry(&mut w, &appointment);
-    targets.push(appointment.id);
-    cx.note_unmapped(&sch, SCH_MAPPED);
+    let links = AppLinks {
+        status,
+        start: start.as_deref(),
+        end: end.as_deref(),
+        patient: patient.as_ref(),
+        services: &services,
+        comments: &comments,
+        parts: &parts,
+    };
+    b.segment(cx, &appointment, &sch, |cx, w| {
+        appointment_body(cx, w, &sch, links);
+        SCH_MAPPED
+    });
     for (i, tq1) in tq1s.iter().enumerate() {
         if source == Source::Tq1(i) {
             cx.note_unmapped(tq1, &[7, 8]);
@@ -355,14 +322,7 @@ pub(crate) fn convert(
         cx.note_unmapped(&p.seg, &p.layout.mapped());
     }
 
-    Ok(provenance_and_end(
-        cx,
-        &mut w,
-        &msg_key,
-        &targets,
-        evn.as_ref(),
-        &frame,
-    ))
+    Ok(b.finish(cx, &msg_key, evn.as_ref()))
 }
 
 /// The Appointment: by SCH-2 (filler), else SCH-1 (placer), else the message.

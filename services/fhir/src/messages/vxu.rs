@@ -9,7 +9,7 @@
 //! either, an id derived from the patient, the vaccine (RXA-5), the time (RXA-3) and the group's position.
 //! Organization by its code in its coding system (MVX), Location by its name.
 
-use crate::bundle::{Unique, open_bundle, provenance_and_end};
+use crate::bundle::{Entries, Unique};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coded};
 use crate::datatypes::cx::{ei_key, identifier_item};
@@ -18,13 +18,15 @@ use crate::datatypes::xad::address_object;
 use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::ids::Uuid;
 use crate::json::Writer;
+use crate::messages::common::{
+    Obs, Visit, encounter_entry, observation_entry, patient_part_entry, patient_part_target,
+    required,
+};
 use crate::segments::msh::MSH_MAPPED;
-use crate::segments::nk1::{NK1_MAPPED, related_person_body};
-use crate::segments::nte::NTE_MAPPED;
-use crate::segments::obx::{ObsLinks, observation_body, observation_people, observation_target};
-use crate::segments::pid::{patient_entry, patient_target};
-use crate::segments::pv1::{PV1_MAPPED, PV2_MAPPED, encounter_body, note_no_encounter, visit};
-use crate::segments::{n_key, write_items};
+use crate::segments::obx::{ObsLinks, observation_people, observation_target};
+use crate::segments::pid::{patient_body, patient_target};
+use crate::segments::pv1::visit;
+use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 
@@ -32,13 +34,6 @@ use hl7v2::message::{Segment, Value};
 const ORC_MAPPED: &[usize] = &[2, 3, 4, 9, 12];
 const RXA_MAPPED: &[usize] = &[3, 5, 6, 7, 10, 15, 16, 17, 18, 19, 20, 21, 27, 28];
 const RXR_MAPPED: &[usize] = &[1, 2];
-
-/// An OBX and the NTE segments after it.
-#[derive(Debug)]
-struct Obs<'a> {
-    obx: Segment<'a>,
-    notes: Vec<Segment<'a>>,
-}
 
 /// An ORDER group: ORC, RXA, RXR and the OBX after the RXA.
 #[derive(Debug, Default)]
@@ -63,11 +58,9 @@ pub(crate) fn convert(
     out: &mut Vec<u8>,
 ) -> Result<Outcome, FhirError> {
     let msg = cx.msg;
-    let pid = msg.segment("PID", 1).ok_or(FhirError::Missing {
-        message: kind.to_owned(),
-        segment: "PID",
-    })?;
+    let pid = required(cx, kind, "PID")?;
     let pv1 = msg.segment("PV1", 1);
+    let pv2 = msg.segment("PV2", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
 
@@ -177,58 +170,34 @@ pub(crate) fn convert(
         observation_people(cx, &mut practitioners, &obs.obx, &obs.notes);
     }
 
-    let mut w = Writer::new(out);
-    let frame = open_bundle(cx, &mut w, &key, || {
+    let mut b = Entries::open(cx, out, &key, || {
         std::iter::once(&patient)
             .chain(immunizations.iter())
             .collect()
     })?;
-    let mut targets: Vec<Uuid> = Vec::new();
-
-    patient_entry(cx, &mut w, &pid, &patient, &mut targets);
-
-    practitioners.write(cx, &mut w, &mut targets);
+    b.segment(cx, &patient, &pid, |cx, w| patient_body(cx, w, &pid));
+    practitioners.write(cx, &mut b);
     for org in &orgs {
-        organization_entry(cx, &mut w, org);
-        targets.push(org.target.id);
+        b.entry(cx, &org.target, |_, w| organization_body(w, org));
     }
     let mut written_locations: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
     for (o, loc) in orders.iter().zip(&locations) {
         if let (Some(rxa), Some(loc)) = (&o.rxa, loc)
             && written_locations.insert(loc.id)
         {
-            cx.begin_entry(&mut w, loc);
-            location_body(cx, &mut w, rxa);
-            cx.end_entry(&mut w, loc);
-            targets.push(loc.id);
+            b.entry(cx, loc, |cx, w| location_body(cx, w, rxa));
         }
     }
-
-    if let (Some(pv1), Some(enc)) = (&pv1, &encounter) {
-        let pv2 = msg.segment("PV2", 1);
-        cx.begin_entry(&mut w, enc);
-        encounter_body(cx, &mut w, None, pv1, pv2.as_ref(), &patient, &participants);
-        cx.end_entry(&mut w, enc);
-        targets.push(enc.id);
-        cx.note_unmapped(pv1, PV1_MAPPED);
-        if let Some(pv2) = &pv2 {
-            cx.note_unmapped(pv2, PV2_MAPPED);
-        }
-    } else if let Some(pv1) = &pv1 {
-        note_no_encounter(cx, pv1, msg.segment("PV2", 1).as_ref());
-    }
-
+    let visit_of = Visit {
+        pv1: pv1.as_ref(),
+        pv2: pv2.as_ref(),
+        encounter: encounter.as_ref(),
+        participants: &participants,
+    };
+    encounter_entry(cx, &mut b, None, &visit_of, &patient);
     for (i, nk1) in nk1s.iter().enumerate() {
-        let t = cx.target(
-            "RelatedPerson",
-            &[&patient.id, "NK1", &n_key(cx, nk1, &i.to_string())],
-            None,
-        );
-        cx.begin_entry(&mut w, &t);
-        related_person_body(cx, &mut w, nk1, &patient);
-        cx.end_entry(&mut w, &t);
-        targets.push(t.id);
-        cx.note_unmapped(nk1, NK1_MAPPED);
+        let t = patient_part_target(cx, nk1, &patient.id, &i.to_string());
+        patient_part_entry(cx, &mut b, nk1, &t, &patient);
     }
 
     let links = ObsLinks {
@@ -236,16 +205,7 @@ pub(crate) fn convert(
         encounter: encounter.as_ref(),
         ..ObsLinks::default()
     };
-    write_observations(
-        cx,
-        &mut w,
-        &mut unique,
-        &patient_obs,
-        &patient.id,
-        None,
-        links,
-        &mut targets,
-    );
+    write_observations(cx, &mut b, &mut unique, &patient_obs, &patient.id, links);
 
     for (i, o) in orders.iter().enumerate() {
         let Some(rxa) = &o.rxa else { continue };
@@ -254,11 +214,12 @@ pub(crate) fn convert(
             .field(17)
             .and_then(|f| f.repetition(1))
             .and_then(|c| organization(cx, c));
-        cx.begin_entry(&mut w, imm);
+        // Not by `b.entry`: a failing body returns its error before the entry is closed.
+        cx.begin_entry(&mut b.w, imm);
         let mut rxa_mapped = RXA_MAPPED.to_vec();
         let orc_mapped = immunization_body(
             cx,
-            &mut w,
+            &mut b.w,
             o,
             rxa,
             ImmLinks {
@@ -270,8 +231,8 @@ pub(crate) fn convert(
             },
             &mut rxa_mapped,
         )?;
-        cx.end_entry(&mut w, imm);
-        targets.push(imm.id);
+        cx.end_entry(&mut b.w, imm);
+        b.targets.push(imm.id);
         cx.note_unmapped(rxa, &rxa_mapped);
         if let Some(orc) = &o.orc {
             cx.note_unmapped(orc, &orc_mapped);
@@ -279,41 +240,26 @@ pub(crate) fn convert(
         if let Some(rxr) = &o.rxr {
             cx.note_unmapped(rxr, RXR_MAPPED);
         }
-        write_observations(
-            cx,
-            &mut w,
-            &mut unique,
-            &o.obs,
-            &imm.id,
-            Some(imm),
-            links,
-            &mut targets,
-        );
+        let links = ObsLinks {
+            part_of: Some(imm),
+            ..links
+        };
+        write_observations(cx, &mut b, &mut unique, &o.obs, &imm.id, links);
     }
 
-    Ok(provenance_and_end(
-        cx,
-        &mut w,
-        &msg_key,
-        &targets,
-        evn.as_ref(),
-        &frame,
-    ))
+    Ok(b.finish(cx, &msg_key, evn.as_ref()))
 }
 
-/// OBX (and their NTE) as Observations of the patient, `partOf` an Immunization when in its group.
+/// OBX (and their NTE) as Observations of the patient, `partOf` an Immunization when in its group (`links`).
 /// By OBX-21 and OBX-3 when OBX-21 is valued (each such condition once in the Bundle: `unique`), else by an
 /// id derived from `parent`, OBX-3, OBX-4 and the position.
-#[allow(clippy::too_many_arguments)]
 fn write_observations<'a>(
     cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
+    b: &mut Entries<'_>,
     unique: &mut Unique,
     obs: &[Obs<'a>],
     parent: &str,
-    part_of: Option<&Target>,
-    links: ObsLinks<'_, '_>,
-    targets: &mut Vec<Uuid>,
+    links: ObsLinks<'_, 'a>,
 ) {
     for (n, o) in obs.iter().enumerate() {
         let code = cx.field(&o.obx, 3).unwrap_or_default();
@@ -321,30 +267,7 @@ fn write_observations<'a>(
         let n = n.to_string();
         let t = observation_target(cx, &o.obx, &[parent, "OBX", &code, &sub, &n]);
         let t = unique.check(cx, t, &format!("{parent}/{n}"));
-        cx.begin_entry(w, &t);
-        let mapped = observation_body(
-            cx,
-            w,
-            &o.obx,
-            ObsLinks {
-                notes: &o.notes,
-                repeat: t.repeat,
-                ..links
-            },
-        );
-        if let Some(p) = part_of {
-            w.array("partOf");
-            w.begin_object();
-            w.string_parts("reference", &["urn:uuid:", &p.id]);
-            w.end_object();
-            w.end_array();
-        }
-        cx.end_entry(w, &t);
-        targets.push(t.id);
-        cx.note_unmapped(&o.obx, &mapped);
-        for nte in &o.notes {
-            cx.note_unmapped(nte, NTE_MAPPED);
-        }
+        observation_entry(cx, b, &t, &o.obx, &o.notes, links);
     }
 }
 
@@ -632,14 +555,14 @@ fn immunization_body(
 /// A CWE naming an organization (RXA-17, a manufacturer): its identifier (CWE-1 in the coding system
 /// CWE-3 names, as `MVX`) and its name (CWE-2, else CWE-1).
 #[derive(Debug, Clone)]
-pub(crate) struct Org {
-    pub target: Target,
-    pub identifier: Option<(String, String)>,
-    pub name: Option<String>,
+struct Org {
+    target: Target,
+    identifier: Option<(String, String)>,
+    name: Option<String>,
 }
 
 /// The Organization of a CWE, if it has a code or a text.
-pub(crate) fn organization(cx: &Ctx<'_, '_>, cwe: Value<'_>) -> Option<Org> {
+fn organization(cx: &Ctx<'_, '_>, cwe: Value<'_>) -> Option<Org> {
     let code = cx.comp(cwe, 1);
     let name = cx
         .comp(cwe, 2)
@@ -665,9 +588,8 @@ pub(crate) fn organization(cx: &Ctx<'_, '_>, cwe: Value<'_>) -> Option<Org> {
     })
 }
 
-/// Writes an Organization entry.
-pub(crate) fn organization_entry(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, org: &Org) {
-    cx.begin_entry(w, &org.target);
+/// An Organization's elements: its identifier and name.
+fn organization_body(w: &mut Writer<'_>, org: &Org) {
     if let Some((system, value)) = &org.identifier {
         w.array("identifier");
         w.begin_object();
@@ -679,5 +601,4 @@ pub(crate) fn organization_entry(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, org: 
     if let Some(n) = &org.name {
         w.string("name", n);
     }
-    cx.end_entry(w, &org.target);
 }

@@ -1,7 +1,7 @@
 //! OBX → Observation (the OBX[Observation] and OBX[Observation-Component] maps): the value by its type, its
 //! people and links.
 
-use crate::context::{Ctx, Target, reference};
+use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::cwe::primary_coding;
 use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::dtm::fhir_time;
@@ -22,12 +22,14 @@ pub(crate) fn observation_target(cx: &Ctx<'_, '_>, obx: &Segment<'_>, derived: &
 }
 
 /// What an Observation refers to besides its OBX: the patient, the visit, the specimen it is about
-/// (SPECIMEN_OBSERVATION), and the NTE segments that follow the OBX.
+/// (SPECIMEN_OBSERVATION), the event it is part of, and the NTE segments that follow the OBX.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ObsLinks<'x, 'a> {
     pub patient: Option<&'x Target>,
     pub encounter: Option<&'x Target>,
     pub focus: Option<&'x Target>,
+    /// The event (an Immunization) the observation was made as part of.
+    pub part_of: Option<&'x Target>,
     pub notes: &'x [Segment<'a>],
     /// When OBX-14 is empty: the time of the observations of its OBR (OBR-7), as v2 says.
     pub effective: Option<&'x str>,
@@ -123,11 +125,7 @@ pub(crate) fn observation_body(
         reference(w, "subject", p);
     }
     if let Some(f) = links.focus {
-        w.array("focus");
-        w.begin_object();
-        w.string_parts("reference", &["urn:uuid:", &f.id]);
-        w.end_object();
-        w.end_array();
+        references(w, "focus", &[f]);
     }
     if let Some(e) = links.encounter {
         reference(w, "encounter", e);
@@ -173,6 +171,9 @@ pub(crate) fn observation_body(
         w.string("text", &range);
         w.end_object();
         w.end_array();
+    }
+    if let Some(p) = links.part_of {
+        references(w, "partOf", &[p]);
     }
     mapped
 }

@@ -3,7 +3,6 @@
 use crate::FhirError;
 use crate::context::{Ctx, Target};
 use crate::datatypes::cwe::Table;
-use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::segments::write_items;
 use hl7v2::message::{Segment, Value};
@@ -22,21 +21,6 @@ pub(crate) fn patient_target(cx: &Ctx<'_, '_>, pid: &Segment<'_>, fallback: &[&s
         Some((s, v)) => cx.target("Patient", &[&s, &v], Some((s.clone(), v.clone()))),
         None => cx.target("Patient", fallback, None),
     }
-}
-
-/// The Patient's entry: the PID[Patient] map, its fullUrl added to `targets`, PID's other fields reported.
-pub(crate) fn patient_entry<'a>(
-    cx: &mut Ctx<'a, '_>,
-    w: &mut Writer<'_>,
-    pid: &Segment<'a>,
-    patient: &Target,
-    targets: &mut Vec<Uuid>,
-) {
-    cx.begin_entry(w, patient);
-    let pid_mapped = patient_body(cx, w, pid);
-    cx.end_entry(w, patient);
-    targets.push(patient.id);
-    cx.note_unmapped(pid, &pid_mapped);
 }
 
 /// The match key among the identifiers of `fields` of `seg` (the rule's, looked for in the first field; else

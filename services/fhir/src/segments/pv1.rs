@@ -53,6 +53,18 @@ pub(crate) fn note_no_encounter<'a>(
     }
 }
 
+/// A PV1 (and PV2) written as an Encounter: the fields their maps did not write are reported.
+pub(crate) fn note_encounter<'a>(
+    cx: &mut Ctx<'a, '_>,
+    pv1: &Segment<'a>,
+    pv2: Option<&Segment<'a>>,
+) {
+    cx.note_unmapped(pv1, PV1_MAPPED);
+    if let Some(pv2) = pv2 {
+        cx.note_unmapped(pv2, PV2_MAPPED);
+    }
+}
+
 /// A participant of the visit: PV1 field, v3-ParticipationType code and display, the Practitioner.
 pub(crate) type Participant<'a> = (usize, &'static str, &'static str, Target, Value<'a>);
 
