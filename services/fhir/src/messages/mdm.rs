@@ -19,6 +19,7 @@ use crate::ids::is_oid;
 use crate::json::Writer;
 use crate::messages::common::{Visit, encounter_entry, required};
 use crate::segments::msh::MSH_MAPPED;
+use crate::segments::obx::plain_text;
 use crate::segments::pid::{patient_body, patient_target};
 use crate::segments::pv1::visit;
 use crate::segments::write_items;
@@ -311,30 +312,6 @@ pub(crate) fn base64(b: &[u8]) -> String {
             }
         }
     }
-    out
-}
-
-/// FT/TX with its formatting commands made plain: `\.br\` and `\.sp\` as line breaks, the others dropped.
-fn plain_text(t: &str, esc: char) -> String {
-    let mut out = String::with_capacity(t.len());
-    let mut rest = t;
-    while let Some(i) = rest.find(esc) {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + esc.len_utf8()..];
-        match after.find(esc) {
-            Some(j) if after.starts_with('.') || matches!(&after[..j], "H" | "N") => {
-                if after.starts_with(".br") || after.starts_with(".sp") {
-                    out.push('\n');
-                }
-                rest = &after[j + esc.len_utf8()..];
-            }
-            _ => {
-                out.push(esc);
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
     out
 }
 

@@ -224,7 +224,7 @@ pub(crate) fn observation_value(
                 .filter_map(|r| cx.text(Some(*r)))
                 .map(|t| match ty.as_ref() {
                     "ST" => t.into_owned(),
-                    _ => formatted_text(&t, esc),
+                    _ => plain_text(&t, esc).trim().to_owned(),
                 })
                 .filter(|t| !t.is_empty())
                 .collect();
@@ -364,8 +364,9 @@ fn string_value(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, v: Value<'_>) -> ValueUse 
 }
 
 /// FT/TX text with its formatting commands (kept as written by the unescaping) made plain: `\.br\` and
-/// `\.sp\` as line breaks, the other commands (`\.in\`, `\.ce\`, `\H\`, `\N\`...) dropped.
-fn formatted_text(t: &str, esc: char) -> String {
+/// `\.sp\` as line breaks, the other commands (`\.in\`, `\.ce\`, `\H\`, `\N\`...) dropped. (OBX-5 and
+/// MDM's document text alike.)
+pub(crate) fn plain_text(t: &str, esc: char) -> String {
     let mut out = String::with_capacity(t.len());
     let mut rest = t;
     while let Some(i) = rest.find(esc) {
@@ -386,7 +387,7 @@ fn formatted_text(t: &str, esc: char) -> String {
         }
     }
     out.push_str(rest);
-    out.trim().to_owned()
+    out
 }
 
 /// SN (comparator, number, separator, number) by the IG's SN maps.
