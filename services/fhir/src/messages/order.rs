@@ -74,7 +74,7 @@ struct Spec<'a> {
 }
 
 /// An ORDER_OBSERVATION (ORU) or ORDER (ORM, OML) group.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Order<'a> {
     orc: Option<Segment<'a>>,
     obr: Option<Segment<'a>>,
@@ -84,21 +84,6 @@ struct Order<'a> {
     specs: Vec<Spec<'a>>,
     request: Option<Target>,
     report: Option<Target>,
-}
-
-impl<'a> Order<'a> {
-    fn new(orc: Option<Segment<'a>>, obr: Option<Segment<'a>>) -> Self {
-        Self {
-            orc,
-            obr,
-            notes: Vec::new(),
-            dg1: Vec::new(),
-            obs: Vec::new(),
-            specs: Vec::new(),
-            request: None,
-            report: None,
-        }
-    }
 }
 
 /// A PATIENT_RESULT (ORU) or the patient of an order message, with its orders.
@@ -304,7 +289,10 @@ fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool) {
                 _ => cx.note_unmapped_segment(&seg),
             },
             b"ORC" => {
-                p.orders.push(Order::new(Some(seg), None));
+                p.orders.push(Order {
+                    orc: Some(seg),
+                    ..Order::default()
+                });
                 anchor = Anchor::Order;
             }
             b"OBR" => {
@@ -312,7 +300,10 @@ fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool) {
                     Some(o) if o.obr.is_none() && o.obs.is_empty() && o.specs.is_empty() => {
                         o.obr = Some(seg);
                     }
-                    _ => p.orders.push(Order::new(None, Some(seg))),
+                    _ => p.orders.push(Order {
+                        obr: Some(seg),
+                        ..Order::default()
+                    }),
                 }
                 anchor = Anchor::Order;
             }
