@@ -22,12 +22,10 @@ fail() {
   log "$*"
   exit 1
 }
+# shellcheck source=scripts/lib/venv.sh
+. "$root/scripts/lib/venv.sh"
 
-command -v "$base" >/dev/null 2>&1 || fail "no '$base' on PATH: install Python 3.9 or newer (or set PYTHON)"
-pyid=$("$base" -c 'import sys; print(sys.version.split()[0], sys.executable)') ||
-  fail "'$base' does not run"
-"$base" -c 'import sys; sys.exit(sys.version_info < (3, 9))' ||
-  fail "'$base' is Python ${pyid%% *}; checkov needs 3.9 or newer (set PYTHON)"
+pyid=$(python_id "$base" 9 "checkov needs")
 version=$(sed -n 's/^checkov==//p' "$req")
 [ -n "$version" ] || fail "${req#"$root"/} pins no checkov version"
 
@@ -35,16 +33,7 @@ env_hash=$({ grep -v "^#" "$req"; printf '%s\n' "$pyid"; } | sha256sum | cut -c1
 dir=$root/.cache/checkov-$env_hash
 ckv=$dir/venv/bin/checkov
 
-if [ -f "$dir/.complete" ]; then
-  echo "$ckv"
-  exit 0
-fi
-
-mkdir -p "$root/.cache"
-# Several checks may ask at once: one installs, the others wait and reuse.
-exec 9>"$root/.cache/checkov.lock"
-flock -w 900 9 || fail "timed out waiting for another setup of checkov's venv"
-if [ -f "$dir/.complete" ]; then
+if ready_or_lock checkov 900 "checkov's venv" test -f "$dir/.complete"; then
   echo "$ckv"
   exit 0
 fi
@@ -53,8 +42,7 @@ started=$SECONDS
 log "installing checkov $version into ${dir#"$root"/} (once: ~290 MB from PyPI, about a minute on 2 cores)"
 rm -rf "$dir"
 mkdir -p "$dir"
-"$base" -m venv "$dir/venv" >&2 ||
-  fail "'$base -m venv' failed (on Debian/Ubuntu the python3-venv package provides it)"
+make_venv "$base" "$dir/venv"
 # --no-deps: the list is complete, so nothing unpinned comes in; wheels only, so nothing is compiled.
 if ! nice -n 10 "$dir/venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
   --only-binary=:all: --no-deps -r "$req" >&2; then

@@ -22,12 +22,10 @@ fail() {
   log "$*"
   exit 1
 }
+# shellcheck source=scripts/lib/venv.sh
+. "$root/scripts/lib/venv.sh"
 
-command -v "$base" >/dev/null 2>&1 || fail "no '$base' on PATH: install Python 3.10 or newer (or set PYTHON)"
-pyid=$("$base" -c 'import sys; print(sys.version.split()[0], sys.executable)') ||
-  fail "'$base' does not run"
-"$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-  fail "'$base' is Python ${pyid%% *}; the pinned packages need 3.10 or newer (set PYTHON)"
+pyid=$(python_id "$base" 10 "the pinned packages need")
 
 env_hash=$({ cat "$req"; printf '%s\n' "$pyid"; } | sha256sum | cut -c1-16)
 proto_hash=$(cd "$protos" && find . -name '*.proto' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
@@ -42,16 +40,7 @@ ready() {
     [ "$(cat "$(cat "$dir/site")/$pth_name" 2>/dev/null)" = "$gen" ]
 }
 
-if ready; then
-  echo "$py"
-  exit 0
-fi
-
-mkdir -p "$root/.cache"
-# Several test runs may ask at once: one builds, the others wait and reuse.
-exec 9>"$root/.cache/py-consumer.lock"
-flock -w 600 9 || fail "timed out waiting for another setup of the Python environment"
-if ready; then
+if ready_or_lock py-consumer 600 "the Python environment" ready; then
   echo "$py"
   exit 0
 fi
@@ -61,8 +50,7 @@ if [ ! -f "$dir/.complete" ]; then
   log "creating ${dir#"$root"/} (Python ${pyid%% *}, packages from requirements.txt)"
   rm -rf "$dir"
   mkdir -p "$dir"
-  "$base" -m venv "$venv" >&2 ||
-    fail "'$base -m venv' failed (on Debian/Ubuntu the python3-venv package provides it)"
+  make_venv "$base" "$venv"
   # Wheels only: a missing wheel fails here with pip's message instead of compiling librdkafka or grpc.
   "$py" -m pip install --disable-pip-version-check --no-input --quiet --only-binary=:all: -r "$req" >&2 ||
     fail "pip install -r ${req#"$root"/} failed (see above); PyPI must be reachable for the first setup"
