@@ -64,33 +64,24 @@ ldflags() {
 # The stamp changes when the wrapper module or the flags do, and then build runs again.
 stamp() { cat "$wrapper/go.mod" "$wrapper/go.sum" <(ldflags) | sha256sum | cut -c1-16; }
 
+# shellcheck source=scripts/lib/gobuild.sh
+. "$root/scripts/lib/gobuild.sh"
+
 build() {
   local want; want=$(stamp)
-  if [ "$(cat "$tooldir/.complete" 2>/dev/null)" = "$want" ]; then printf '%s\n' "$bin"; return; fi
-  command -v go >/dev/null || die "go is not installed"
   grep -Eq "^\s+github.com/jaegertracing/jaeger $JAEGER_MODULE_VERSION( |\$)" "$wrapper/go.mod" ||
     die "scripts/jaeger/go.mod does not require github.com/jaegertracing/jaeger $JAEGER_MODULE_VERSION"
-  mkdir -p "$root/.cache/tools"
-  exec 8>"$root/.cache/.go-build.lock"
-  flock 8 # one Go build at a time on this machine (scripts/tools.sh, cluster.sh and k6.sh take the same lock)
-  if [ "$(cat "$tooldir/.complete" 2>/dev/null)" = "$want" ]; then printf '%s\n' "$bin"; return; fi
-  log "building Jaeger $JAEGER_VERSION from the Go module proxy (once; 8-15 min on 2 cores; log in ${tooldir#"$root"/}/build.log)"
-  local src=$tooldir/src out=$tooldir/bin.new t0=$SECONDS
-  rm -rf "$tooldir"
-  mkdir -p "$src" "$out"
-  # Build in a copy, so that nothing can ever touch the committed go.mod/go.sum.
-  cp "$wrapper/go.mod" "$wrapper/go.sum" "$src/"
-  (
-    cd "$src"
-    export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
-    nice -n 10 go build -trimpath -ldflags "$(ldflags)" -o "$out/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
-  ) >"$tooldir/build.log" 2>&1 || { tail -n 30 "$tooldir/build.log" >&2; die "build failed (full log: $tooldir/build.log)"; }
-  "$out/jaeger" version >/dev/null 2>&1 || die "the built jaeger does not run"
-  rm -rf "$src" "${tooldir:?}/bin"
-  mv "$out" "$tooldir/bin"
-  echo "$want" >"$tooldir/.complete"
-  log "built in $((SECONDS - t0)) s: ${bin#"$root"/}"
+  go_build_once "$tooldir" "$want" "Jaeger $JAEGER_VERSION" build_jaeger
   printf '%s\n' "$bin"
+}
+
+# go_build_once's command: in a copy of the wrapper module, so that nothing can ever touch the committed go.mod/go.sum.
+build_jaeger() {
+  local src=$tooldir/src
+  mkdir -p "$src" && cp "$wrapper/go.mod" "$wrapper/go.sum" "$src/" && cd "$src" &&
+    GOFLAGS="-mod=readonly -buildvcs=false" nice -n 10 go build -trimpath -ldflags "$(ldflags)" -o "$bin" \
+      github.com/jaegertracing/jaeger/cmd/jaeger &&
+    "$bin" version && rm -rf "$src"
 }
 
 # --- processes ---------------------------------------------------------------------------------------------------

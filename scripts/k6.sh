@@ -31,26 +31,22 @@ die() { log "$*"; exit 1; }
 src_hash() { (cd "$src" && cat go.mod go.sum main.go mllp/*.go) | sha256sum | cut -c1-12; }
 dir() { printf '%s\n' "$root/.cache/tools/k6-$K6_VERSION-mllp-$(src_hash)"; }
 
+# shellcheck source=scripts/lib/gobuild.sh
+. "$root/scripts/lib/gobuild.sh"
+
 build() {
-  local d t0=$SECONDS
+  local d
   d=$(dir)
-  if [ -f "$d/.complete" ]; then printf '%s\n' "$d/bin/k6"; return; fi
-  command -v go >/dev/null || die "go is not installed"
   grep -q "go.k6.io/k6 $K6_VERSION\$" "$src/go.mod" || die "loadtest/k6/go.mod does not require go.k6.io/k6 $K6_VERSION"
-  mkdir -p "$root/.cache/tools"
-  exec 8>"$root/.cache/.go-build.lock"
-  flock 8 # one Go build at a time on this machine (scripts/tools.sh and scripts/cluster.sh take the same lock)
-  if [ -f "$d/.complete" ]; then printf '%s\n' "$d/bin/k6"; return; fi
-  log "building k6 $K6_VERSION + k6/x/mllp (once; cached in ${d#"$root"/})"
-  rm -rf "$d"
-  mkdir -p "$d/bin"
-  (cd "$src" && GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=readonly" CGO_ENABLED=0 \
-    nice -n 10 go build -trimpath -ldflags "-s -w" -o "$d/bin/k6" .) >"$d/build.log" 2>&1 ||
-    { tail -n 20 "$d/build.log" >&2; die "go build of loadtest/k6 failed (log: $d/build.log)"; }
-  "$d/bin/k6" version >>"$d/build.log" 2>&1 || die "the built k6 does not run (log: $d/build.log)"
-  touch "$d/.complete"
-  log "  done in $((SECONDS - t0)) s"
+  # An empty stamp: the folder's name has the version and the sources' hash.
+  go_build_once "$d" "" "k6 $K6_VERSION + k6/x/mllp" build_k6 "$d"
   printf '%s\n' "$d/bin/k6"
+}
+
+# build_k6 DIR: go_build_once's command.
+build_k6() {
+  cd "$src" && GOFLAGS="-buildvcs=false -mod=readonly" nice -n 10 go build -trimpath -ldflags "-s -w" -o "$1/bin/k6" . &&
+    "$1/bin/k6" version
 }
 
 # --- running the ingress --------------------------------------------------------------------------------------------

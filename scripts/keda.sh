@@ -34,37 +34,34 @@ log() { printf 'keda: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 kubectl() { "$root/.cache/k8s-$K8S_VERSION/bin/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 
+# shellcheck source=scripts/lib/gobuild.sh
+. "$root/scripts/lib/gobuild.sh"
+
 fetch() {
-  [ "$(cat "$dir/.complete" 2>/dev/null)" = "$KEDA_VERSION" ] && return
-  command -v go >/dev/null || die "go is not installed"
-  mkdir -p "$root/.cache/tools"
-  exec 8>"$root/.cache/.go-build.lock"
-  flock 8
-  [ "$(cat "$dir/.complete" 2>/dev/null)" = "$KEDA_VERSION" ] && return
-  local t0=$SECONDS
-  log "building keda-operator and keda-adapter $KEDA_VERSION from the Go module proxy (once; log in ${dir#"$root"/}/build.log)"
-  rm -rf "$dir"
-  mkdir -p "$dir/bin" "$dir/crds"
-  # Its module sources and build cache (several GB: every scaler's cloud SDK) go to a scratch folder of its own,
-  # deleted after the build: nothing uses them once the binaries exist, and `make test` builds this beside its
-  # tests (scripts/test.sh), whose other Go scratch is gone by then.
-  local scratch=$root/.cache/go-scratch-keda
+  go_build_once "$dir" "$KEDA_VERSION" "keda-operator and keda-adapter $KEDA_VERSION" build_keda
+}
+
+# The build (go_build_once's command): the module's own source as the main module, its CRDs copied out. Its module
+# sources and build cache (several GB: every scaler's cloud SDK) go to a scratch folder of its own, deleted after the
+# build: nothing uses them once the binaries exist, and `make test` builds this beside its tests (scripts/test.sh),
+# whose other Go scratch is gone by then.
+build_keda() {
+  local scratch=$root/.cache/go-scratch-keda rc=0
   (
-    export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
-    export GOCACHE=$scratch/build GOMODCACHE=$scratch/mod
+    export GOFLAGS="-mod=mod -buildvcs=false" GOCACHE=$scratch/build GOMODCACHE=$scratch/mod
     src=$(go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
     cp -r "$src" "$dir/src"
     chmod -R u+w "$dir/src"
+    mkdir -p "$dir/crds"
     cp "$dir"/src/config/crd/bases/*.yaml "$dir/crds/"
-    cd "$dir/src"
+    cd "$dir/src" || exit
     v="-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
     nice -n 19 go build -trimpath -ldflags "-s -w $v" -o "$dir/bin/keda-operator" ./cmd/operator
     nice -n 19 go build -trimpath -ldflags "-s -w $v" -o "$dir/bin/keda-adapter" ./cmd/adapter
-  ) >"$dir/build.log" 2>&1 || { tail -n 30 "$dir/build.log" >&2; chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"; die "the KEDA build failed ($dir/build.log)"; }
-  chmod -R u+w "$scratch" && rm -rf "$scratch"
-  rm -rf "$dir/src"
-  printf '%s' "$KEDA_VERSION" >"$dir/.complete"
-  log "built in $((SECONDS - t0)) s"
+  ) || rc=$?
+  chmod -R u+w "$scratch" 2>/dev/null
+  rm -rf "$scratch" "$dir/src"
+  return "$rc"
 }
 
 PROCS_DIR=$state

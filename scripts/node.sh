@@ -104,27 +104,18 @@ fetch() {
 
 # metrics-server (the HPAs' CPU figures: the metrics.k8s.io API), built from the Go module proxy into
 # .cache/tools/metrics-server-$METRICS_SERVER_VERSION, at nice 19 under the shared Go build lock.
+# shellcheck source=scripts/lib/gobuild.sh
+. "$root/scripts/lib/gobuild.sh"
 fetch_metrics_server() {
-  [ "$(cat "$ms_dir/.complete" 2>/dev/null)" = "$METRICS_SERVER_VERSION" ] && return
-  command -v go >/dev/null || die "go is not installed"
-  mkdir -p "$root/.cache/tools"
-  exec 8>"$root/.cache/.go-build.lock"
-  flock 8
-  [ "$(cat "$ms_dir/.complete" 2>/dev/null)" = "$METRICS_SERVER_VERSION" ] && return
-  local t0=$SECONDS
-  log "building metrics-server $METRICS_SERVER_VERSION from the Go module proxy (once; log in ${ms_dir#"$root"/}/build.log)"
-  rm -rf "$ms_dir"
-  mkdir -p "$ms_dir/src" "$ms_dir/bin"
-  (
-    cd "$ms_dir/src"
-    export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
-    go mod init hl7gw.local/metrics-server
-    go get -tool "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
-    nice -n 19 go build -trimpath -ldflags "-s -w" -o "$ms_dir/bin/" sigs.k8s.io/metrics-server/cmd/metrics-server
-  ) >"$ms_dir/build.log" 2>&1 || { tail -n 30 "$ms_dir/build.log" >&2; die "metrics-server build failed ($ms_dir/build.log)"; }
-  rm -rf "$ms_dir/src"
-  printf '%s' "$METRICS_SERVER_VERSION" >"$ms_dir/.complete"
-  log "metrics-server built in $((SECONDS - t0)) s"
+  go_build_once "$ms_dir" "$METRICS_SERVER_VERSION" "metrics-server $METRICS_SERVER_VERSION" build_metrics_server
+}
+build_metrics_server() {
+  mkdir -p "$ms_dir/src" && cd "$ms_dir/src" || return
+  export GOFLAGS="-mod=mod -buildvcs=false"
+  go mod init hl7gw.local/metrics-server
+  go get -tool "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
+  nice -n 19 go build -trimpath -ldflags "-s -w" -o "$ms_dir/bin/" sigs.k8s.io/metrics-server/cmd/metrics-server &&
+    rm -rf "$ms_dir/src"
 }
 
 # --- processes -----------------------------------------------------------------------------------------------------

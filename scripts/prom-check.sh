@@ -23,6 +23,7 @@
 #   PROM_CHECK_BIN=DIR  the hl7gw binaries to run (default: target/debug, built here with cargo build --bins)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 work=$PWD/target/prom-check
 export KAFKA_PORT=${PROM_CHECK_KAFKA_PORT:-29960} KAFKA_DATA_DIR=$work/kafka
 CHART=helm/hl7-gateway
@@ -32,23 +33,18 @@ die() { log "$*"; exit 1; }
 
 schema_dir=$PWD/.cache/tools/grafana-schema-$GRAFANA_SDK_VERSION
 schema_bin=$schema_dir/bin/grafana-schema
+schema_src=scripts/prom-check/grafana-schema
+# shellcheck source=scripts/lib/gobuild.sh
+. scripts/lib/gobuild.sh
 build_schema_checker() {
-  local src=scripts/prom-check/grafana-schema stamp t0=$SECONDS
-  stamp=$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)
-  [ "$(cat "$schema_dir/.complete" 2>/dev/null)" = "$stamp" ] && return
-  command -v go >/dev/null || die "go is not installed (the dashboard's schema check is built with it)"
-  mkdir -p "$PWD/.cache"
-  exec 8>"$PWD/.cache/.go-build.lock"
-  flock 8 # one Go build at a time on this machine (scripts/tools.sh and scripts/cluster.sh take the same lock)
-  log "building the Grafana foundation SDK's schema check (once; ${schema_dir#"$PWD"/})"
-  rm -rf "$schema_dir"
-  mkdir -p "$schema_dir/bin"
-  (cd "$src" && GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -modcacherw -mod=readonly" CGO_ENABLED=0 \
-    nice -n 19 go build -trimpath -ldflags "-s -w" -o "$schema_bin" .) >"$schema_dir/build.log" 2>&1 ||
-    { tail -n 20 "$schema_dir/build.log" >&2; die "the schema check did not build (log: $schema_dir/build.log)"; }
-  printf '%s' "$stamp" >"$schema_dir/.complete"
-  exec 8>&-
-  log "  done in $((SECONDS - t0)) s"
+  local stamp
+  stamp=$(cat "$schema_src/go.mod" "$schema_src/go.sum" "$schema_src/main.go" | sha256sum | cut -c1-16)
+  go_build_once "$schema_dir" "$stamp" "the Grafana foundation SDK's schema check" go_build_schema_checker
+}
+# go_build_once's command.
+go_build_schema_checker() {
+  cd "$schema_src" && GOFLAGS="-buildvcs=false -modcacherw -mod=readonly" nice -n 19 go build -trimpath -ldflags "-s -w" \
+    -o "$schema_bin" .
 }
 
 prometheus=$(scripts/tools.sh prometheus)

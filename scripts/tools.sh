@@ -42,23 +42,15 @@ umoci_dir=$tools/umoci-${UMOCI_DEB_VERSION%%+*}
 log() { printf 'tools: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
+# shellcheck source=scripts/lib/gobuild.sh
+. "$root/scripts/lib/gobuild.sh"
+
 # go_install DIR PKG@VERSION [LDFLAGS]: into DIR/bin, one Go build at a time and at nice 10, so other builds keep
-# their priority.
+# their priority. A change of version or flags builds again.
 go_install() {
-  local dir=$1 pkg=$2 ldflags=${3:-} t0=$SECONDS
-  local stamp="$pkg $ldflags" # a change of version or flags builds again
-  [ "$(cat "$dir/.complete" 2>/dev/null)" = "$stamp" ] && return
-  command -v go >/dev/null || die "go is not installed"
-  exec 8>"$root/.cache/.go-build.lock"
-  flock 8 # one Go build at a time on this machine (scripts/cluster.sh fetch takes the same lock)
-  log "go install $pkg (once; cached in ${dir#"$root"/})"
-  rm -rf "$dir"
-  mkdir -p "$dir/bin"
-  GOTOOLCHAIN=local GOFLAGS="-buildvcs=false" CGO_ENABLED=0 GOBIN="$dir/bin" \
-    nice -n 10 go install -trimpath -ldflags "-s -w $ldflags" "$pkg" >"$dir/build.log" 2>&1 ||
-    { tail -n 20 "$dir/build.log" >&2; die "go install $pkg failed (log: $dir/build.log)"; }
-  printf '%s' "$stamp" >"$dir/.complete"
-  log "  done in $((SECONDS - t0)) s"
+  local dir=$1 pkg=$2 ldflags=${3:-}
+  go_build_once "$dir" "$pkg $ldflags" "$pkg" env GOFLAGS="-buildvcs=false" GOBIN="$dir/bin" \
+    nice -n 10 go install -trimpath -ldflags "-s -w $ldflags" "$pkg"
 }
 
 helm() {
