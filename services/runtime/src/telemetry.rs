@@ -50,31 +50,42 @@ pub mod semconv {
 
 /// An info span of a record written to or read from Kafka, under OpenTelemetry's messaging conventions (see
 /// [`semconv`]): `kafka_span!(producer, ...)` or `kafka_span!(consumer, ...)` sets `otel.kind`,
-/// `messaging.system` and `messaging.operation.type` (`send`, `process`), then takes what `tracing::info_span!`
-/// takes (an optional `parent: ...,`, the name, the span's other fields).
+/// `messaging.system` and `messaging.operation.type` (`send`, `process`), declares the record's place
+/// (`messaging.destination.name`, `messaging.destination.partition.id`, `messaging.kafka.offset`) for
+/// [`record_placement`], then takes what `tracing::info_span!` takes (an optional `parent: ...,`, the name,
+/// the span's other fields).
 #[macro_export]
 macro_rules! kafka_span {
     (producer, $($rest:tt)+) => { $crate::kafka_span!(@ "producer", "send", $($rest)+) };
     (consumer, $($rest:tt)+) => { $crate::kafka_span!(@ "consumer", "process", $($rest)+) };
-    (@ $kind:literal, $op:literal, parent: $parent:expr, $name:literal, $($fields:tt)+) => {
+    (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? $name:literal, $($fields:tt)+) => {
         tracing::info_span!(
-            parent: $parent,
+            $(parent: $parent,)?
             $name,
             otel.kind = $kind,
             messaging.system = "kafka",
             messaging.operation.type = $op,
+            messaging.destination.name = tracing::field::Empty,
+            messaging.destination.partition.id = tracing::field::Empty,
+            messaging.kafka.offset = tracing::field::Empty,
             $($fields)+
         )
     };
-    (@ $kind:literal, $op:literal, $name:literal, $($fields:tt)+) => {
-        tracing::info_span!(
-            $name,
-            otel.kind = $kind,
-            messaging.system = "kafka",
-            messaging.operation.type = $op,
-            $($fields)+
-        )
-    };
+}
+
+/// Records where the Kafka record of a [`kafka_span!`] is: its topic, and its partition and offset once known
+/// (a negative offset, as a delivery report without one, is not recorded).
+pub fn record_placement(span: &tracing::Span, topic: Option<&str>, at: Option<(i32, i64)>) {
+    if let Some(topic) = topic {
+        span.record(semconv::MESSAGING_DESTINATION_NAME, topic);
+    }
+    if let Some((partition, offset)) = at.filter(|&(_, offset)| offset >= 0) {
+        span.record(
+            semconv::MESSAGING_DESTINATION_PARTITION_ID,
+            partition.to_string(),
+        );
+        span.record(semconv::MESSAGING_KAFKA_OFFSET, offset);
+    }
 }
 
 /// Keeps the tracer provider alive; flushes spans when dropped.

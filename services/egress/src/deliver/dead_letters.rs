@@ -43,14 +43,12 @@ impl DestCtx {
                 producer,
                 parent: parent,
                 "dead_letter",
-                messaging.destination.name = %self.cfg.dlq_topic,
-                messaging.destination.partition.id = tracing::field::Empty,
-                messaging.kafka.offset = tracing::field::Empty,
                 hl7.destination = %self.name,
                 hl7.control_id = env.header.as_ref().map_or("", |h| h.control_id.as_str()),
                 hl7.reason = reason,
             )
         };
+        hl7gw_runtime::telemetry::record_placement(&span, Some(&self.cfg.dlq_topic), None);
         let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
         if !traceparent.is_empty() {
             env.trace = Some(hl7gw_runtime::proto::v1::TraceContext {
@@ -115,10 +113,7 @@ impl DestCtx {
             }
         };
         self.state.dlq_failing(None);
-        if written.1 >= 0 {
-            span.record("messaging.destination.partition.id", written.0.to_string());
-            span.record("messaging.kafka.offset", written.1);
-        }
+        hl7gw_runtime::telemetry::record_placement(&span, None, Some(written));
         self.m.dead_lettered(reason);
         self.state.dead_lettered.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut by) = self.state.dead_lettered_by_reason.lock() {

@@ -60,9 +60,6 @@ impl DestCtx {
         let span = hl7gw_runtime::kafka_span!(
             consumer,
             "deliver",
-            messaging.destination.name = %self.topic,
-            messaging.destination.partition.id = %m.partition(),
-            messaging.kafka.offset = m.offset(),
             messaging.consumer.group.name = %self.cfg.group(&self.name),
             hl7.destination = %self.name,
             hl7.route = %env.route,
@@ -73,6 +70,8 @@ impl DestCtx {
             http.response.status_code = tracing::field::Empty,
             hl7.attempts = tracing::field::Empty,
         );
+        let at = Some((m.partition(), m.offset()));
+        hl7gw_runtime::telemetry::record_placement(&span, Some(&self.topic), at);
         if let Some(tc) = &env.trace {
             hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
         }

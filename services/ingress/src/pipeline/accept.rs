@@ -93,9 +93,6 @@ impl Pipeline {
         let span = hl7gw_runtime::kafka_span!(
             producer,
             "hl7.ingest",
-            messaging.destination.name = tracing::field::Empty,
-            messaging.destination.partition.id = tracing::field::Empty,
-            messaging.kafka.offset = tracing::field::Empty,
             hl7.message_type = tracing::field::Empty,
             hl7.trigger_event = tracing::field::Empty,
             hl7.control_id = tracing::field::Empty,
@@ -184,10 +181,7 @@ impl Pipeline {
         if !key.is_empty() {
             record = record.key(&key);
         }
-        span.record(
-            "messaging.destination.name",
-            self.cfg.inbound_topic.as_str(),
-        );
+        hl7gw_runtime::telemetry::record_placement(&span, Some(&self.cfg.inbound_topic), None);
         let started = Instant::now();
         let producer = self.producer.get();
         let delivery = match producer.send_result(record) {

@@ -64,10 +64,7 @@ impl Pipeline {
         match res {
             Ok(Ok(Ok((partition, offset)))) => {
                 // A success report may come without an offset (runtime kafka/delivery.rs, `confirmed`).
-                if offset >= 0 {
-                    span.record("messaging.destination.partition.id", partition.to_string());
-                    span.record("messaging.kafka.offset", offset);
-                }
+                hl7gw_runtime::telemetry::record_placement(&span, None, Some((partition, offset)));
                 self.metrics
                     .publish_duration
                     .observe(started.elapsed().as_secs_f64());

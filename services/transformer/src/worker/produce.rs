@@ -78,15 +78,16 @@ pub(super) fn publish_span(r: &OutRecord) -> tracing::Span {
     if r.parent.is_none() {
         return tracing::Span::none();
     }
-    hl7gw_runtime::kafka_span!(
+    let span = hl7gw_runtime::kafka_span!(
         producer,
         parent: &r.parent,
         "publish",
-        messaging.destination.name = %r.topic,
         hl7.control_id = r.envelope.header.as_ref().map_or("", |h| h.control_id.as_str()),
         hl7.route = %r.envelope.route,
         hl7.destination = %r.envelope.destination,
-    )
+    );
+    hl7gw_runtime::telemetry::record_placement(&span, Some(&r.topic), None);
+    span
 }
 
 /// One output of a batch: the input's topic, partition and offset, the output's place among that input's

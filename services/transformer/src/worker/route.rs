@@ -76,9 +76,6 @@ pub async fn route_consumed<P: PluginCaller>(
     let span = hl7gw_runtime::kafka_span!(
         consumer,
         "transform",
-        messaging.destination.name = tracing::field::Empty,
-        messaging.destination.partition.id = tracing::field::Empty,
-        messaging.kafka.offset = tracing::field::Empty,
         messaging.consumer.group.name = tracing::field::Empty,
         hl7.message_type = %h.message_type,
         hl7.trigger_event = %h.trigger_event,
@@ -87,12 +84,11 @@ pub async fn route_consumed<P: PluginCaller>(
         hl7.fhir.unmapped = tracing::field::Empty,
     );
     if let Some(c) = consumed {
-        span.record("messaging.destination.name", c.topic);
-        span.record(
-            "messaging.destination.partition.id",
-            c.partition.to_string(),
+        hl7gw_runtime::telemetry::record_placement(
+            &span,
+            Some(c.topic),
+            Some((c.partition, c.offset)),
         );
-        span.record("messaging.kafka.offset", c.offset);
         span.record("messaging.consumer.group.name", c.group);
     }
     if let Some(tc) = &env.trace {
