@@ -469,6 +469,53 @@ mod tests {
         assert_eq!(lines[1]["span"]["hl7.control_id"], "CID1");
     }
 
+    /// A `kafka_span!` carries the messaging conventions for its kind, and its record's place once
+    /// `record_placement` says it: a delivery report without an offset records no partition and offset.
+    #[test]
+    fn kafka_spans_carry_the_messaging_conventions_and_their_place() {
+        let out = Buf::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .json()
+                .with_writer(move || writer.clone())
+                .with_filter(EnvFilter::new("info")),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            let parent = tracing::info_span!("transform");
+            let span =
+                crate::kafka_span!(producer, parent: &parent, "publish", hl7.control_id = "C1");
+            record_placement(&span, Some("hl7.inbound"), Some((2, -1)));
+            span.in_scope(|| tracing::info!("placed, no offset"));
+            record_placement(&span, None, Some((2, 7)));
+            span.in_scope(|| tracing::info!("offset known"));
+            let consumer = crate::kafka_span!(consumer, "deliver", hl7.destination = "lab");
+            consumer.in_scope(|| tracing::info!("consumer"));
+        });
+        let lines = out.lines();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let span = &lines[0]["span"];
+        assert_eq!(span["name"], "publish");
+        assert_eq!(span["otel.kind"], "producer");
+        assert_eq!(span["messaging.system"], "kafka");
+        assert_eq!(span["messaging.operation.type"], "send");
+        assert_eq!(span["messaging.destination.name"], "hl7.inbound");
+        assert_eq!(span["hl7.control_id"], "C1");
+        assert!(span.get("messaging.kafka.offset").is_none(), "{span}");
+        assert!(
+            span.get("messaging.destination.partition.id").is_none(),
+            "{span}"
+        );
+        assert_eq!(lines[0]["spans"][0]["name"], "transform", "the parent");
+        let span = &lines[1]["span"];
+        assert_eq!(span["messaging.destination.partition.id"], "2");
+        assert_eq!(span["messaging.kafka.offset"], 7);
+        let span = &lines[2]["span"];
+        assert_eq!(span["otel.kind"], "consumer");
+        assert_eq!(span["messaging.operation.type"], "process");
+        assert!(span.get("messaging.destination.name").is_none(), "{span}");
+    }
+
     /// `OTEL_SERVICE_NAME` wins, then `service.name` from `OTEL_RESOURCE_ATTRIBUTES`, then the binary's name;
     /// the resource carries `service.version`.
     #[test]
