@@ -12,7 +12,7 @@
 //! One pass a file: `group` (the segments in their groups), `plan` (every resource's target), `entries`
 //! (an order's entries); the resources of an order: `request` (ServiceRequest, the order), `report`
 //! (DiagnosticReport, the result), `specimen`. Here: the groups, the conversion's course, and the order
-//! numbers and identifiers both maps write.
+//! numbers and identifiers both resources write.
 //!
 //! Practitioners from the XCN/NDL fields (ORC-12, OBR-16, OBR-32/34/35, OBX-16, NTE-5, PV1), each once;
 //! MessageHeader (message Bundles) and the Provenance of the transformation as for ADT.
@@ -239,6 +239,17 @@ fn identifiers(w: &mut Writer<'_>, keys: &[((String, String), &str)]) {
         identifier_item(w, k, Some(ty));
     }
     w.end_array();
+}
+
+/// The order numbers as identifiers: the placer's (PLAC) and the filler's (FILL), as the ServiceRequest and
+/// the DiagnosticReport both write them.
+fn order_identifiers(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, o: &Order<'_>) {
+    let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
+        .into_iter()
+        .map(|k| (k, "PLAC"))
+        .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
+        .collect();
+    identifiers(w, &ids);
 }
 
 /// The placer order numbers of an order: ORC-2, OBR-2 (each once).

@@ -1,6 +1,6 @@
 //! The result (ORU_R01): OBR → DiagnosticReport.
 
-use super::{Order, filler_ids, identifiers, placer_ids};
+use super::{Order, order_identifiers};
 use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::dtm::date_or_period;
 use crate::datatypes::xcn::{Person, practitioner_refs};
@@ -23,12 +23,7 @@ pub(super) fn report_body(
     // A repeat of an earlier entry's condition carries no order number (see `uniquify`).
     if !o.report.as_ref().is_some_and(|t| t.repeat) {
         mapped.extend([2, 3]);
-        let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
-            .into_iter()
-            .map(|k| (k, "PLAC"))
-            .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
-            .collect();
-        identifiers(w, &ids);
+        order_identifiers(cx, w, o);
     }
     references(w, "basedOn", &[request]);
     let obr = o.obr.as_ref();

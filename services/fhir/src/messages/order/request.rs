@@ -1,7 +1,7 @@
 //! The order (ORM_O01, OML_O21, and the order an ORU result is based on): ORC/OBR → ServiceRequest, and who
 //! requested it.
 
-use super::{Kind, Order, filler_ids, identifiers, placer_ids};
+use super::{Kind, Order, order_identifiers};
 use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;
@@ -39,12 +39,7 @@ pub(super) fn service_request_body(
     if !o.request.as_ref().is_some_and(|t| t.repeat) {
         orc_mapped.extend([2, 3]);
         obr_mapped.extend([2, 3]);
-        let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
-            .into_iter()
-            .map(|k| (k, "PLAC"))
-            .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
-            .collect();
-        identifiers(w, &ids);
+        order_identifiers(cx, w, o);
     }
     if let Some(orc) = &o.orc
         && let Some((system, value)) = cx.rep1(orc, 4).and_then(|ei| ei_key(cx, ei, false))
