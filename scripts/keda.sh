@@ -67,6 +67,8 @@ build_keda() {
 PROCS_DIR=$state
 # shellcheck source=scripts/lib/procs.sh
 . "$root/scripts/lib/procs.sh"
+# shellcheck source=scripts/lib/apiservice.sh
+. "$root/scripts/lib/apiservice.sh"
 
 certs() {
   local d=$state/certs
@@ -103,32 +105,7 @@ up() {
     start keda-adapter "$dir/bin/keda-adapter" --secure-port "$KEDA_PORT" --bind-address "$NODE_GATEWAY" \
     --cert-dir "$state/certs" --lister-kubeconfig "$kc" --authentication-kubeconfig "$kc" --authorization-kubeconfig "$kc" \
     --metrics-service-address "127.0.0.1:$((KEDA_PORT + 3))" --port "$((KEDA_PORT + 4))"
-  # (kubectl warns that v1 Endpoints are deprecated: the warning goes to a log, errors stop here.)
-  kubectl apply -f - >/dev/null 2>"$state/apply.log" <<EOF || { cat "$state/apply.log" >&2; die "the external.metrics.k8s.io APIService"; }
-apiVersion: v1
-kind: Service
-metadata: {name: keda-metrics-apiserver, namespace: keda}
-spec:
-  ports: [{name: https, port: 443, targetPort: $KEDA_PORT}]
----
-apiVersion: v1
-kind: Endpoints
-metadata: {name: keda-metrics-apiserver, namespace: keda}
-subsets:
-  - addresses: [{ip: $NODE_GATEWAY}]
-    ports: [{name: https, port: $KEDA_PORT}]
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1beta1.external.metrics.k8s.io}
-spec:
-  service: {name: keda-metrics-apiserver, namespace: keda, port: 443}
-  group: external.metrics.k8s.io
-  version: v1beta1
-  insecureSkipTLSVerify: true
-  groupPriorityMinimum: 100
-  versionPriority: 100
-EOF
+  register_apiservice external.metrics.k8s.io keda-metrics-apiserver keda "$KEDA_PORT" "$state/apply.log"
   local t0=$SECONDS
   until kubectl get --raw /apis/external.metrics.k8s.io/v1beta1 >/dev/null 2>&1; do
     for c in keda-operator keda-adapter; do

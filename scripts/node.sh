@@ -123,6 +123,8 @@ build_metrics_server() {
 PROCS_DIR=$NODE_DIR
 # shellcheck source=scripts/lib/procs.sh
 . "$root/scripts/lib/procs.sh"
+# shellcheck source=scripts/lib/apiservice.sh
+. "$root/scripts/lib/apiservice.sh"
 
 kubectl() { "$root/.cache/k8s-$K8S_VERSION/bin/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 ctr_() { "$bin/ctr" --address "$sock" -n k8s.io "$@"; }
@@ -276,32 +278,7 @@ metrics_server() {
     --authentication-kubeconfig "$CLUSTER_DIR/kubeconfig" --authorization-kubeconfig "$CLUSTER_DIR/kubeconfig" \
     --kubelet-insecure-tls --kubelet-use-node-status-port --kubelet-preferred-address-types InternalIP \
     --metric-resolution 15s --v=1
-  # (kubectl warns that v1 Endpoints are deprecated: the warning goes to a log, errors stop here.)
-  kubectl apply -f - >/dev/null 2>"$NODE_DIR/metrics-server-apply.log" <<EOF || { cat "$NODE_DIR/metrics-server-apply.log" >&2; die "the metrics.k8s.io APIService"; }
-apiVersion: v1
-kind: Service
-metadata: {name: metrics-server, namespace: kube-system}
-spec:
-  ports: [{name: https, port: 443, targetPort: $NODE_METRICS_PORT}]
----
-apiVersion: v1
-kind: Endpoints
-metadata: {name: metrics-server, namespace: kube-system}
-subsets:
-  - addresses: [{ip: $NODE_GATEWAY}]
-    ports: [{name: https, port: $NODE_METRICS_PORT}]
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1beta1.metrics.k8s.io}
-spec:
-  service: {name: metrics-server, namespace: kube-system, port: 443}
-  group: metrics.k8s.io
-  version: v1beta1
-  insecureSkipTLSVerify: true
-  groupPriorityMinimum: 100
-  versionPriority: 100
-EOF
+  register_apiservice metrics.k8s.io metrics-server kube-system "$NODE_METRICS_PORT" "$NODE_DIR/metrics-server-apply.log"
 }
 
 # The pause image and the hl7gw image (scripts/image-local.sh), named as the chart and containerd ask for them.
