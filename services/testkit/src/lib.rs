@@ -29,6 +29,15 @@ pub use topic::*;
 
 use std::path::{Path, PathBuf};
 
+/// The runtime of a test that drives real processes: multi-threaded, 2 workers.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 pub const ROUTES: &str = "\
@@ -20,6 +21,11 @@ spec:
     - mask: {path: PID-5}
   destinations: [lab]
 ";
+
+/// A route sending ORU^R01 to the destination `flaky` (where a test has nothing listen, so that the egress
+/// gives up and dead-letters them), to follow [`ROUTES`] after a `---` line.
+pub const ORU_TO_FLAKY: &str = "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: oru-to-flaky}\n\
+    spec:\n  match: {messageTypes: ['ORU^R01']}\n  destinations: [flaky]\n";
 
 /// Topics, groups and files of one test's pipeline.
 pub struct Pipeline {
@@ -148,6 +154,21 @@ impl Pipeline {
             ),
         )
         .unwrap();
+    }
+
+    /// Sets the environment variable `key` of every process to `value` (replacing the one it had). Before the
+    /// processes start.
+    pub fn set_env(&mut self, key: &'static str, value: impl Into<String>) {
+        self.env.retain(|(k, _)| *k != key);
+        self.env.push((key, value.into()));
+    }
+
+    /// Makes every refusal of the receiver a dead letter at once (the default ACK policy retries AR with ERR
+    /// 207, which `hl7gw receive --reject-every` answers). Before `start_egress`.
+    pub fn dead_letter_refusals(&self) {
+        let cfg = self.dir.path().join("egress.yaml");
+        let yaml = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
     }
 
     /// Replaces the transformer's routes. Before `start_transformer`.
@@ -319,6 +340,20 @@ impl Pipeline {
         self.spawn_egress("127.0.0.1:0".into()).0
     }
 
+    /// Starts `hl7gw-load` (2 clients for 20 s, the ACKed control ids recorded in `record`), then kills
+    /// (SIGKILL) and restarts the transformer after 5 s and the egress 5 s later; returns the load, still
+    /// running.
+    pub fn load_through_sigkills(&mut self, record: &Path) -> std::process::Child {
+        let load = crate::start_load(self.mllp, 2, 20, record);
+        std::thread::sleep(Duration::from_secs(5));
+        self.transformer.process = None; // SIGKILL
+        self.start_transformer();
+        std::thread::sleep(Duration::from_secs(5));
+        self.egress.process = None; // SIGKILL
+        self.start_egress();
+        load
+    }
+
     pub fn start_all(&mut self, reject_every: Option<u32>) {
         self.start_receiver(reject_every);
         self.start_services();
@@ -459,6 +494,62 @@ impl Pipeline {
             .unwrap();
         EgressClient::with_interceptor(channel, Bearer(OPS_TOKEN))
     }
+}
+
+/// What docs/observability.md says the ingress's `hl7.ingest` span of an ADT^A01 written to `inbound` carries
+/// (besides its kind and `messaging.system`): (attribute, value), `None` where any value but an empty one will
+/// do.
+pub fn ingest_span_attributes<'a>(
+    inbound: &'a str,
+    control_id: &'a str,
+) -> Vec<(&'static str, Option<&'a str>)> {
+    vec![
+        ("messaging.operation.type", Some("send")),
+        ("messaging.destination.name", Some(inbound)),
+        ("messaging.destination.partition.id", None),
+        ("messaging.kafka.offset", None),
+        ("hl7.control_id", Some(control_id)),
+        ("hl7.message_type", Some("ADT")),
+        ("hl7.trigger_event", Some("A01")),
+    ]
+}
+
+/// What docs/observability.md says the egress's `deliver` span of a message read from `topic` by the consumer
+/// group `group` carries (besides its kind and `messaging.system`), as [`ingest_span_attributes`]; `route`
+/// `None` where any route will do.
+pub fn deliver_span_attributes<'a>(
+    topic: &'a str,
+    group: &'a str,
+    control_id: &'a str,
+    destination: &'a str,
+    route: Option<&'a str>,
+) -> Vec<(&'static str, Option<&'a str>)> {
+    vec![
+        ("messaging.operation.type", Some("process")),
+        ("messaging.destination.name", Some(topic)),
+        ("messaging.destination.partition.id", None),
+        ("messaging.kafka.offset", None),
+        ("messaging.consumer.group.name", Some(group)),
+        ("hl7.control_id", Some(control_id)),
+        ("hl7.destination", Some(destination)),
+        ("hl7.route", route),
+        ("hl7.ack_code", None),
+        ("hl7.attempts", None),
+    ]
+}
+
+/// Keeps a test's pipeline the only one running in its test binary while the guard lives: each is a handful of
+/// processes on a 2-core machine.
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs the async `test` with a fresh pipeline, the only one running ([`one_at_a_time`]), on a 2-worker
+/// runtime.
+pub fn run_alone<F: Future<Output = ()>>(test: impl FnOnce(Pipeline) -> F) {
+    let _serial = one_at_a_time();
+    crate::runtime().block_on(test(Pipeline::new()));
 }
 
 /// Every record of the ledger topic `topic` (from the beginning, committed only), read until none came for

@@ -151,6 +151,79 @@ pub fn wait_ready(name: &str, admin: SocketAddr, deadline: Instant) {
     }
 }
 
+/// [`wait_ready`] from async code, on a blocking thread.
+pub async fn wait_ready_async(name: &'static str, admin: SocketAddr, deadline: Instant) {
+    tokio::task::spawn_blocking(move || wait_ready(name, admin, deadline))
+        .await
+        .expect("the readiness wait");
+}
+
+/// Waits until the service `name` whose admin server is at `admin` answers `/readyz` with 503 and a body that
+/// says `reason`; panics at `deadline`.
+pub fn wait_unready(name: &str, admin: SocketAddr, reason: &str, deadline: Instant) {
+    loop {
+        let (code, body) = http_get(admin, "/readyz");
+        if code == 503 && body.contains(reason) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}'s readiness does not say {reason:?}: {code} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// [`wait_unready`] from async code, on a blocking thread.
+pub async fn wait_unready_async(
+    name: &'static str,
+    admin: SocketAddr,
+    reason: &'static str,
+    deadline: Instant,
+) {
+    tokio::task::spawn_blocking(move || wait_unready(name, admin, reason, deadline))
+        .await
+        .expect("the readiness wait");
+}
+
+/// The operator's CLI, `hl7gw args`, against the admin API at `to` (`https://…` checked with the CA file
+/// `ca`, or `http://…`), with the token in `token_file` when there is one. More arguments may follow.
+pub fn admin_cli(args: &[&str], to: &str, ca: Option<&str>, token_file: Option<&Path>) -> Command {
+    let mut cmd = Command::new(bin("hl7gw"));
+    cmd.args(args).args(["--to", to]);
+    if let Some(ca) = ca {
+        cmd.args(["--ca", ca]);
+    }
+    if let Some(file) = token_file {
+        cmd.arg("--token-file").arg(file);
+    }
+    cmd
+}
+
+/// Runs `cmd` to its end: (success, stdout, stderr), the output as text.
+pub fn output_text(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{:?} did not start: {e}", cmd.get_program()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The audit lines (`admin call`) of a service's log.
+pub fn admin_calls(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("admin call")).collect()
+}
+
+/// Whether one audit line of `log` has every one of `words` (who, which method, what came of it).
+pub fn audited(log: &str, words: &[&str]) -> bool {
+    admin_calls(log)
+        .iter()
+        .any(|l| words.iter().all(|w| l.contains(w)))
+}
+
 /// A minimal blocking HTTP GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read, Write};

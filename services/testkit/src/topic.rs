@@ -1,11 +1,17 @@
-//! Reading what a topic holds: every record with its key, headers and envelope.
+//! Reading what a topic holds (every record with its key, headers and envelope), writing envelopes to a topic
+//! as the services do, and creating or reconfiguring a topic.
 
 #![allow(clippy::unwrap_used)]
 
-use hl7gw_runtime::proto::v1::Envelope;
+use hl7gw_runtime::proto::v1::{Envelope, Rejection};
 use rdkafka::ClientConfig;
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message as _};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::{Duration, Instant};
 
 /// A record read back from Kafka.
@@ -83,6 +89,15 @@ pub fn read_topic(brokers: &str, topic: &str, expected: usize, limit: Duration) 
     out
 }
 
+/// The one record of `records` (the dead letters a test expects one of) with its rejection; panics unless
+/// there is exactly one.
+pub fn only_dead_letter(records: &[Record]) -> (&Record, Rejection) {
+    let [d] = records else {
+        panic!("one dead letter: {}", records.len())
+    };
+    (d, d.envelope.rejection.clone().unwrap_or_default())
+}
+
 /// The shared test broker and the topics of one test's ingress ([`Ingress::on_fresh_topics`]).
 #[derive(Debug)]
 pub struct Topics {
@@ -100,5 +115,90 @@ impl Topics {
     /// [`read_topic`] of the DLQ topic.
     pub fn dlq_records(&self, expected: usize, limit: Duration) -> Vec<Record> {
         read_topic(self.brokers, &self.dlq, expected, limit)
+    }
+}
+
+/// Writes envelopes to topics as the services write theirs ([`hl7gw_runtime::envelope::record`]: the key and the
+/// standard headers); each send returns once the broker has the record.
+pub struct EnvelopeProducer(FutureProducer);
+
+impl EnvelopeProducer {
+    /// A producer to `brokers` with librdkafka's defaults (records up to 1 MB).
+    pub fn new(brokers: &str) -> Self {
+        Self::with_max_bytes(brokers, None)
+    }
+
+    /// A producer to `brokers` whose records may be up to `max_bytes` (`message.max.bytes`), librdkafka's
+    /// default when `None`.
+    pub fn with_max_bytes(brokers: &str, max_bytes: Option<usize>) -> Self {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        if let Some(n) = max_bytes {
+            config.set("message.max.bytes", n.to_string());
+        }
+        Self(config.create().expect("a producer"))
+    }
+
+    /// Writes `env` to `topic` keyed by `key` (no key when empty), with the headers the services put on their
+    /// records and no `traceparent`.
+    pub async fn send(&self, topic: &str, key: &str, env: &Envelope) {
+        let mut payload = Vec::new();
+        hl7gw_runtime::envelope::encode_into(env, &mut payload);
+        let record = hl7gw_runtime::envelope::record(topic, key, &payload, env, "");
+        self.deliver(record).await;
+    }
+
+    /// Writes a record whose value is `payload` as it is (e.g. one that is not an envelope), without key or
+    /// headers.
+    pub async fn send_bytes(&self, topic: &str, payload: &[u8]) {
+        self.deliver(FutureRecord::<str, [u8]>::to(topic).payload(payload))
+            .await;
+    }
+
+    async fn deliver(&self, record: FutureRecord<'_, str, [u8]>) {
+        let topic = record.topic.to_owned();
+        if let Err((e, _)) = self.0.send(record, Duration::from_secs(10)).await {
+            panic!("producing to {topic}: {e}");
+        }
+    }
+}
+
+/// [`EnvelopeProducer::send`] on a producer of its own: one envelope to `topic` keyed by `key`.
+pub async fn produce_envelope(brokers: &str, topic: &str, key: &str, env: &Envelope) {
+    EnvelopeProducer::new(brokers).send(topic, key, env).await;
+}
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", crate::broker())
+        .create()
+        .expect("an admin client")
+}
+
+/// Creates `topic` on the test broker with `partitions` partitions (replication 1) and the topic configs
+/// `configs` (e.g. `max.message.bytes`).
+pub async fn create_topic(topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let mut t = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        t = t.set(k, v);
+    }
+    for r in admin()
+        .create_topics([&t], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+}
+
+/// Sets the topic config `key` of `topic` on the test broker to `value`.
+pub async fn alter_topic(topic: &str, key: &str, value: &str) {
+    let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    for r in admin()
+        .alter_configs([&change], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
     }
 }
