@@ -6,8 +6,6 @@
 
 use hl7gw_runtime::proto::v1::{Envelope, Header, Source};
 use hl7gw_testkit::{Ingress, KillOnDrop, adt, spawn_listening};
-use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -38,6 +36,11 @@ fn ok_lines(args: &[&str]) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
         .collect()
+}
+
+/// `hl7gw tail --brokers <brokers> --topic <topic> <args>`: its JSON lines.
+fn tail_lines(brokers: &str, topic: &str, args: &[&str]) -> Vec<Value> {
+    ok_lines(&[&["tail", "--brokers", brokers, "--topic", topic], args].concat())
 }
 
 /// An ORU^R01 from LAB/HOSP with the given control id.
@@ -201,17 +204,11 @@ fn tail_an_ingress_topic_in_a_window_with_filters_and_follow() {
     assert!(sent.iter().all(|l| l["ack_code"] == "AA"), "{sent:?}");
 
     let tail = |extra: &[&str]| {
-        let mut args = vec![
-            "tail",
-            "--brokers",
+        tail_lines(
             brokers,
-            "--topic",
             &topics.inbound,
-            "--timeout",
-            "20",
-        ];
-        args.extend_from_slice(extra);
-        ok_lines(&args)
+            &[&["--timeout", "20"], extra].concat(),
+        )
     };
     let all = tail(&["--since", "10m"]);
     assert_eq!(control_ids(&all), ["T1", "T2", "T3", "T4"], "{all:?}");
@@ -302,8 +299,8 @@ fn wait_output(mut child: KillOnDrop, limit: Duration) -> String {
 }
 
 /// An envelope of an hl7.out topic.
-fn out_envelope(control_id: &str, destination: &str) -> Vec<u8> {
-    let env = Envelope {
+fn out_envelope(control_id: &str, destination: &str) -> Envelope {
+    Envelope {
         id: hl7gw_runtime::envelope::new_id(),
         received_at: Some(hl7gw_runtime::envelope::timestamp(SystemTime::now())),
         source: Some(Source {
@@ -324,10 +321,7 @@ fn out_envelope(control_id: &str, destination: &str) -> Vec<u8> {
         destination: destination.into(),
         route: "labs".into(),
         ..Envelope::default()
-    };
-    let mut buf = Vec::new();
-    hl7gw_runtime::envelope::encode_into(&env, &mut buf);
-    buf
+    }
 }
 
 #[test]
@@ -342,37 +336,18 @@ fn tail_filters_by_destination_and_shows_what_is_not_an_envelope() {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(hl7gw_runtime::kafka::ensure_topics(&settings, &[&topic]))
-        .unwrap();
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
-    for value in [
-        out_envelope("D1", "lab"),
-        out_envelope("D2", "ehr"),
-        b"not an envelope".to_vec(),
-    ] {
-        producer
-            .send(BaseRecord::<[u8], [u8]>::to(&topic).payload(&value))
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+        .block_on(async {
+            hl7gw_runtime::kafka::ensure_topics(&settings, &[&topic])
+                .await
+                .unwrap();
+            let producer = hl7gw_testkit::EnvelopeProducer::new(brokers);
+            for env in [out_envelope("D1", "lab"), out_envelope("D2", "ehr")] {
+                producer.send(&topic, "", &env).await;
+            }
+            producer.send_bytes(&topic, b"not an envelope").await;
+        });
 
-    let tail = |extra: &[&str]| {
-        let mut args = vec![
-            "tail",
-            "--brokers",
-            brokers,
-            "--topic",
-            &topic,
-            "--since",
-            "5m",
-        ];
-        args.extend_from_slice(extra);
-        ok_lines(&args)
-    };
+    let tail = |extra: &[&str]| tail_lines(brokers, &topic, &[&["--since", "5m"], extra].concat());
     let lab = tail(&["--destination", "lab"]);
     assert_eq!(control_ids(&lab), ["D1"]);
     assert_eq!(lab[0]["destination"], "lab");
@@ -390,18 +365,7 @@ fn tail_filters_by_destination_and_shows_what_is_not_an_envelope() {
         1
     );
     // --from-beginning reads the same small topic; a topic that is not there is an error.
-    assert_eq!(
-        ok_lines(&[
-            "tail",
-            "--brokers",
-            brokers,
-            "--topic",
-            &topic,
-            "--from-beginning"
-        ])
-        .len(),
-        3
-    );
+    assert_eq!(tail_lines(brokers, &topic, &["--from-beginning"]).len(), 3);
     let missing = hl7gw(&[
         "tail",
         "--brokers",

@@ -9,7 +9,6 @@ use hl7gw_testkit as support;
 
 use hl7gw_runtime::proto::v1::transform_client::TransformClient;
 use hl7gw_runtime::proto::v1::{Envelope, TransformRequest};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -257,10 +256,6 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
     );
 
     // And through Kafka: an inbound envelope comes out on the route's topic, transformed.
-    let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker())
-        .create()
-        .unwrap();
     let env = Envelope {
         id: "k8s-1".into(),
         raw: ADT.to_vec().into(),
@@ -271,15 +266,7 @@ async fn routes_follow_hl7route_resources_and_their_status_says_why() {
         key: "FAC|P1".into(),
         ..Envelope::default()
     };
-    let mut payload = Vec::new();
-    hl7gw_runtime::envelope::encode_into(&env, &mut payload);
-    producer
-        .send(
-            FutureRecord::to(&inbound).key("FAC|P1").payload(&payload),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    support::produce_envelope(broker(), &inbound, "FAC|P1", &env).await;
     let records = read_topic(
         broker(),
         &format!("{out_prefix}lab"),

@@ -8,7 +8,6 @@ use hl7gw_testkit as support;
 use hl7gw_runtime::proto::v1::Envelope;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -159,10 +158,7 @@ fn message(kind: &str, control_id: &str, patient: &str) -> Vec<u8> {
 
 /// Produces one envelope per message to `topic`, keyed by facility and patient as the ingress does.
 async fn produce(brokers: &str, topic: &str, messages: &[Vec<u8>]) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
+    let producer = support::EnvelopeProducer::new(brokers);
     for (i, raw) in messages.iter().enumerate() {
         let m = hl7v2::Message::parse(raw).unwrap();
         let env = Envelope {
@@ -175,15 +171,7 @@ async fn produce(brokers: &str, topic: &str, messages: &[Vec<u8>]) {
             key: format!("FAC|P{i}"),
             ..Envelope::default()
         };
-        let mut payload = Vec::new();
-        hl7gw_runtime::envelope::encode_into(&env, &mut payload);
-        producer
-            .send(
-                FutureRecord::to(topic).key(&env.key).payload(&payload),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        producer.send(topic, &env.key, &env).await;
     }
 }
 
@@ -813,25 +801,12 @@ async fn the_readiness_probe_asks_for_the_inbound_topic_only() {
 /// to the DLQ as `too_large` (without the message, the DLQ may be as small), and the rest is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_the_broker_refuses_for_its_size_is_a_dead_letter() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let t = Topics::new();
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes.yaml");
     route_file(&routes);
     let brokers = broker();
-    let admin: AdminClient<_> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
-    let out = t.out("adt");
-    let small = NewTopic::new(&out, 3, TopicReplication::Fixed(1)).set("max.message.bytes", "8000");
-    for r in admin
-        .create_topics([&small], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
+    support::create_topic(&t.out("adt"), 3, &[("max.message.bytes", "8000")]).await;
     let mut msgs = vec![padded("BIG", "MRN1", 12_000)];
     msgs.extend(adts("S", 3));
     produce(brokers, &t.inbound(), &msgs).await;
@@ -839,10 +814,7 @@ async fn an_output_the_broker_refuses_for_its_size_is_a_dead_letter() {
     let ids: Vec<String> = ["BIG", "S0", "S1", "S2"].map(String::from).to_vec();
     let (delivered, dead) = settled(brokers, &t, "adt", &ids, Duration::from_secs(40)).await;
     assert_eq!(sorted_control_ids(&delivered), ["S0", "S1", "S2"]);
-    let [d] = &dead[..] else {
-        panic!("one dead letter: {}", dead.len())
-    };
-    let rej = d.envelope.rejection.clone().unwrap_or_default();
+    let (d, rej) = support::only_dead_letter(&dead);
     assert_eq!(rej.reason, "too_large", "{rej:?}");
     assert!(
         d.envelope.raw.is_empty() && rej.detail.contains("sha256"),
