@@ -187,23 +187,10 @@ async fn admin_calls_need_tls_and_an_allowed_caller_and_are_audited() {
     // The operator's CLI: the same calls over TLS with a token file.
     let token_file = p.dir.path().join("ops.token");
     std::fs::write(&token_file, format!("{OPS}\n")).unwrap();
+    let (to, ca) = (format!("https://{addr}"), pki.file("ca.pem"));
     let cli = |args: &[&str], token: bool| {
-        let mut cmd = Command::new(bin("hl7gw"));
-        cmd.args(args).args([
-            "--to",
-            &format!("https://{addr}"),
-            "--ca",
-            &pki.file("ca.pem"),
-        ]);
-        if token {
-            cmd.args(["--token-file", token_file.to_str().unwrap()]);
-        }
-        let out = cmd.output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let token = token.then_some(token_file.as_path());
+        support::output_text(&mut support::admin_cli(args, &to, Some(&ca), token))
     };
     let (ok, _, err) = cli(&["deadletters", "--destination", "lab"], true);
     assert!(ok && err.contains("0 dead letter(s)"), "{err}");
@@ -244,21 +231,23 @@ async fn admin_calls_need_tls_and_an_allowed_caller_and_are_audited() {
     // Every admin call is audited: who, what, result; no token in the log.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let text = std::fs::read_to_string(&log).unwrap();
-    let audit: Vec<&str> = text.lines().filter(|l| l.contains("admin call")).collect();
     assert!(
-        audit.iter().any(|l| l.contains("token:ops")
-            && l.contains("ListDeadLetters")
-            && l.contains("ok: 0 dead letters")),
+        support::audited(
+            &text,
+            &["token:ops", "ListDeadLetters", "ok: 0 dead letters"]
+        ),
         "{text}"
     );
     assert!(
-        audit.iter().any(|l| l.contains("cert:hl7-client")
-            && l.contains("Replay")
-            && l.contains("refused")),
+        support::audited(&text, &["cert:hl7-client", "Replay", "refused"]),
         "{text}"
     );
     assert!(
-        audit.iter().filter(|l| l.contains("refused")).count() >= 9,
+        support::admin_calls(&text)
+            .iter()
+            .filter(|l| l.contains("refused"))
+            .count()
+            >= 9,
         "refusals audited: {text}"
     );
     assert!(
@@ -281,11 +270,21 @@ fn a_plaintext_egress_refuses_anonymous_admin_calls_by_default() {
     });
 }
 
+/// The gRPC section of an egress with the tokens `ops` and `viewer` (written to the pipeline's folder): both may
+/// list dead letters, and `also` (one more `Method: [callers]` line) allows another method.
+fn ops_and_viewer(p: &Pipeline, also: &str) -> String {
+    let tokens = p.dir.path().join("tokens");
+    std::fs::write(&tokens, format!("ops {OPS}\nviewer {VIEWER}\n")).unwrap();
+    format!(
+        "grpc:\n  tokens_file: {}\n  allow:\n    ListDeadLetters: [token:ops, token:viewer]\n    {also}\n",
+        tokens.display()
+    )
+}
+
 /// A dead letter of destination `lab` whose message names the test patient, written to the DLQ as the egress
 /// would write it.
-fn dead_letter(p: &Pipeline, control_id: &str) {
+async fn dead_letter(p: &Pipeline, control_id: &str) {
     use hl7gw_runtime::proto::v1::{Envelope, Header, Rejection};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let env = Envelope {
         id: hl7gw_runtime::envelope::new_id(),
         destination: "lab".into(),
@@ -302,22 +301,7 @@ fn dead_letter(p: &Pipeline, control_id: &str) {
         }),
         ..Envelope::default()
     };
-    let mut value = Vec::new();
-    hl7gw_runtime::envelope::encode_into(&env, &mut value);
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", support::broker())
-        .create()
-        .unwrap();
-    let dlq = p.topic("dlq");
-    producer
-        .send(
-            BaseRecord::<str, [u8]>::to(&dlq)
-                .key(&env.id)
-                .payload(&value),
-        )
-        .map_err(|(e, _)| e)
-        .unwrap();
-    producer.flush(Duration::from_secs(30)).unwrap();
+    support::produce_envelope(support::broker(), &p.topic("dlq"), &env.id, &env).await;
 }
 
 /// Issue 36, item 1: message bodies are their own permission (`ReadMessages`; RBAC `messages get`). A viewer
@@ -327,17 +311,8 @@ fn dead_letter(p: &Pipeline, control_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_lists_dead_letters_but_never_reads_a_message() {
     let p = Pipeline::new();
-    dead_letter(&p, "BODY1");
-    std::fs::write(
-        p.dir.path().join("tokens"),
-        format!("ops {OPS}\nviewer {VIEWER}\n"),
-    )
-    .unwrap();
-    let grpc = format!(
-        "grpc:\n  tokens_file: {}\n  allow:\n    ListDeadLetters: [token:ops, token:viewer]\n    \
-         ReadMessages: [token:ops]\n",
-        p.dir.path().join("tokens").display()
-    );
+    dead_letter(&p, "BODY1").await;
+    let grpc = ops_and_viewer(&p, "ReadMessages: [token:ops]");
     let (_egress, addr, log) = egress(&p, &grpc);
     let mut c = EgressClient::new(channel(&addr, None).await.unwrap());
     let list = |with: bool| ListDeadLettersRequest {
@@ -392,19 +367,13 @@ async fn a_viewer_lists_dead_letters_but_never_reads_a_message() {
     let cli = |token: &str, with_message: bool| {
         let file = p.dir.path().join("cli.token");
         std::fs::write(&file, format!("{token}\n")).unwrap();
-        let mut cmd = Command::new(bin("hl7gw"));
-        cmd.args(["deadletters", "--destination", "lab", "--to"])
-            .arg(format!("http://{addr}"))
-            .args(["--token-file", file.to_str().unwrap()]);
+        let list = ["deadletters", "--destination", "lab"];
+        let mut cmd =
+            support::admin_cli(&list, &format!("http://{addr}"), None, Some(file.as_path()));
         if with_message {
             cmd.arg("--with-message");
         }
-        let out = cmd.output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        support::output_text(&mut cmd)
     };
     let (ok, out, err) = cli(VIEWER, false);
     assert!(
@@ -422,17 +391,12 @@ async fn a_viewer_lists_dead_letters_but_never_reads_a_message() {
     // Audited: the viewer's refusal names the permission; the operator's answer says it held messages.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let text = std::fs::read_to_string(&log).unwrap();
-    let audit: Vec<&str> = text.lines().filter(|l| l.contains("admin call")).collect();
     assert!(
-        audit
-            .iter()
-            .any(|l| l.contains("ReadMessages") && l.contains("refused") && l.contains("viewer")),
+        support::audited(&text, &["ReadMessages", "refused", "viewer"]),
         "{text}"
     );
     assert!(
-        audit
-            .iter()
-            .any(|l| l.contains("token:ops") && l.contains("with their messages")),
+        support::audited(&text, &["token:ops", "with their messages"]),
         "{text}"
     );
     assert!(
@@ -455,16 +419,7 @@ async fn listings_are_bounded_per_caller_and_stop_when_the_caller_goes() {
         "HL7GW_KAFKA__BROKERS",
         silent.local_addr().unwrap().to_string(),
     ));
-    std::fs::write(
-        p.dir.path().join("tokens"),
-        format!("ops {OPS}\nviewer {VIEWER}\n"),
-    )
-    .unwrap();
-    let grpc = format!(
-        "grpc:\n  tokens_file: {}\n  allow:\n    ListDeadLetters: [token:ops, token:viewer]\n    \
-         Trace: [token:ops, token:viewer]\n",
-        p.dir.path().join("tokens").display()
-    );
+    let grpc = ops_and_viewer(&p, "Trace: [token:ops, token:viewer]");
     let (_egress, addr, admin, _log) = egress_with_admin(&p, &grpc);
     let ch = channel(&addr, None).await.unwrap();
     let list = || ListDeadLettersRequest {

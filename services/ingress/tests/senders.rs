@@ -221,25 +221,11 @@ async fn operators_see_each_sender_and_connection_and_the_named_senders_metrics(
     // `hl7gw senders`, as the runbook shows it: a table, and JSON lines.
     let token_file = dir.path().join("ops.token");
     std::fs::write(&token_file, format!("{OPS}\n")).unwrap();
+    let (to, ca) = (format!("https://{grpc}"), pki.file("ca.pem"));
     let cli = |extra: &[&str], token: bool| {
-        let mut cmd = Command::new(bin("hl7gw"));
-        cmd.args([
-            "senders",
-            "--to",
-            &format!("https://{grpc}"),
-            "--ca",
-            &pki.file("ca.pem"),
-        ])
-        .args(extra);
-        if token {
-            cmd.args(["--token-file", token_file.to_str().unwrap()]);
-        }
-        let out = cmd.output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let args = [&["senders"], extra].concat();
+        let token = token.then_some(token_file.as_path());
+        support::output_text(&mut support::admin_cli(&args, &to, Some(&ca), token))
     };
     let (ok, table, err) = cli(&[], true);
     assert!(ok, "{err}");
@@ -330,15 +316,12 @@ async fn operators_see_each_sender_and_connection_and_the_named_senders_metrics(
     // Every call audited (who, result), the refusals too; reject lines name the sender; no patient data.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let text = plain(&std::fs::read_to_string(&log).unwrap());
-    let audit: Vec<&str> = text.lines().filter(|l| l.contains("admin call")).collect();
     assert!(
-        audit.iter().any(|l| l.contains("token:ops")
-            && l.contains("Senders")
-            && l.contains("ok: 2 senders")),
+        support::audited(&text, &["token:ops", "Senders", "ok: 2 senders"]),
         "{text}"
     );
     assert!(
-        audit
+        support::admin_calls(&text)
             .iter()
             .filter(|l| l.contains("Senders") && l.contains("refused"))
             .count()
