@@ -1,5 +1,6 @@
 //! The Bundle's frame: its opening (id, identifier, type, timestamp, and the MessageHeader of a message
-//! Bundle), references between its entries, conditional updates kept unique, and its end with the Provenance.
+//! Bundle), the entry writer every message map shares ([`Entries`]), references between its entries,
+//! conditional updates kept unique, and its end with the Provenance.
 
 use crate::context::{Ctx, Target};
 use crate::ids::{Uuid, uuid_of};
@@ -12,14 +13,14 @@ use std::collections::HashSet;
 
 /// An open Bundle: its timestamp, and where its `entry` array starts (dropped if it stays empty).
 #[derive(Debug)]
-pub(crate) struct Frame {
-    pub timestamp: Option<String>,
+struct Frame {
+    timestamp: Option<String>,
     entries_at: usize,
 }
 
 /// Opens the Bundle: its id and identifier (the message's), type, timestamp (MSH-7 with an offset, else when
 /// the gateway received the message), and the `entry` array.
-pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 3]) -> Frame {
+fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 3]) -> Frame {
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
     w.begin_object();
     w.string("resourceType", "Bundle");
@@ -54,22 +55,6 @@ pub(crate) fn begin_bundle(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, key: &[String; 
     }
 }
 
-/// The opening every message map shares: the Bundle ([`begin_bundle`]) and, in a message Bundle, the
-/// MessageHeader about `focus` (worked out only then) as its first entry.
-fn open_bundle<'t>(
-    cx: &mut Ctx<'_, '_>,
-    w: &mut Writer<'_>,
-    key: &[String; 3],
-    focus: impl FnOnce() -> Vec<&'t Target>,
-) -> Result<Frame, FhirError> {
-    let frame = begin_bundle(cx, w, key);
-    if cx.opts.bundle_type == BundleType::Message {
-        let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
-        message_header(cx, w, &msg_key, &focus())?;
-    }
-    Ok(frame)
-}
-
 /// The entry writer every message map shares: an open Bundle, and the fullUrl of every entry written into
 /// it (the Provenance's targets), so each entry is opened, closed and counted alike.
 #[derive(Debug)]
@@ -80,7 +65,8 @@ pub(crate) struct Entries<'o> {
 }
 
 impl<'o> Entries<'o> {
-    /// Opens the Bundle in `out` ([`open_bundle`]).
+    /// Opens the Bundle in `out` ([`begin_bundle`]) and, in a message Bundle, writes the MessageHeader about
+    /// `focus` (worked out only then) as its first entry.
     pub fn open<'t>(
         cx: &mut Ctx<'_, '_>,
         out: &'o mut Vec<u8>,
@@ -88,7 +74,11 @@ impl<'o> Entries<'o> {
         focus: impl FnOnce() -> Vec<&'t Target>,
     ) -> Result<Self, FhirError> {
         let mut w = Writer::new(out);
-        let frame = open_bundle(cx, &mut w, key, focus)?;
+        let frame = begin_bundle(cx, &mut w, key);
+        if cx.opts.bundle_type == BundleType::Message {
+            let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
+            message_header(cx, &mut w, &msg_key, &focus())?;
+        }
         Ok(Self {
             w,
             targets: Vec::new(),
@@ -153,7 +143,7 @@ impl<'o> Entries<'o> {
 
 /// Closes the `entry` array and the Bundle (with what no map covered, and its values, in `meta` when the
 /// route keeps them), and says what was converted.
-pub(crate) fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
+fn end_bundle(cx: &mut Ctx<'_, '_>, w: &mut Writer<'_>, frame: &Frame) -> Outcome {
     cx.report_unwritten_field_maps();
     cx.take_dropped();
     w.end_array();
