@@ -8,12 +8,12 @@ use crate::context::{Ctx, Target, reference};
 use crate::datatypes::xcn::{Person, Practitioners};
 use crate::json::Writer;
 use crate::messages::common::{
-    Visit, encounter_entry, observation_entry, patient_part_entry, patient_part_target, required,
+    encounter_entry, observation_entry, patient_part_entry, patient_part_target, required,
 };
 use crate::segments::msh::MSH_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_key, patient_target};
-use crate::segments::pv1::{Participant, visit};
+use crate::segments::pv1::Visit;
 use crate::segments::write_items;
 use crate::{FhirError, Outcome, Write};
 use hl7v2::message::Segment;
@@ -28,8 +28,6 @@ pub(crate) fn convert(
         return convert_swap(cx, out);
     }
     let pid = required(cx, kind, "PID")?;
-    let pv1 = msg.segment("PV1", 1);
-    let pv2 = msg.segment("PV2", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
     let trigger = kind.split('^').nth(1).unwrap_or_default();
@@ -45,14 +43,19 @@ pub(crate) fn convert(
         _ => None,
     };
     // The practitioners: of the visit, then those who observed (OBX-16).
-    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), Some(&patient));
+    let (visit, mut practitioners) = Visit::of(
+        cx,
+        msg.segment("PV1", 1),
+        msg.segment("PV2", 1),
+        Some(&patient),
+    );
     for seg in msg.segments().filter(|s| s.name() == b"OBX") {
         observation_people(cx, &mut practitioners, &seg, &[]);
     }
 
     let mut b = Entries::open(cx, out, &key, || {
         std::iter::once(&patient)
-            .chain(encounter.as_ref())
+            .chain(visit.encounter.as_ref())
             .collect()
     })?;
 
@@ -75,13 +78,7 @@ pub(crate) fn convert(
     practitioners.write(cx, &mut b);
 
     // Encounter.
-    let visit_of = Visit {
-        pv1: pv1.as_ref(),
-        pv2: pv2.as_ref(),
-        encounter: encounter.as_ref(),
-        participants: &participants,
-    };
-    encounter_entry(cx, &mut b, Some(trigger), &visit_of, &patient);
+    encounter_entry(cx, &mut b, Some(trigger), &visit, &patient);
 
     // The repeating segments, in message order; each condition used once.
     let mut unique = Unique::default();
@@ -94,8 +91,8 @@ pub(crate) fn convert(
             // The first PID, PV1, PV2 (and MRG of a merge) are written above; any further group (an A40's
             // second merge) is reported, never silently left out.
             b"PID" if same(&seg, Some(&pid)) => {}
-            b"PV1" if same(&seg, pv1.as_ref()) => {}
-            b"PV2" if same(&seg, pv2.as_ref()) => {}
+            b"PV1" if same(&seg, visit.pv1.as_ref()) => {}
+            b"PV2" if same(&seg, visit.pv2.as_ref()) => {}
             b"MRG" if merged.is_some() && same(&seg, mrg.as_ref()) => {}
             b"EVN" => evn = Some(seg),
             b"NK1" | b"AL1" | b"IN1" | b"DG1" => {
@@ -113,7 +110,7 @@ pub(crate) fn convert(
                     position: &n,
                     msg_key: &msg_key,
                 };
-                let subject = (&patient, encounter.as_ref());
+                let subject = (&patient, visit.encounter.as_ref());
                 subject_observation(cx, &mut b, &mut unique, at, subject);
             }
             _ => cx.note_unmapped_segment(&seg),
@@ -193,9 +190,8 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
         let gn = g.to_string();
         let fallback: Vec<&str> = msg_key.iter().copied().chain([gn.as_str()]).collect();
         let patient = patient_target(cx, &segs[start], &fallback);
-        let (pv1, pv2) = (find(b"PV1"), find(b"PV2"));
-        let (encounter, participants, _) = visit(cx, pv1.as_ref(), Some(&patient));
-        for (_, _, _, t, xcn) in &participants {
+        let (visit, _) = Visit::of(cx, find(b"PV1"), find(b"PV2"), Some(&patient));
+        for (_, _, _, t, xcn) in &visit.participants {
             practitioners.add_target(t, Person::Xcn(*xcn));
         }
         for seg in segs[start..end].iter().filter(|s| s.name() == b"OBX") {
@@ -204,10 +200,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
         groups.push(SwapGroup {
             range: start..end,
             patient,
-            pv1,
-            pv2,
-            encounter,
-            participants,
+            visit,
         });
     }
 
@@ -220,7 +213,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
     let mut b = Entries::open(cx, out, &key, || {
         groups
             .iter()
-            .flat_map(|g| std::iter::once(&g.patient).chain(g.encounter.as_ref()))
+            .flat_map(|g| std::iter::once(&g.patient).chain(g.visit.encounter.as_ref()))
             .collect()
     })?;
     for g in &groups {
@@ -229,13 +222,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
     }
     practitioners.write(cx, &mut b);
     for g in &groups {
-        let visit_of = Visit {
-            pv1: g.pv1.as_ref(),
-            pv2: g.pv2.as_ref(),
-            encounter: g.encounter.as_ref(),
-            participants: &g.participants,
-        };
-        encounter_entry(cx, &mut b, Some("A17"), &visit_of, &g.patient);
+        encounter_entry(cx, &mut b, Some("A17"), &g.visit, &g.patient);
     }
     let mut unique = Unique::default();
     let mut evn = None;
@@ -246,7 +233,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
             (b"EVN", _) => evn = Some(*seg),
             (b"PID", _) => {}
             (b"PV1" | b"PV2", Some(g))
-                if same(seg, g.pv1.as_ref()) || same(seg, g.pv2.as_ref()) => {}
+                if same(seg, g.visit.pv1.as_ref()) || same(seg, g.visit.pv2.as_ref()) => {}
             (b"OBX", Some(g)) => {
                 let n = i.to_string();
                 let at = Obx {
@@ -254,7 +241,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
                     position: &n,
                     msg_key: &msg_key,
                 };
-                let subject = (&g.patient, g.encounter.as_ref());
+                let subject = (&g.patient, g.visit.encounter.as_ref());
                 subject_observation(cx, &mut b, &mut unique, at, subject);
             }
             _ => cx.note_unmapped_segment(seg),
@@ -267,10 +254,7 @@ fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, Fhir
 struct SwapGroup<'a> {
     range: std::ops::Range<usize>,
     patient: Target,
-    pv1: Option<Segment<'a>>,
-    pv2: Option<Segment<'a>>,
-    encounter: Option<Target>,
-    participants: Vec<Participant<'a>>,
+    visit: Visit<'a>,
 }
 
 /// An OBX, its position in the message and the message's key (the Observation's derived id without OBX-21).

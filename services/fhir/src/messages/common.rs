@@ -11,7 +11,7 @@ use crate::segments::n_key;
 use crate::segments::nk1::{NK1_MAPPED, related_person_body};
 use crate::segments::nte::NTE_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_body};
-use crate::segments::pv1::{Participant, encounter_body, note_encounter, note_no_encounter};
+use crate::segments::pv1::{Visit, encounter_body, note_encounter, note_no_encounter};
 use hl7v2::message::Segment;
 
 /// The first `name` segment, which the message structure `kind` requires: else the error that says so.
@@ -33,32 +33,24 @@ pub(crate) struct Obs<'a> {
     pub notes: Vec<Segment<'a>>,
 }
 
-/// A PV1 (and PV2) with the Encounter and the participants made of it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Visit<'v, 'a> {
-    pub pv1: Option<&'v Segment<'a>>,
-    pub pv2: Option<&'v Segment<'a>>,
-    pub encounter: Option<&'v Target>,
-    pub participants: &'v [Participant<'a>],
-}
-
 /// The Encounter of a visit as an entry of `patient` (`event`: the ADT trigger, whose map gives the status),
 /// its PV1 and PV2 fields noted; or, when the PV1 names no visit, its fields reported.
 pub(crate) fn encounter_entry<'a>(
     cx: &mut Ctx<'a, '_>,
     b: &mut Entries<'_>,
     event: Option<&str>,
-    v: &Visit<'_, 'a>,
+    v: &Visit<'a>,
     patient: &Target,
 ) {
-    match (v.pv1, v.encounter) {
+    let pv2 = v.pv2.as_ref();
+    match (&v.pv1, &v.encounter) {
         (Some(pv1), Some(enc)) => {
             b.entry(cx, enc, |cx, w| {
-                encounter_body(cx, w, event, pv1, v.pv2, patient, v.participants)
+                encounter_body(cx, w, event, pv1, pv2, patient, &v.participants)
             });
-            note_encounter(cx, pv1, v.pv2);
+            note_encounter(cx, pv1, pv2);
         }
-        (Some(pv1), None) => note_no_encounter(cx, pv1, v.pv2),
+        (Some(pv1), None) => note_no_encounter(cx, pv1, pv2),
         _ => {}
     }
 }

@@ -17,11 +17,11 @@ use crate::datatypes::cx::ei_key;
 use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::ids::is_oid;
 use crate::json::Writer;
-use crate::messages::common::{Visit, encounter_entry, required};
+use crate::messages::common::{encounter_entry, required};
 use crate::segments::msh::MSH_MAPPED;
 use crate::segments::obx::plain_text;
 use crate::segments::pid::{patient_body, patient_target};
-use crate::segments::pv1::visit;
+use crate::segments::pv1::Visit;
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -51,7 +51,6 @@ pub(crate) fn convert(
     let msg = cx.msg;
     let pid = required(cx, kind, "PID")?;
     let txa = required(cx, kind, "TXA")?;
-    let pv1 = msg.segment("PV1", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
 
@@ -124,7 +123,8 @@ pub(crate) fn convert(
     }
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), Some(&patient));
+    // The MDM map has no PV2: a PV2 is reported with the other segments.
+    let (visit, mut practitioners) = Visit::of(cx, msg.segment("PV1", 1), None, Some(&patient));
     for n in [9, 5, 10, 22] {
         practitioners.add_xcn_field(cx, &txa, n);
     }
@@ -133,16 +133,9 @@ pub(crate) fn convert(
     let mut b = Entries::open(cx, out, &key, || vec![&patient, &doc])?;
     b.segment(cx, &patient, &pid, |cx, w| patient_body(cx, w, &pid));
     practitioners.write(cx, &mut b);
-    // The MDM map has no PV2: a PV2 is reported with the other segments.
-    let visit_of = Visit {
-        pv1: pv1.as_ref(),
-        pv2: None,
-        encounter: encounter.as_ref(),
-        participants: &participants,
-    };
-    encounter_entry(cx, &mut b, None, &visit_of, &patient);
+    encounter_entry(cx, &mut b, None, &visit, &patient);
     b.segment(cx, &doc, &txa, |cx, w| {
-        txa_body(cx, w, &txa, &patient, encounter.as_ref(), &contents);
+        txa_body(cx, w, &txa, &patient, visit.encounter.as_ref(), &contents);
         TXA_MAPPED
     });
     Ok(b.finish(cx, &msg_key, evn.as_ref()))

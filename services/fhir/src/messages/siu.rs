@@ -16,13 +16,13 @@ use crate::datatypes::dtm::{add_seconds, duration_seconds, period};
 use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::json::Writer;
 use crate::messages::common::{
-    Obs, Visit, encounter_entry, observation_entry, patient_part_entry, required,
+    Obs, encounter_entry, observation_entry, patient_part_entry, required,
 };
 use crate::segments::dg1::condition_target;
 use crate::segments::msh::MSH_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_target};
-use crate::segments::pv1::visit;
+use crate::segments::pv1::Visit;
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -90,8 +90,6 @@ pub(crate) fn convert(
     let msg = cx.msg;
     let sch = required(cx, kind, "SCH")?;
     let pid = msg.segment("PID", 1);
-    let pv1 = msg.segment("PV1", 1);
-    let pv2 = msg.segment("PV2", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
     let trigger = kind.split('^').nth(1).unwrap_or_default();
@@ -162,7 +160,12 @@ pub(crate) fn convert(
     }
 
     let patient = pid.as_ref().map(|pid| patient_target(cx, pid, &msg_key));
-    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), patient.as_ref());
+    let (visit, mut practitioners) = Visit::of(
+        cx,
+        msg.segment("PV1", 1),
+        msg.segment("PV2", 1),
+        patient.as_ref(),
+    );
     for n in [12, 16, 20] {
         practitioners.add_xcn_field(cx, &sch, n);
     }
@@ -242,18 +245,12 @@ pub(crate) fn convert(
         b.entry(cx, t, |cx, w| device_body(cx, w, *id));
     }
     match &patient {
-        Some(patient) if encounter.is_some() => {
-            let visit_of = Visit {
-                pv1: pv1.as_ref(),
-                pv2: pv2.as_ref(),
-                encounter: encounter.as_ref(),
-                participants: &participants,
-            };
-            encounter_entry(cx, &mut b, None, &visit_of, patient);
+        Some(patient) if visit.encounter.is_some() => {
+            encounter_entry(cx, &mut b, None, &visit, patient);
         }
         // No visit named, or a visit without a patient: no Encounter to make of it.
         _ => {
-            for seg in [&pv1, &pv2].into_iter().flatten() {
+            for seg in [&visit.pv1, &visit.pv2].into_iter().flatten() {
                 cx.note_unmapped_segment(seg);
             }
         }
@@ -270,7 +267,7 @@ pub(crate) fn convert(
         let t = unique.check(cx, t, &n);
         let links = ObsLinks {
             patient: patient.as_ref(),
-            encounter: encounter.as_ref(),
+            encounter: visit.encounter.as_ref(),
             ..ObsLinks::default()
         };
         observation_entry(cx, &mut b, &t, &o.obx, &o.notes, links);

@@ -19,13 +19,12 @@ use crate::datatypes::xcn::{Person, practitioner_target};
 use crate::ids::Uuid;
 use crate::json::Writer;
 use crate::messages::common::{
-    Obs, Visit, encounter_entry, observation_entry, patient_part_entry, patient_part_target,
-    required,
+    Obs, encounter_entry, observation_entry, patient_part_entry, patient_part_target, required,
 };
 use crate::segments::msh::MSH_MAPPED;
 use crate::segments::obx::{ObsLinks, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_target};
-use crate::segments::pv1::visit;
+use crate::segments::pv1::Visit;
 use crate::segments::write_items;
 use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
@@ -59,8 +58,6 @@ pub(crate) fn convert(
 ) -> Result<Outcome, FhirError> {
     let msg = cx.msg;
     let pid = required(cx, kind, "PID")?;
-    let pv1 = msg.segment("PV1", 1);
-    let pv2 = msg.segment("PV2", 1);
     let key = cx.message_key();
     let msg_key: Vec<&str> = key.iter().map(String::as_str).collect();
 
@@ -142,7 +139,12 @@ pub(crate) fn convert(
     }
 
     let patient = patient_target(cx, &pid, &msg_key);
-    let (encounter, participants, mut practitioners) = visit(cx, pv1.as_ref(), Some(&patient));
+    let (visit, mut practitioners) = Visit::of(
+        cx,
+        msg.segment("PV1", 1),
+        msg.segment("PV2", 1),
+        Some(&patient),
+    );
     let mut unique = Unique::default();
     let mut immunizations: Vec<Target> = Vec::new();
     let mut orgs: Vec<Org> = Vec::new();
@@ -188,13 +190,7 @@ pub(crate) fn convert(
             b.entry(cx, loc, |cx, w| location_body(cx, w, rxa));
         }
     }
-    let visit_of = Visit {
-        pv1: pv1.as_ref(),
-        pv2: pv2.as_ref(),
-        encounter: encounter.as_ref(),
-        participants: &participants,
-    };
-    encounter_entry(cx, &mut b, None, &visit_of, &patient);
+    encounter_entry(cx, &mut b, None, &visit, &patient);
     for (i, nk1) in nk1s.iter().enumerate() {
         let t = patient_part_target(cx, nk1, &patient.id, &i.to_string());
         patient_part_entry(cx, &mut b, nk1, &t, &patient);
@@ -202,7 +198,7 @@ pub(crate) fn convert(
 
     let links = ObsLinks {
         patient: Some(&patient),
-        encounter: encounter.as_ref(),
+        encounter: visit.encounter.as_ref(),
         ..ObsLinks::default()
     };
     write_observations(cx, &mut b, &mut unique, &patient_obs, &patient.id, links);
@@ -224,7 +220,7 @@ pub(crate) fn convert(
             rxa,
             ImmLinks {
                 patient: &patient,
-                encounter: encounter.as_ref(),
+                encounter: visit.encounter.as_ref(),
                 manufacturer: org.as_ref().map(|o| &o.target),
                 location: locations[i].as_ref(),
                 repeat: imm.repeat,

@@ -88,23 +88,43 @@ pub(crate) fn pv1_participants<'a>(cx: &Ctx<'a, '_>, pv1: &Segment<'a>) -> Vec<P
         .collect()
 }
 
-/// The visit of a message's PV1, if it has one: its Encounter ([`encounter_target`]), its participants
-/// ([`pv1_participants`]), and the Practitioners of the Bundle, those participants first.
-pub(crate) fn visit<'a>(
-    cx: &Ctx<'a, '_>,
-    pv1: Option<&Segment<'a>>,
-    patient: Option<&Target>,
-) -> (Option<Target>, Vec<Participant<'a>>, Practitioners<'a>) {
-    let encounter = pv1.and_then(|pv1| encounter_target(cx, pv1, patient));
-    let participants = match pv1 {
-        Some(pv1) => pv1_participants(cx, pv1),
-        None => Vec::new(),
-    };
-    let mut practitioners = Practitioners::default();
-    for (_, _, _, t, xcn) in &participants {
-        practitioners.add_target(t, Person::Xcn(*xcn));
+/// A PV1 (and PV2) with the Encounter and the participants made of it.
+#[derive(Debug, Default)]
+pub(crate) struct Visit<'a> {
+    pub pv1: Option<Segment<'a>>,
+    pub pv2: Option<Segment<'a>>,
+    pub encounter: Option<Target>,
+    pub participants: Vec<Participant<'a>>,
+}
+
+impl<'a> Visit<'a> {
+    /// The visit of a message's PV1 (and PV2), if it has one: its Encounter ([`encounter_target`]), its
+    /// participants ([`pv1_participants`]); and the Practitioners of the Bundle, those participants first.
+    pub fn of(
+        cx: &Ctx<'a, '_>,
+        pv1: Option<Segment<'a>>,
+        pv2: Option<Segment<'a>>,
+        patient: Option<&Target>,
+    ) -> (Self, Practitioners<'a>) {
+        let encounter = pv1
+            .as_ref()
+            .and_then(|pv1| encounter_target(cx, pv1, patient));
+        let participants = match &pv1 {
+            Some(pv1) => pv1_participants(cx, pv1),
+            None => Vec::new(),
+        };
+        let mut practitioners = Practitioners::default();
+        for (_, _, _, t, xcn) in &participants {
+            practitioners.add_target(t, Person::Xcn(*xcn));
+        }
+        let visit = Self {
+            pv1,
+            pv2,
+            encounter,
+            participants,
+        };
+        (visit, practitioners)
     }
-    (encounter, participants, practitioners)
 }
 
 /// The PV1[Encounter] and PV2[Encounter] maps. `event`: the ADT trigger, whose IG map gives the status.

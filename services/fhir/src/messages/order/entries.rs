@@ -43,7 +43,7 @@ pub(super) fn order_entries<'a>(
             map,
             o,
             patient,
-            p.encounter.as_ref(),
+            p.visit.encounter.as_ref(),
             &conditions,
             &obs_targets,
             &spec_targets,
@@ -77,7 +77,7 @@ pub(super) fn order_entries<'a>(
     };
     let links = ObsLinks {
         patient: Some(patient),
-        encounter: p.encounter.as_ref(),
+        encounter: p.visit.encounter.as_ref(),
         effective: observed.as_deref(),
         ..ObsLinks::default()
     };
@@ -102,7 +102,7 @@ pub(super) fn order_entries<'a>(
                 o,
                 request,
                 patient,
-                p.encounter.as_ref(),
+                p.visit.encounter.as_ref(),
                 &obs_targets,
                 &spec_targets,
             )

@@ -4,6 +4,7 @@
 use super::{Kind, Obs, Order, Pat, Spec};
 use crate::context::Ctx;
 use crate::segments::msh::MSH_MAPPED;
+use crate::segments::pv1::Visit;
 
 /// Where an NTE or OBX attaches: the last segment that opens something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,13 +33,11 @@ pub(super) fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool)
             b"PID" => {
                 pats.push(Pat {
                     pid: seg,
-                    pv1: None,
-                    pv2: None,
+                    visit: Visit::default(),
                     others: Vec::new(),
                     obs: Vec::new(),
                     orders: Vec::new(),
                     patient: None,
-                    encounter: None,
                     write: true,
                 });
                 anchor = Anchor::Patient;
@@ -52,12 +51,12 @@ pub(super) fn group<'a>(cx: &mut Ctx<'a, '_>, map: Kind) -> (Vec<Pat<'a>>, bool)
             continue;
         };
         match name {
-            b"PV1" if p.pv1.is_none() && p.orders.is_empty() => {
-                p.pv1 = Some(seg);
+            b"PV1" if p.visit.pv1.is_none() && p.orders.is_empty() => {
+                p.visit.pv1 = Some(seg);
                 anchor = Anchor::Patient;
             }
-            b"PV2" if p.pv2.is_none() && p.pv1.is_some() && p.orders.is_empty() => {
-                p.pv2 = Some(seg);
+            b"PV2" if p.visit.pv2.is_none() && p.visit.pv1.is_some() && p.orders.is_empty() => {
+                p.visit.pv2 = Some(seg);
             }
             b"NK1" | b"AL1" | b"IN1" if p.orders.is_empty() => {
                 p.others.push((seg, None));

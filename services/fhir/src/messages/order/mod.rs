@@ -38,11 +38,11 @@ use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::xcn::{Person, Practitioners};
 use crate::ids::Uuid;
 use crate::json::Writer;
-use crate::messages::common::{Visit, encounter_entry, patient_part_entry};
+use crate::messages::common::{encounter_entry, patient_part_entry};
 use crate::segments::nte::note_author;
 use crate::segments::obx::{ObsLinks, observation_people};
 use crate::segments::pid::{PID_MAPPED, patient_body};
-use crate::segments::pv1::{note_encounter, pv1_participants};
+use crate::segments::pv1::{Visit, note_encounter, pv1_participants};
 use crate::{FhirError, Outcome};
 use entries::{order_entries, planned_observation};
 use group::group;
@@ -94,14 +94,13 @@ struct Order<'a> {
 #[derive(Debug)]
 struct Pat<'a> {
     pid: Segment<'a>,
-    pv1: Option<Segment<'a>>,
-    pv2: Option<Segment<'a>>,
+    /// The first PV1 and PV2 before any order; its Encounter (pass 2) and participants (before writing).
+    visit: Visit<'a>,
     /// NK1, AL1, IN1 and DG1 outside an order, in message order, with their targets.
     others: Vec<(Segment<'a>, Option<Target>)>,
     obs: Vec<Obs<'a>>,
     orders: Vec<Order<'a>>,
     patient: Option<Target>,
-    encounter: Option<Target>,
     /// False for a repeat of a patient already written (same identifier).
     write: bool,
 }
@@ -131,17 +130,13 @@ pub(crate) fn convert(
 
     // The practitioners, each once, in the order they are named.
     let mut practitioners = Practitioners::default();
-    let mut participants = Vec::new();
-    for p in &pats {
-        let part = p
-            .pv1
-            .as_ref()
-            .map(|pv1| pv1_participants(cx, pv1))
-            .unwrap_or_default();
-        for (_, _, _, t, xcn) in &part {
+    for p in &mut pats {
+        if let Some(pv1) = &p.visit.pv1 {
+            p.visit.participants = pv1_participants(cx, pv1);
+        }
+        for (_, _, _, t, xcn) in &p.visit.participants {
             practitioners.add_target(t, Person::Xcn(*xcn));
         }
-        participants.push(part);
         for o in &p.obs {
             observation_people(cx, &mut practitioners, &o.obx, &o.notes);
         }
@@ -195,19 +190,13 @@ pub(crate) fn convert(
         if i == 0 {
             practitioners.write(cx, &mut b);
         }
-        if let (Some(pv1), Some(enc)) = (&p.pv1, &p.encounter)
+        if let (Some(pv1), Some(enc)) = (&p.visit.pv1, &p.visit.encounter)
             && !written.insert(enc.id)
         {
             // The visit of an earlier patient group: its Encounter is written once, its PV1 and PV2 noted.
-            note_encounter(cx, pv1, p.pv2.as_ref());
+            note_encounter(cx, pv1, p.visit.pv2.as_ref());
         } else {
-            let visit_of = Visit {
-                pv1: p.pv1.as_ref(),
-                pv2: p.pv2.as_ref(),
-                encounter: p.encounter.as_ref(),
-                participants: &participants[i],
-            };
-            encounter_entry(cx, &mut b, None, &visit_of, patient);
+            encounter_entry(cx, &mut b, None, &p.visit, patient);
         }
         for (seg, t) in &p.others {
             patient_part_entry(cx, &mut b, seg, t.as_ref().expect("planned"), patient);
@@ -215,7 +204,7 @@ pub(crate) fn convert(
         for o in &p.obs {
             let links = ObsLinks {
                 patient: Some(patient),
-                encounter: p.encounter.as_ref(),
+                encounter: p.visit.encounter.as_ref(),
                 ..ObsLinks::default()
             };
             planned_observation(cx, &mut b, o, links);

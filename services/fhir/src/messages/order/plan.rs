@@ -22,7 +22,8 @@ pub(super) fn plan(cx: &Ctx<'_, '_>, map: Kind, msg_key: &[&str], pats: &mut [Pa
         let fallback: Vec<&str> = msg_key.iter().copied().chain([pn.as_str()]).collect();
         let patient = patient_target(cx, &p.pid, &fallback);
         p.write = patients.insert(patient.id);
-        p.encounter = p
+        p.visit.encounter = p
+            .visit
             .pv1
             .as_ref()
             .and_then(|pv1| encounter_target(cx, pv1, Some(&patient)));
