@@ -4,7 +4,7 @@
 use super::report::report_body;
 use super::request::service_request_body;
 use super::specimen::{specimen_body, specimen_mapped};
-use super::{Kind, Obs, Order, Pat};
+use super::types::{Kind, Obs, Order, Pat};
 use crate::bundle::Entries;
 use crate::context::{Ctx, Target};
 use crate::messages::common::{observation_entry, patient_part_entry};

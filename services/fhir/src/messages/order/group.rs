@@ -1,7 +1,7 @@
 //! Pass 1 of the order and result maps: the message's segments in their groups (patients, orders,
 //! observations, specimens, notes); the segments no map covers are reported here.
 
-use super::{Kind, Obs, Order, Pat, Spec};
+use super::types::{Kind, Obs, Order, Pat, Spec};
 use crate::context::Ctx;
 use crate::segments::msh::MSH_MAPPED;
 use crate::segments::pv1::Visit;

@@ -11,8 +11,8 @@
 //!
 //! One pass a file: `group` (the segments in their groups), `plan` (every resource's target), `entries`
 //! (an order's entries); the resources of an order: `request` (ServiceRequest, the order), `report`
-//! (DiagnosticReport, the result), `specimen`. Here: the groups, the conversion's course, and the order
-//! numbers and identifiers both resources write.
+//! (DiagnosticReport, the result), `specimen`. Here: the conversion's course; the groups and the order
+//! numbers and identifiers both resources write are in `types`.
 //!
 //! Practitioners from the XCN/NDL fields (ORC-12, OBR-16, OBR-32/34/35, OBX-16, NTE-5, PV1), each once;
 //! MessageHeader (message Bundles) and the Provenance of the transformation as for ADT.
@@ -31,79 +31,23 @@ mod plan;
 mod report;
 mod request;
 mod specimen;
+mod types;
 
 use crate::bundle::Entries;
 use crate::context::{Ctx, Target};
-use crate::datatypes::cx::{ei_key, identifier_item};
 use crate::datatypes::xcn::{Person, Practitioners};
 use crate::ids::Uuid;
-use crate::json::Writer;
 use crate::messages::common::{encounter_entry, patient_part_entry};
 use crate::segments::nte::note_author;
 use crate::segments::obx::{ObsLinks, observation_people};
 use crate::segments::pid::{PID_MAPPED, patient_body};
-use crate::segments::pv1::{Visit, note_encounter, pv1_participants};
+use crate::segments::pv1::{note_encounter, pv1_participants};
 use crate::{FhirError, Outcome};
 use entries::{order_entries, planned_observation};
 use group::group;
-use hl7v2::message::Segment;
 use plan::plan;
 use request::requester;
-
-/// Which message map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// ORU_R01: results (DiagnosticReport per OBR).
-    Results,
-    /// ORM_O01, OML_O21: orders (ServiceRequest per ORC/OBR).
-    Orders,
-}
-
-/// An OBX and the NTE segments after it.
-#[derive(Debug)]
-struct Obs<'a> {
-    obx: Segment<'a>,
-    notes: Vec<Segment<'a>>,
-    target: Option<Target>,
-}
-
-/// An SPM and the OBX segments after it.
-#[derive(Debug)]
-struct Spec<'a> {
-    spm: Segment<'a>,
-    obs: Vec<Obs<'a>>,
-    target: Option<Target>,
-    /// False for a repeat of an SPM already written (same identifier, same content).
-    write: bool,
-}
-
-/// An ORDER_OBSERVATION (ORU) or ORDER (ORM, OML) group.
-#[derive(Debug, Default)]
-struct Order<'a> {
-    orc: Option<Segment<'a>>,
-    obr: Option<Segment<'a>>,
-    notes: Vec<Segment<'a>>,
-    dg1: Vec<(Segment<'a>, Option<Target>)>,
-    obs: Vec<Obs<'a>>,
-    specs: Vec<Spec<'a>>,
-    request: Option<Target>,
-    report: Option<Target>,
-}
-
-/// A PATIENT_RESULT (ORU) or the patient of an order message, with its orders.
-#[derive(Debug)]
-struct Pat<'a> {
-    pid: Segment<'a>,
-    /// The first PV1 and PV2 before any order; its Encounter (pass 2) and participants (before writing).
-    visit: Visit<'a>,
-    /// NK1, AL1, IN1 and DG1 outside an order, in message order, with their targets.
-    others: Vec<(Segment<'a>, Option<Target>)>,
-    obs: Vec<Obs<'a>>,
-    orders: Vec<Order<'a>>,
-    patient: Option<Target>,
-    /// False for a repeat of a patient already written (same identifier).
-    write: bool,
-}
+use types::Kind;
 
 pub(crate) fn convert(
     cx: &mut Ctx<'_, '_>,
@@ -216,50 +160,4 @@ pub(crate) fn convert(
 
     // No Provenance without a resource (a message with neither patient nor order).
     Ok(b.finish(cx, &msg_key, None))
-}
-
-/// Writes the identifiers of `keys` with the v2-0203 type `ty`.
-fn identifiers(w: &mut Writer<'_>, keys: &[((String, String), &str)]) {
-    if keys.is_empty() {
-        return;
-    }
-    w.array("identifier");
-    for (k, ty) in keys {
-        identifier_item(w, k, Some(ty));
-    }
-    w.end_array();
-}
-
-/// The order numbers as identifiers: the placer's (PLAC) and the filler's (FILL), as the ServiceRequest and
-/// the DiagnosticReport both write them.
-fn order_identifiers(cx: &Ctx<'_, '_>, w: &mut Writer<'_>, o: &Order<'_>) {
-    let ids: Vec<((String, String), &str)> = placer_ids(cx, o)
-        .into_iter()
-        .map(|k| (k, "PLAC"))
-        .chain(filler_ids(cx, o).into_iter().map(|k| (k, "FILL")))
-        .collect();
-    identifiers(w, &ids);
-}
-
-/// The placer order numbers of an order: ORC-2, OBR-2 (each once).
-fn placer_ids(cx: &Ctx<'_, '_>, o: &Order<'_>) -> Vec<(String, String)> {
-    order_ids(cx, o, 2)
-}
-
-/// The filler order numbers of an order: ORC-3, OBR-3 (each once).
-fn filler_ids(cx: &Ctx<'_, '_>, o: &Order<'_>) -> Vec<(String, String)> {
-    order_ids(cx, o, 3)
-}
-
-/// The order numbers of field `n` of ORC and OBR (each once).
-fn order_ids(cx: &Ctx<'_, '_>, o: &Order<'_>, n: usize) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for seg in [&o.orc, &o.obr].into_iter().flatten() {
-        if let Some(k) = cx.rep1(seg, n).and_then(|ei| ei_key(cx, ei, false))
-            && !out.contains(&k)
-        {
-            out.push(k);
-        }
-    }
-    out
 }

@@ -2,7 +2,7 @@
 //! transaction updates it by), each conditional update used once.
 
 use super::specimen::specimen_ids;
-use super::{Kind, Obs, Order, Pat, filler_ids, placer_ids};
+use super::types::{Kind, Obs, Order, Pat, filler_ids, placer_ids};
 use crate::context::{Ctx, Target};
 use crate::datatypes::cwe::primary_coding;
 use crate::ids::{Uuid, uuid_of};

@@ -1,6 +1,6 @@
 //! The result (ORU_R01): OBR → DiagnosticReport.
 
-use super::{Order, order_identifiers};
+use super::types::{Order, order_identifiers};
 use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::dtm::date_or_period;
 use crate::datatypes::xcn::{Person, practitioner_refs};

@@ -1,7 +1,7 @@
 //! The order (ORM_O01, OML_O21, and the order an ORU result is based on): ORC/OBR → ServiceRequest, and who
 //! requested it.
 
-use super::{Kind, Order, order_identifiers};
+use super::types::{Kind, Order, order_identifiers};
 use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;

@@ -1,6 +1,6 @@
 //! SPM → Specimen (the SPM[Specimen] map), of an order or a result.
 
-use super::identifiers;
+use super::types::identifiers;
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::Table;
 use crate::datatypes::cx::ei_key;
