@@ -9,44 +9,17 @@ use hl7gw_testkit as support;
 use hl7gw_runtime::ledger::kind;
 use hl7gw_testkit::pipeline::{self as common, Pipeline, read_events, received};
 use std::collections::HashMap;
-use std::process::Command;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::{bin, pki, recorded};
-
-/// One pipeline at a time: each is a handful of processes on a 2-core machine.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Receiver refusals are dead letters at once (the default policy retries AR with ERR 207, which `hl7gw
-/// receive --reject-every` answers).
-fn dead_letter_refusals(p: &Pipeline) {
-    let cfg = p.dir.path().join("egress.yaml");
-    let yaml = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
-}
+use support::{pki, recorded, runtime};
 
 #[test]
 fn the_ledger_accounts_for_every_output_across_sigkills() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    dead_letter_refusals(&p);
+    p.dead_letter_refusals();
     p.start_all(Some(10));
     let record = p.dir.path().join("acked.txt");
-    let mut load = support::start_load(p.mllp, 2, 20, &record);
-    std::thread::sleep(Duration::from_secs(5));
-    p.transformer.process = None; // SIGKILL
-    p.start_transformer();
-    std::thread::sleep(Duration::from_secs(5));
-    p.egress.process = None; // SIGKILL
-    p.start_egress();
+    let mut load = p.load_through_sigkills(&record);
     let deadline = Instant::now() + Duration::from_secs(120);
     while load.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "the load run did not end");
@@ -152,18 +125,14 @@ fn tls_admin(p: &Pipeline, pki: &support::pki::Pki) {
 fn hl7gw(p: &Pipeline, pki: &support::pki::Pki, args: &[&str]) -> (bool, String, String) {
     let token = p.dir.path().join("ops.token");
     std::fs::write(&token, format!("{}\n", common::OPS_TOKEN)).unwrap();
-    let out = Command::new(bin("hl7gw"))
-        .args(args)
-        .args(["--to", &format!("https://127.0.0.1:{}", p.egress_grpc)])
-        .args(["--ca", &pki.file("ca.pem")])
-        .args(["--token-file", token.to_str().unwrap()])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let to = format!("https://127.0.0.1:{}", p.egress_grpc);
+    let ca = pki.file("ca.pem");
+    support::output_text(&mut support::admin_cli(
+        args,
+        &to,
+        Some(&ca),
+        Some(token.as_path()),
+    ))
 }
 
 fn json_lines(s: &str) -> Vec<serde_json::Value> {
@@ -184,9 +153,9 @@ fn kinds(traced: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    dead_letter_refusals(&p);
+    p.dead_letter_refusals();
     let pki = pki();
     tls_admin(&p, &pki);
     // Every 3rd message the receiver gets is refused: a dead letter.
@@ -387,27 +356,10 @@ fn trace_finds_delivered_dead_lettered_and_replayed_and_replay_runs_once() {
 
 #[test]
 fn ledger_events_kafka_refuses_make_the_egress_unready_until_they_are_written() {
-    use rdkafka::admin::{
-        AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
-    };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
+    common::run_alone(|mut p| async move {
         // The egress's events go to a topic that refuses records over 100 bytes (an event is a few hundred).
         let small = p.topic("events-small");
-        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", support::broker())
-            .create()
-            .unwrap();
-        let t =
-            NewTopic::new(&small, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "100");
-        for r in admin
-            .create_topics([&t], &AdminOptions::new())
-            .await
-            .unwrap()
-        {
-            r.unwrap();
-        }
+        support::create_topic(&small, 1, &[("max.message.bytes", "100")]).await;
         for (k, v) in &mut p.egress.env {
             if *k == "HL7GW_LEDGER__TOPIC" {
                 v.clone_from(&small);
@@ -422,26 +374,9 @@ fn ledger_events_kafka_refuses_make_the_egress_unready_until_they_are_written() 
             "AA"
         );
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let (code, body) = support::http_get(http, "/readyz");
-            if code == 503 && body.contains("ledger events cannot be written") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "readiness does not say so: {code} {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        let raise =
-            AlterConfig::new(ResourceSpecifier::Topic(&small)).set("max.message.bytes", "1000000");
-        for r in admin
-            .alter_configs([&raise], &AdminOptions::new())
-            .await
-            .unwrap()
-        {
-            r.unwrap();
-        }
+        support::wait_unready_async("egress", http, "ledger events cannot be written", deadline)
+            .await;
+        support::alter_topic(&small, "max.message.bytes", "1000000").await;
         let events =
             tokio::task::spawn_blocking(move || read_events(&small, Duration::from_secs(30)))
                 .await
@@ -452,10 +387,6 @@ fn ledger_events_kafka_refuses_make_the_egress_unready_until_they_are_written() 
                 .any(|(_, _, e)| e.kind == kind::DELIVERED && e.control_id == "LEDGER-1"),
             "{events:?}"
         );
-        tokio::task::spawn_blocking(move || {
-            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
-        })
-        .await
-        .unwrap();
+        support::wait_ready_async("egress", http, Instant::now() + Duration::from_secs(30)).await;
     });
 }

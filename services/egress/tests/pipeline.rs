@@ -13,14 +13,11 @@ use hl7gw_runtime::proto::v1::{ListDeadLettersRequest, ReplayRequest};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::{KillOnDrop, bin, recorded};
-
-/// One pipeline at a time: each is a handful of processes on a 2-core machine.
-static SERIAL: Mutex<()> = Mutex::new(());
+use support::{KillOnDrop, bin, recorded, runtime};
 
 #[test]
 fn ten_thousand_messages_arrive_transformed_and_in_patient_order() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
     p.start_all(None);
     let started = Instant::now();
@@ -46,22 +43,13 @@ fn ten_thousand_messages_arrive_transformed_and_in_patient_order() {
 
 #[test]
 fn receiver_outage_rejections_dead_letters_and_replay() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(outage_rejections_replay());
+    common::run_alone(outage_rejections_replay);
 }
 
-async fn outage_rejections_replay() {
-    let mut p = Pipeline::new();
+async fn outage_rejections_replay(mut p: Pipeline) {
     // `hl7gw receive --reject-every` answers AR with ERR 207, which the default policy retries (table 0008);
     // this test is about dead letters and their replay, so this destination dead-letters every refusal.
-    let cfg = p.dir.path().join("egress.yaml");
-    let yaml = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
+    p.dead_letter_refusals();
     p.start_all(Some(10));
     let dir = p.received_dir();
 
@@ -145,17 +133,11 @@ async fn outage_rejections_replay() {
 
 #[test]
 fn sigkill_of_the_transformer_and_the_egress_loses_nothing() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
     p.start_all(None);
     let record = p.dir.path().join("acked.txt");
-    let mut load = support::start_load(p.mllp, 2, 20, &record);
-    std::thread::sleep(Duration::from_secs(5));
-    p.transformer.process = None; // SIGKILL
-    p.start_transformer();
-    std::thread::sleep(Duration::from_secs(5));
-    p.egress.process = None; // SIGKILL
-    p.start_egress();
+    let mut load = p.load_through_sigkills(&record);
     let out = load.wait_with_output_or_kill();
     assert!(out, "the load run finished");
     let ids = recorded(&record);
@@ -191,15 +173,6 @@ impl WaitOrKill for std::process::Child {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-}
-
-/// A 2-worker runtime for one pipeline test.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 use common::Egress;
@@ -266,7 +239,7 @@ fn adt_from(app: &str, control_id: &str, patient: &str) -> Vec<u8> {
 /// two routes to one destination, are four different messages and all four reach the receiver.
 #[test]
 fn two_senders_of_one_facility_and_two_routes_to_one_destination_all_arrive() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
     std::fs::write(p.dir.path().join("routes.yaml"), two_routes()).unwrap();
     p.start_all(None);
@@ -355,9 +328,7 @@ async fn two_ack_receiver(port: u16) -> tokio::task::JoinHandle<()> {
 /// dead-lettered, and no other is.
 #[test]
 fn answers_are_matched_by_msa2_not_by_arrival() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
+    common::run_alone(|mut p| async move {
         let _receiver = two_ack_receiver(p.receiver_port).await;
         p.start_services();
         let mut c = p.mllp_client().await;
@@ -420,9 +391,7 @@ async fn policy_receiver(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<(Stri
 /// `AL`, so a compliant receiver answers instead of the egress resending it forever.
 #[test]
 fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
+    common::run_alone(|mut p| async move {
         let seen = policy_receiver(p.receiver_port).await;
         p.start_services();
         let mut c = p.mllp_client().await;
@@ -461,9 +430,7 @@ fn the_ack_policy_follows_hl7_table_0008_and_msh15_asks_for_an_answer() {
 /// the destination's other partitions: the full partition is held back and paused, the others go on.
 #[test]
 fn a_stuck_partition_does_not_stop_the_others() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
+    common::run_alone(|mut p| async move {
         let cfg = p.dir.path().join("egress.yaml");
         let yaml = std::fs::read_to_string(&cfg).unwrap();
         // 4 KiB: a few of the stuck patient's messages held back are enough to pause its partition.
@@ -549,12 +516,9 @@ fn a_stuck_partition_does_not_stop_the_others() {
 /// replacement pod's catch-up at about 64 messages a second.
 #[test]
 fn a_backlog_on_one_partition_is_read_without_pausing() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    p.env
-        .retain(|(k, _)| *k != "HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS");
-    p.env
-        .push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "1".into()));
+    p.set_env("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "1");
     p.start_receiver(None);
     p.start_transformer();
     p.start_ingress();
@@ -601,10 +565,9 @@ fn a_backlog_of_500_kb_results_stays_well_under_the_pods_memory_limit() {
     // 64 per partition of 500 KB are a quarter of a gigabyte or more.
     const N: u32 = 400;
     const LIMIT: u64 = 256 << 20;
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    p.env
-        .push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "6".into()));
+    p.set_env("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "6");
     std::fs::write(
         p.dir.path().join("routes.yaml"),
         "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: results}\n\
@@ -680,7 +643,7 @@ fn a_backlog_of_500_kb_results_stays_well_under_the_pods_memory_limit() {
 /// stage `transformer` sends it back to the inbound topic, the transformer routes it and it arrives.
 #[test]
 fn a_transformer_dead_letter_is_replayed_through_the_routes_once_they_are_fixed() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
     p.start_all(None);
     let oru = "MSH|^~\\&|LAB|FAC|EHR|FAC|20261123120000||ORU^R01|RESULT-1|P|2.5.1\r\
@@ -752,11 +715,9 @@ fn a_transformer_dead_letter_is_replayed_through_the_routes_once_they_are_fixed(
 /// settles (delivered or dead-lettered) and the egress stays up.
 #[test]
 fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    let cfg = p.dir.path().join("egress.yaml");
-    let yaml = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, format!("{yaml}    ack_policy: {{retry: []}}\n")).unwrap();
+    p.dead_letter_refusals();
     p.egress
         .env
         .push(("FAILPOINT_KAFKA_FATAL_AFTER", "2".into()));
@@ -789,12 +750,7 @@ fn a_fatal_producer_error_in_the_egress_is_recovered_in_process() {
 /// Produces `messages` (control id, HL7 message) to `topic` as the transformer's outputs for `lab`, all keyed
 /// by one patient (one partition, in order). Records up to 4 MB.
 async fn produce_outputs(topic: &str, messages: &[(&str, Vec<u8>)]) {
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", support::broker())
-        .set("message.max.bytes", "4000000")
-        .create()
-        .unwrap();
+    let producer = support::EnvelopeProducer::with_max_bytes(support::broker(), Some(4_000_000));
     for (id, raw) in messages {
         let m = hl7v2::Message::parse(raw).unwrap();
         let env = hl7gw_runtime::proto::v1::Envelope {
@@ -809,30 +765,18 @@ async fn produce_outputs(topic: &str, messages: &[(&str, Vec<u8>)]) {
             route: "adt-to-lab".into(),
             ..Default::default()
         };
-        let mut payload = Vec::new();
-        hl7gw_runtime::envelope::encode_into(&env, &mut payload);
-        producer
-            .send(
-                FutureRecord::to(topic).key(&env.key).payload(&payload),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        producer.send(topic, &env.key, &env).await;
     }
 }
 
-/// A receiver taking frames up to 4 MiB that answers AE with a `ack_bytes`-byte ACK (its MSA-3 text) to control
 /// Starts the pipeline's egress and waits (30 s at most) until its `/readyz` says ready.
 async fn start_ready_egress(p: &mut Pipeline) {
     p.start_egress();
     let admin = p.egress.admin.expect("the egress's admin address");
-    tokio::task::spawn_blocking(move || {
-        support::wait_ready("egress", admin, Instant::now() + Duration::from_secs(30))
-    })
-    .await
-    .expect("the readiness wait");
+    support::wait_ready_async("egress", admin, Instant::now() + Duration::from_secs(30)).await;
 }
 
+/// A receiver taking frames up to 4 MiB that answers AE with a `ack_bytes`-byte ACK (its MSA-3 text) to control
 /// ids starting with `BIG`, AA to the others; returns the control ids it got, in order.
 async fn big_ack_receiver(port: u16, ack_bytes: usize) -> std::sync::Arc<Mutex<Vec<String>>> {
     use futures_util::{SinkExt, StreamExt};
@@ -867,17 +811,50 @@ async fn big_ack_receiver(port: u16, ack_bytes: usize) -> std::sync::Arc<Mutex<V
     got
 }
 
+/// The pipeline's egress, ready, delivering to a [`big_ack_receiver`] answering with `ack_bytes`-byte AEs: the
+/// control ids the receiver got.
+async fn egress_to_big_ack_receiver(
+    p: &mut Pipeline,
+    ack_bytes: usize,
+) -> std::sync::Arc<Mutex<Vec<String>>> {
+    let got = big_ack_receiver(p.receiver_port, ack_bytes).await;
+    start_ready_egress(p).await;
+    got
+}
+
+/// Waits (20 s at most) until the receiver `got` the control id `cid`; panics saying `what` was not.
+async fn wait_received(got: &Mutex<Vec<String>>, cid: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = got.lock().unwrap().clone();
+        if seen.iter().any(|c| c == cid) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the receiver got {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The records of the pipeline's DLQ topic, read (on a blocking thread) until one came and none followed, or
+/// `limit` passed.
+async fn dlq_records(p: &Pipeline, limit: Duration) -> Vec<support::Record> {
+    let dlq = p.topic("dlq");
+    tokio::task::spawn_blocking(move || support::read_topic(support::broker(), &dlq, 1, limit))
+        .await
+        .unwrap()
+}
+
 /// Issue 24, item 6: a 1.9 MiB output the receiver refuses with a 200 KB AE. Its dead letter (the message, the
 /// receiver's answer and the rejection) is over the 2 MiB record limit: Kafka refused it, and the egress tried
 /// again forever while the patient's later messages waited behind it. The dead letter is now shrunk until it
 /// fits (the receiver's answer dropped first) and the later messages are delivered.
 #[test]
 fn a_dead_letter_over_the_record_limit_is_shrunk_and_later_messages_delivered() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
-        let got = big_ack_receiver(p.receiver_port, 200_000).await;
-        start_ready_egress(&mut p).await;
+    common::run_alone(|mut p| async move {
+        let got = egress_to_big_ack_receiver(&mut p, 200_000).await;
         let mut big = adt_from("ADMIT", "BIG-1", "MRN-BIG");
         big.extend_from_slice(b"NTE|1||");
         big.resize(1_900 * 1024, b'X');
@@ -888,28 +865,14 @@ fn a_dead_letter_over_the_record_limit_is_shrunk_and_later_messages_delivered() 
         }
         produce_outputs(&p.topic("out.lab"), &messages).await;
 
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let seen = got.lock().unwrap().clone();
-            if seen.iter().any(|c| c == "AFTER-2") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the messages after the refused one were not delivered: the receiver got {seen:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let dlq = p.topic("dlq");
-        let dead = tokio::task::spawn_blocking(move || {
-            support::read_topic(support::broker(), &dlq, 1, Duration::from_secs(10))
-        })
-        .await
-        .unwrap();
-        let [d] = &dead[..] else {
-            panic!("one dead letter: {}", dead.len())
-        };
-        let rej = d.envelope.rejection.clone().unwrap_or_default();
+        wait_received(
+            &got,
+            "AFTER-2",
+            "the messages after the refused one were not delivered",
+        )
+        .await;
+        let dead = dlq_records(&p, Duration::from_secs(10)).await;
+        let (d, rej) = support::only_dead_letter(&dead);
         assert_eq!(
             (rej.stage.as_str(), rej.reason.as_str()),
             ("egress", "rejected")
@@ -932,13 +895,12 @@ fn a_dead_letter_over_the_record_limit_is_shrunk_and_later_messages_delivered() 
 /// metadata only (the topic its producer writes), not for every topic of the cluster.
 #[test]
 fn the_readiness_probe_asks_for_the_dlq_topic_only() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    p.env.retain(|(k, _)| *k != "RUST_LOG");
-    p.env.push((
+    p.set_env(
         "RUST_LOG",
-        "warn,hl7gw_runtime::service=info,librdkafka=debug".into(),
-    ));
+        "warn,hl7gw_runtime::service=info,librdkafka=debug",
+    );
     p.egress
         .env
         .push(("HL7GW_KAFKA__PROPERTIES__DEBUG", "metadata".into()));
@@ -973,42 +935,19 @@ fn the_readiness_probe_asks_for_the_dlq_topic_only() {
 /// green. Readiness now says which destination and why, and comes back once the topic exists.
 #[test]
 fn a_destination_topic_that_cannot_be_read_makes_the_egress_unready_with_the_reason() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = common::one_at_a_time();
     let mut p = Pipeline::new();
-    p.env
-        .retain(|(k, _)| *k != "HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS");
-    p.env
-        .push(("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "0".into()));
+    p.set_env("HL7GW_KAFKA__CREATE_TOPICS_PARTITIONS", "0");
     p.start_egress();
     let admin = p.egress.admin.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, body) = support::http_get(admin, "/readyz");
-        if code == 503 && body.contains("destination lab: cannot read the topic") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "readiness does not say the topic cannot be read: {code} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    runtime().block_on(async {
-        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", support::broker())
-            .create()
-            .unwrap();
-        let topic = p.topic("out.lab");
-        let t = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
-        for r in admin
-            .create_topics([&t], &AdminOptions::new())
-            .await
-            .unwrap()
-        {
-            r.unwrap();
-        }
-    });
+    support::wait_unready(
+        "egress",
+        admin,
+        "destination lab: cannot read the topic",
+        deadline,
+    );
+    runtime().block_on(support::create_topic(&p.topic("out.lab"), 1, &[]));
     support::wait_ready("egress", admin, Instant::now() + Duration::from_secs(60));
 }
 
@@ -1017,27 +956,10 @@ fn a_destination_topic_that_cannot_be_read_makes_the_egress_unready_with_the_rea
 /// then message), readiness says dead letters cannot be written, and once the topic takes it, it lands.
 #[test]
 fn dead_letters_kafka_refuses_even_shrunk_make_the_egress_unready_with_the_reason() {
-    use rdkafka::admin::{
-        AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
-    };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
-        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", support::broker())
-            .create()
-            .unwrap();
+    common::run_alone(|mut p| async move {
         let dlq = p.topic("dlq");
-        let t = NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "200");
-        for r in admin
-            .create_topics([&t], &AdminOptions::new())
-            .await
-            .unwrap()
-        {
-            r.unwrap();
-        }
-        let _got = big_ack_receiver(p.receiver_port, 1_000).await;
-        start_ready_egress(&mut p).await;
+        support::create_topic(&dlq, 1, &[("max.message.bytes", "200")]).await;
+        let _got = egress_to_big_ack_receiver(&mut p, 1_000).await;
         let http = p.egress.admin.unwrap();
         produce_outputs(
             &p.topic("out.lab"),
@@ -1045,43 +967,15 @@ fn dead_letters_kafka_refuses_even_shrunk_make_the_egress_unready_with_the_reaso
         )
         .await;
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (code, body) = support::http_get(http, "/readyz");
-            if code == 503 && body.contains("dead letters cannot be written") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "readiness does not say dead letters cannot be written: {code} {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        let raise =
-            AlterConfig::new(ResourceSpecifier::Topic(&dlq)).set("max.message.bytes", "1000000");
-        for r in admin
-            .alter_configs([&raise], &AdminOptions::new())
-            .await
-            .unwrap()
-        {
-            r.unwrap();
-        }
-        let dead = tokio::task::spawn_blocking(move || {
-            support::read_topic(support::broker(), &dlq, 1, Duration::from_secs(20))
-        })
-        .await
-        .unwrap();
-        let [d] = &dead[..] else {
-            panic!("one dead letter: {}", dead.len())
-        };
-        let rej = d.envelope.rejection.clone().unwrap_or_default();
+        support::wait_unready_async("egress", http, "dead letters cannot be written", deadline)
+            .await;
+        support::alter_topic(&dlq, "max.message.bytes", "1000000").await;
+        let dead = dlq_records(&p, Duration::from_secs(20)).await;
+        let (d, rej) = support::only_dead_letter(&dead);
         assert_eq!(rej.reason, "rejected");
         assert!(rej.ack.is_empty() && d.envelope.raw.is_empty(), "{rej:?}");
         assert!(rej.detail.contains("sha256"), "{}", rej.detail);
-        tokio::task::spawn_blocking(move || {
-            support::wait_ready("egress", http, Instant::now() + Duration::from_secs(30))
-        })
-        .await
-        .unwrap();
+        support::wait_ready_async("egress", http, Instant::now() + Duration::from_secs(30)).await;
     });
 }
 
@@ -1090,31 +984,15 @@ fn dead_letters_kafka_refuses_even_shrunk_make_the_egress_unready_with_the_reaso
 /// `no_control_id`, and the messages after it are delivered.
 #[test]
 fn a_message_without_a_control_id_is_a_dead_letter_not_resent_forever() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    runtime().block_on(async {
-        let mut p = Pipeline::new();
-        let got = big_ack_receiver(p.receiver_port, 0).await;
-        start_ready_egress(&mut p).await;
+    common::run_alone(|mut p| async move {
+        let got = egress_to_big_ack_receiver(&mut p, 0).await;
         let messages = [
             ("NOID", adt_from("ADMIT", "", "MRN-BIG")),
             ("AFTER-3", adt_from("ADMIT", "AFTER-3", "MRN-BIG")),
         ];
         produce_outputs(&p.topic("out.lab"), &messages).await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !got.lock().unwrap().iter().any(|c| c == "AFTER-3") {
-            assert!(
-                Instant::now() < deadline,
-                "the message after it was not delivered: the receiver got {:?}",
-                got.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let dlq = p.topic("dlq");
-        let dead = tokio::task::spawn_blocking(move || {
-            support::read_topic(support::broker(), &dlq, 1, Duration::from_secs(10))
-        })
-        .await
-        .unwrap();
+        wait_received(&got, "AFTER-3", "the message after it was not delivered").await;
+        let dead = dlq_records(&p, Duration::from_secs(10)).await;
         let reasons: Vec<String> = dead
             .iter()
             .map(|d| d.envelope.rejection.clone().unwrap_or_default().reason)
