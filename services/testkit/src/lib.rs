@@ -4,9 +4,9 @@
 // A test kit: a step that fails is a failed test, so unwrap and expect are its way of saying so.
 #![allow(clippy::unwrap_used, missing_debug_implementations)]
 //!
-//! The files: `broker`, `process` (binaries and tools), `mllp`, `topic` (reading a topic), `ingress` (an
-//! ingress on its own topics), `in_process` (a service run in this process), `pki`, `examples`, `fhir`,
-//! `pipeline` (the four processes end to end).
+//! The files: `broker`, `process` (binaries and tools), `mllp`, `topic` (reading, writing and making topics),
+//! `ingress` (an ingress on its own topics), `in_process` (a service run in this process), `pki`, `examples`,
+//! `fhir`, `pipeline` (the four processes end to end).
 
 mod broker;
 pub mod examples;
