@@ -33,6 +33,17 @@ fn routes() -> String {
     )
 }
 
+/// The pipeline in front of the server: the [`routes`], the egress's `destinations` (YAML, four spaces in),
+/// every service started and ready.
+fn fhir_pipeline(destinations: &str) -> Pipeline {
+    let mut p = Pipeline::new();
+    p.set_routes(&routes());
+    p.set_destinations(destinations);
+    p.start_services();
+    p.wait_ready(Duration::from_secs(60));
+    p
+}
+
 fn destination(url: &str) -> String {
     format!(
         "  fhir:\n    url: {url}\n    response_timeout: 30s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n"
@@ -153,11 +164,7 @@ async fn the_corpus_reaches_a_fhir_server_once_in_order_and_validated() {
         messages.len()
     );
     let server = FhirServer::start(0, &[]);
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&destination(&server.base()));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
+    let mut p = fhir_pipeline(&destination(&server.base()));
 
     let bytes: Vec<Vec<u8>> = messages.iter().map(|(_, b)| b.clone()).collect();
     let acked = send_all(&p, &bytes).await;
@@ -278,11 +285,7 @@ async fn the_corpus_reaches_a_fhir_server_once_in_order_and_validated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_decide_like_acks_down_429_400_and_replay() {
     let port = support::free_port();
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&destination(&format!("http://127.0.0.1:{port}/fhir")));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
+    let p = fhir_pipeline(&destination(&format!("http://127.0.0.1:{port}/fhir")));
     let admin = p.egress.admin.unwrap();
     let metric = |name: &str| -> f64 {
         let (_, body) = support::http_get(admin, "/metrics");
@@ -390,28 +393,31 @@ async fn answers_decide_like_acks_down_429_400_and_replay() {
     assert_eq!(of("delivered", "BAD-1"), [200], "the replay");
 }
 
+/// A server over HTTPS (the test PKI's server certificate) that gives SMART backend services tokens to
+/// `hl7gw-egress` (its key `smart-client`), and wants a client certificate of the test CA when `mutual`.
+fn smart_server(pki: &support::Pki, mutual: bool) -> FhirServer {
+    let (cert, key, ca) = (
+        pki.file("server.pem"),
+        pki.file("server.key"),
+        pki.file("ca.pem"),
+    );
+    let client = format!("hl7gw-egress={}", pki.file("smart-client.pub"));
+    let mut args = vec!["--tls-cert", &cert, "--tls-key", &key];
+    if mutual {
+        args.extend(["--client-ca", &ca]);
+    }
+    args.extend(["--smart-client", &client]);
+    FhirServer::start(0, &args)
+}
+
 /// HTTPS with mutual TLS and SMART backend services (ES384 assertion, token endpoint discovered from the
 /// server's smart-configuration): delivered over HTTP/2; a revoked token costs one 401, a new token and no
 /// dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivers_over_mutual_tls_with_smart_backend_services() {
     let pki = support::pki::pki();
-    let server = FhirServer::start(
-        0,
-        &[
-            "--tls-cert",
-            &pki.file("server.pem"),
-            "--tls-key",
-            &pki.file("server.key"),
-            "--client-ca",
-            &pki.file("ca.pem"),
-            "--smart-client",
-            &format!("hl7gw-egress={}", pki.file("smart-client.pub")),
-        ],
-    );
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&format!(
+    let server = smart_server(&pki, true);
+    let p = fhir_pipeline(&format!(
         "  fhir:\n    url: https://127.0.0.1:{}/fhir\n    response_timeout: 30s\n    retry: {{initial_backoff: 100ms, max_backoff: 1s}}\n\
          \x20   tls: {{ca: {}, cert: {}, key: {}}}\n\
          \x20   http: {{oauth2: {{client_id: hl7gw-egress, private_key: {}, key_id: k1}}}}\n",
@@ -421,20 +427,8 @@ async fn delivers_over_mutual_tls_with_smart_backend_services() {
         pki.file("client.key"),
         pki.file("smart-client.key"),
     ));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
     send_all(&p, &[support::adt("TLS-1", "P-TLS")]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    while auth["fhirAuthorized"].as_u64() < Some(1) {
-        assert!(
-            Instant::now() < deadline,
-            "not delivered: {auth}\n{}",
-            p.metrics_summary()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    }
+    let auth = wait_authorized(&p, &server, &pki, 1, "not delivered").await;
     assert_eq!(auth["tokensIssued"], 1, "{auth}");
     assert_eq!(auth["lastClientCertificateCn"], "hl7-client", "{auth}");
     let log = &auth["tokenLog"][0];
@@ -444,16 +438,7 @@ async fn delivers_over_mutual_tls_with_smart_backend_services() {
     // Every token issued so far is revoked: the next delivery gets a 401, fetches a new one, and goes.
     server.call_tls("POST", "/admin/revoke", &pki).await;
     send_all(&p, &[support::adt("TLS-2", "P-TLS")]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    while auth["fhirAuthorized"].as_u64() < Some(2) {
-        assert!(
-            Instant::now() < deadline,
-            "not delivered after revocation: {auth}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    }
+    let auth = wait_authorized(&p, &server, &pki, 2, "not delivered after revocation").await;
     assert_eq!(auth["tokensIssued"], 2, "{auth}");
     assert_eq!(auth["fhirUnauthorizedBy"]["revoked"], 1, "{auth}");
     let requests = server.call_tls("GET", "/admin/requests", &pki).await;
@@ -481,15 +466,11 @@ async fn a_rotated_bearer_token_file_is_picked_up() {
     let ours = dir.path().join("egress-token");
     std::fs::write(&ours, "stale-token\n").unwrap();
     let server = FhirServer::start(0, &["--bearer-token-file", expected.to_str().unwrap()]);
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&format!(
+    let p = fhir_pipeline(&format!(
         "{}    http: {{bearer_token_file: {}}}\n",
         destination(&server.base()),
         ours.display()
     ));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
     send_all(&p, &[support::adt("TOKEN-1", "P-TOKEN")]).await;
     let admin = p.egress.admin.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -554,6 +535,28 @@ async fn an_hl7_route_posts_the_message_to_a_web_service() {
     assert_ne!(support::field(&posted, "PID-5-1").as_deref(), Some("DOE"));
 }
 
+/// The server's `/admin/auth` once it authorized `n` FHIR requests; panics after 60 s saying `what`.
+async fn wait_authorized(
+    p: &Pipeline,
+    server: &FhirServer,
+    pki: &support::Pki,
+    n: u64,
+    what: &str,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut auth = server.call_tls("GET", "/admin/auth", pki).await;
+    while auth["fhirAuthorized"].as_u64() < Some(n) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {auth}\n{}",
+            p.metrics_summary()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        auth = server.call_tls("GET", "/admin/auth", pki).await;
+    }
+    auth
+}
+
 /// Waits for the dead letter of `control_id` at `destination` (with its envelope); panics after `limit`.
 async fn wait_dead_letter(
     p: &Pipeline,
@@ -607,11 +610,7 @@ fn egress_events(p: &Pipeline, kind: &str, control_id: &str) -> Vec<(String, u32
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_credentials_are_bounded_then_a_replayable_dead_letter() {
     let server = FhirServer::start(0, &[]);
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&destination(&server.base()));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
+    let p = fhir_pipeline(&destination(&server.base()));
 
     server.fail_next(403, 1000, None);
     assert_eq!(
@@ -669,23 +668,11 @@ async fn sidecar() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_token_endpoints_are_refused_bounded_and_clamped() {
     let pki = support::pki::pki();
-    let server = FhirServer::start(
-        0,
-        &[
-            "--tls-cert",
-            &pki.file("server.pem"),
-            "--tls-key",
-            &pki.file("server.key"),
-            "--smart-client",
-            &format!("hl7gw-egress={}", pki.file("smart-client.pub")),
-        ],
-    );
+    let server = smart_server(&pki, false);
     let (sidecar_port, sidecar_hits) = sidecar().await;
     let hostile = format!("/admin/smart?tokenEndpoint=http://127.0.0.1:{sidecar_port}/token");
     server.call_tls("POST", &hostile, &pki).await;
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&format!(
+    let p = fhir_pipeline(&format!(
         "  fhir:\n    url: https://127.0.0.1:{}/fhir\n    response_timeout: 30s\n    retry: {{initial_backoff: 100ms, max_backoff: 500ms}}\n\
          \x20   ack_policy: {{max_retries: 3}}\n\
          \x20   tls: {{ca: {}}}\n\
@@ -694,8 +681,6 @@ async fn hostile_token_endpoints_are_refused_bounded_and_clamped() {
         pki.file("ca.pem"),
         pki.file("smart-client.key"),
     ));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
 
     // The discovered endpoint is on loopback over plain http: refused, never reached.
     send_all(&p, &[support::adt("SSRF-1", "P-SMART")]).await;
@@ -726,28 +711,10 @@ async fn hostile_token_endpoints_are_refused_bounded_and_clamped() {
         replay_ids(&p, std::slice::from_ref(&letter.id), false).await,
         1
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    while auth["fhirAuthorized"].as_u64() < Some(1) {
-        assert!(
-            Instant::now() < deadline,
-            "not delivered after the fix: {auth}\n{}",
-            p.metrics_summary()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    }
+    wait_authorized(&p, &server, &pki, 1, "not delivered after the fix").await;
     // The egress is still up (the clamp), and delivers the next one with the token it has.
     send_all(&p, &[support::adt("SMART-2", "P-SMART")]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while auth["fhirAuthorized"].as_u64() < Some(2) {
-        assert!(
-            Instant::now() < deadline,
-            "the egress stopped delivering: {auth}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    }
+    let auth = wait_authorized(&p, &server, &pki, 2, "the egress stopped delivering").await;
     assert_eq!(auth["tokensIssued"], 1, "{auth}");
 
     // The token endpoint refuses the client (every token revoked, every new one refused): bounded, then a
@@ -768,15 +735,7 @@ async fn hostile_token_endpoints_are_refused_bounded_and_clamped() {
         replay_ids(&p, std::slice::from_ref(&letter.id), false).await,
         1
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while auth["fhirAuthorized"].as_u64() < Some(3) {
-        assert!(
-            Instant::now() < deadline,
-            "the replay was not delivered: {auth}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        auth = server.call_tls("GET", "/admin/auth", &pki).await;
-    }
+    wait_authorized(&p, &server, &pki, 3, "the replay was not delivered").await;
 }
 
 /// The POSTs to the server's base so far: (status, body bytes).
@@ -811,11 +770,7 @@ fn restart_gently(p: &mut Pipeline) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_is_whole_or_refused_and_a_forced_one_is_sent() {
     let server = FhirServer::start(0, &[]);
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&destination(&server.base()));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
+    let mut p = fhir_pipeline(&destination(&server.base()));
     // An address of 4 KB makes a Bundle a 2 KB dead letter cannot hold.
     let long = |control_id: &str| {
         String::from_utf8(support::adt(control_id, "P-WHOLE"))
@@ -975,11 +930,7 @@ fn stop_transformer(p: &mut Pipeline) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_too_large_output_is_replayed_from_its_input() {
     let server = FhirServer::start(0, &[]);
-    let mut p = Pipeline::new();
-    p.set_routes(&routes());
-    p.set_destinations(&destination(&server.base()));
-    p.start_services();
-    p.wait_ready(Duration::from_secs(60));
+    let mut p = fhir_pipeline(&destination(&server.base()));
     send_all(&p, &[support::adt("BIG-0", "P-BIG")]).await;
     wait_delivered(&p, &server, 1, Duration::from_secs(60)).await;
 

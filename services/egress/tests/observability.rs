@@ -157,13 +157,7 @@ fn hl7(message_type: &str, control_id: &str, version: &str, patient: &str) -> Ve
 fn routes(plugin_port: u16) -> String {
     format!(
         "{}---
-apiVersion: hl7gw.io/v1alpha1
-kind: HL7Route
-metadata: {{name: oru-to-flaky}}
-spec:
-  match: {{messageTypes: ['ORU^R01']}}
-  destinations: [flaky]
----
+{}---
 apiVersion: hl7gw.io/v1alpha1
 kind: HL7Route
 metadata: {{name: siu-through-a-dead-plugin}}
@@ -173,7 +167,8 @@ spec:
     - plugin: {{endpoint: 'http://127.0.0.1:{plugin_port}', timeoutMs: 300, onFailure: deadLetter}}
   destinations: [lab]
 ",
-        common::ROUTES
+        common::ROUTES,
+        common::ORU_TO_FLAKY
     )
 }
 
@@ -404,11 +399,7 @@ fn check_metrics(rendered: &[PathBuf], scrapes: &[PathBuf]) -> Result<String, St
 #[test]
 fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     let started = Instant::now();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = support::runtime();
     let pki = support::pki();
     let (collector, otlp) = start_collector(&rt, &pki);
 
@@ -647,15 +638,7 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
     assert_messaging(
         ingest,
         SpanKind::Producer,
-        &[
-            ("messaging.operation.type", Some("send")),
-            ("messaging.destination.name", Some(&inbound)),
-            ("messaging.destination.partition.id", None),
-            ("messaging.kafka.offset", None),
-            ("hl7.control_id", cid),
-            ("hl7.message_type", Some("ADT")),
-            ("hl7.trigger_event", Some("A01")),
-        ],
+        &common::ingest_span_attributes(&inbound, &control_id),
     );
     let transform = span_named(&spans, &trace_id, "hl7gw-transformer", "transform");
     assert_messaging(
@@ -696,24 +679,11 @@ fn one_trace_across_the_services_and_dashboard_metrics_in_a_real_scrape() {
         ],
     );
     let deliver = span_named(&spans, &trace_id, "hl7gw-egress", "deliver");
+    let route = attr(&publish.span.attributes, "hl7.route");
     assert_messaging(
         deliver,
         SpanKind::Consumer,
-        &[
-            ("messaging.operation.type", Some("process")),
-            ("messaging.destination.name", Some(&lab)),
-            ("messaging.destination.partition.id", None),
-            ("messaging.kafka.offset", None),
-            ("messaging.consumer.group.name", Some(&egress_group)),
-            ("hl7.control_id", cid),
-            ("hl7.destination", Some("lab")),
-            (
-                "hl7.route",
-                attr(&publish.span.attributes, "hl7.route").as_deref(),
-            ),
-            ("hl7.ack_code", None),
-            ("hl7.attempts", None),
-        ],
+        &common::deliver_span_attributes(&lab, &egress_group, &control_id, "lab", route.as_deref()),
     );
     // Never the Kafka key (sending facility + patient id by default); every span's resource has the version.
     for r in &spans {
