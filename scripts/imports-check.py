@@ -60,17 +60,32 @@ def strip(text):
     return text[: m.start()] if m else text
 
 
+# {module: names of the items it defines itself}, filled by main(): an item a module defines is not looked up
+# through its glob re-exports (Rust's rule too: a glob import is shadowed by the module's own items).
+DEFINED = {}
+ITEM = re.compile(r"^\s*(?:pub(?:\([^)]*\))? )?(?:(?:async|const|unsafe|extern \"C\") )*"
+                  r"(?:fn|struct|enum|union|trait|type|const|static|mod|macro_rules!)\s+(\w+)", re.M)
+
+
 def resolve(mods, base, comps, reexports=None, depth=0):
     """The module that defines what `base` + comps names: the deepest module it reaches, followed through that
-    module's `pub use` of the next name (a re-export is where the item is looked up, not where it is)."""
+    module's `pub use` of the next name (a re-export is where the item is looked up, not where it is); a glob
+    re-export only where the module does not define the name itself, and the glob whose module does."""
     cur = tuple(base)
     rest = list(comps)
     while rest and cur + (rest[0],) in mods:
         cur = cur + (rest.pop(0),)
     if reexports and rest and depth < 8:
-        target = reexports.get(cur, {}).get(rest[0]) or reexports.get(cur, {}).get("*")
+        table = reexports.get(cur, {})
+        if rest[0] in table:
+            target, rest = table[rest[0]], rest[1:]
+        elif rest[0] in DEFINED.get(cur, ()):
+            return cur
+        else:
+            globs = table.get("*", [])
+            target = next((g for g in globs if rest[0] in DEFINED.get(g, ())), globs[-1] if globs else None)
         if target is not None and target != cur:
-            return resolve(mods, target, rest[1:] if rest[0] in reexports.get(cur, {}) else rest, reexports, depth + 1)
+            return resolve(mods, target, rest, reexports, depth + 1)
     return cur
 
 
@@ -96,7 +111,9 @@ def reexports_of(mods, me, text):
         if target == me:
             continue
         for n in names:
-            if n:
+            if n == "*":
+                out.setdefault("*", []).append(target)
+            elif n:
                 out[n] = target
     return out
 
@@ -192,6 +209,8 @@ def main():
         mods = modules(src)
         graph = {}
         texts = {m: strip(open(f, encoding="utf-8").read()) for m, f in mods.items()}
+        DEFINED.clear()
+        DEFINED.update({m: set(ITEM.findall(t)) for m, t in texts.items()})
         reexports = {m: reexports_of(mods, m, t) for m, t in texts.items()}
         for m in mods:
             # a module's own re-exports are its interface, not a use: left out of its edges
