@@ -118,8 +118,8 @@ impl Topics {
     }
 }
 
-/// Writes envelopes to topics as the services write theirs ([`hl7gw_runtime::envelope::record`]: the key and the
-/// standard headers); each send returns once the broker has the record.
+/// Writes envelopes to topics as the services write theirs ([`hl7gw_runtime::envelope::encode_record`]: the key
+/// and the standard headers); each send returns once the broker has the record.
 pub struct EnvelopeProducer(FutureProducer);
 
 impl EnvelopeProducer {
@@ -143,8 +143,7 @@ impl EnvelopeProducer {
     /// records and no `traceparent`.
     pub async fn send(&self, topic: &str, key: &str, env: &Envelope) {
         let mut payload = Vec::new();
-        hl7gw_runtime::envelope::encode_into(env, &mut payload);
-        let record = hl7gw_runtime::envelope::record(topic, key, &payload, env, "");
+        let record = hl7gw_runtime::envelope::encode_record(topic, key, env, "", &mut payload);
         self.deliver(record).await;
     }
 
