@@ -3,6 +3,7 @@
 //! XCN fields), OBX → Observation, AL1 → AllergyIntolerance, DG1 → Condition, IN1 → Coverage, and a
 //! Provenance of the transformation.
 
+use super::Converted;
 use crate::bundle::{Entries, Unique};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::xcn::{Person, Practitioners};
@@ -15,14 +16,10 @@ use crate::segments::obx::{ObsLinks, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_key, patient_target};
 use crate::segments::pv1::Visit;
 use crate::segments::write_items;
-use crate::{FhirError, Outcome, Write};
+use crate::{FhirError, Write};
 use hl7v2::message::Segment;
 
-pub(crate) fn convert(
-    cx: &mut Ctx<'_, '_>,
-    kind: &str,
-    out: &mut Vec<u8>,
-) -> Result<Outcome, FhirError> {
+pub(crate) fn convert(cx: &mut Ctx<'_, '_>, kind: &str, out: &mut Vec<u8>) -> Converted {
     let msg = cx.msg;
     if kind == "ADT^A17" {
         return convert_swap(cx, out);
@@ -168,7 +165,7 @@ fn patient_link(w: &mut Writer<'_>, other: &Target, kind: &str) {
 
 /// ADT^A17 (swap patients, the IG's ADT_A17 map): two patient groups (PID, PD1, PV1, PV2, DB1, OBX), each a
 /// Patient, its Encounter at its new place and its Observations, in one Bundle.
-fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Result<Outcome, FhirError> {
+fn convert_swap(cx: &mut Ctx<'_, '_>, out: &mut Vec<u8>) -> Converted {
     let msg = cx.msg;
     let segs: Vec<Segment<'_>> = msg.segments().collect();
     let starts: Vec<usize> = segs

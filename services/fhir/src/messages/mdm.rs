@@ -10,6 +10,8 @@
 //! The conditional update: DocumentReference by its unique document number (TXA-12), else its file name
 //! (TXA-16); without either, an id derived from the message.
 
+use super::Converted;
+use crate::FhirError;
 use crate::bundle::Entries;
 use crate::context::{Ctx, Target, reference, references};
 use crate::datatypes::cwe::Table;
@@ -23,7 +25,6 @@ use crate::segments::obx::plain_text;
 use crate::segments::pid::{patient_body, patient_target};
 use crate::segments::pv1::Visit;
 use crate::segments::write_items;
-use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 
 /// The TXA fields the TXA[DocumentReference] map writes (with TXA-4, TXA-5 and TXA-22, see [`txa_body`]).
@@ -43,11 +44,7 @@ enum Content {
     },
 }
 
-pub(crate) fn convert(
-    cx: &mut Ctx<'_, '_>,
-    kind: &str,
-    out: &mut Vec<u8>,
-) -> Result<Outcome, FhirError> {
+pub(crate) fn convert(cx: &mut Ctx<'_, '_>, kind: &str, out: &mut Vec<u8>) -> Converted {
     let msg = cx.msg;
     let pid = required(cx, kind, "PID")?;
     let txa = required(cx, kind, "TXA")?;

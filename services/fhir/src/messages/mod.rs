@@ -8,3 +8,7 @@ pub(crate) mod mdm;
 pub(crate) mod order;
 pub(crate) mod siu;
 pub(crate) mod vxu;
+
+/// What a message map's `convert(cx, kind, out)` returns: how the Bundle it wrote into `out` came out, or why
+/// it wrote none.
+pub(crate) type Converted = Result<crate::Outcome, crate::FhirError>;

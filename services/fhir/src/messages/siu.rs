@@ -8,6 +8,8 @@
 //! The conditional update: Appointment by the filler appointment id (SCH-2), else the placer's (SCH-1);
 //! without either, an id derived from the message.
 
+use super::Converted;
+use crate::FhirError;
 use crate::bundle::{Entries, Unique};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coding_item};
@@ -24,7 +26,6 @@ use crate::segments::obx::{ObsLinks, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_target};
 use crate::segments::pv1::Visit;
 use crate::segments::write_items;
-use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 use std::borrow::Cow;
 
@@ -82,11 +83,7 @@ struct Part<'a> {
     actor: Target,
 }
 
-pub(crate) fn convert(
-    cx: &mut Ctx<'_, '_>,
-    kind: &str,
-    out: &mut Vec<u8>,
-) -> Result<Outcome, FhirError> {
+pub(crate) fn convert(cx: &mut Ctx<'_, '_>, kind: &str, out: &mut Vec<u8>) -> Converted {
     let msg = cx.msg;
     let sch = required(cx, kind, "SCH")?;
     let pid = msg.segment("PID", 1);

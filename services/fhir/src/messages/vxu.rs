@@ -9,6 +9,8 @@
 //! either, an id derived from the patient, the vaccine (RXA-5), the time (RXA-3) and the group's position.
 //! Organization by its code in its coding system (MVX), Location by its name.
 
+use super::Converted;
+use crate::FhirError;
 use crate::bundle::{Entries, Unique};
 use crate::context::{Ctx, Target, reference};
 use crate::datatypes::cwe::{Table, coded};
@@ -26,7 +28,6 @@ use crate::segments::obx::{ObsLinks, observation_people, observation_target};
 use crate::segments::pid::{patient_body, patient_target};
 use crate::segments::pv1::Visit;
 use crate::segments::write_items;
-use crate::{FhirError, Outcome};
 use hl7v2::message::{Segment, Value};
 
 /// The fields of the segments the ORC[Immunization], RXA[Immunization] and RXR[Immunization] maps write.
@@ -51,11 +52,7 @@ enum Last {
     Order,
 }
 
-pub(crate) fn convert(
-    cx: &mut Ctx<'_, '_>,
-    kind: &str,
-    out: &mut Vec<u8>,
-) -> Result<Outcome, FhirError> {
+pub(crate) fn convert(cx: &mut Ctx<'_, '_>, kind: &str, out: &mut Vec<u8>) -> Converted {
     let msg = cx.msg;
     let pid = required(cx, kind, "PID")?;
     let key = cx.message_key();

@@ -33,27 +33,24 @@ mod request;
 mod specimen;
 mod types;
 
+use crate::FhirError;
 use crate::bundle::Entries;
 use crate::context::{Ctx, Target};
 use crate::datatypes::xcn::{Person, Practitioners};
 use crate::ids::Uuid;
+use crate::messages::Converted;
 use crate::messages::common::{encounter_entry, patient_part_entry};
 use crate::segments::nte::note_author;
 use crate::segments::obx::{ObsLinks, observation_people};
 use crate::segments::pid::{PID_MAPPED, patient_body};
 use crate::segments::pv1::{note_encounter, pv1_participants};
-use crate::{FhirError, Outcome};
 use entries::{order_entries, planned_observation};
 use group::group;
 use plan::plan;
 use request::requester;
 use types::Kind;
 
-pub(crate) fn convert(
-    cx: &mut Ctx<'_, '_>,
-    kind: &str,
-    out: &mut Vec<u8>,
-) -> Result<Outcome, FhirError> {
+pub(crate) fn convert(cx: &mut Ctx<'_, '_>, kind: &str, out: &mut Vec<u8>) -> Converted {
     let map = if kind.starts_with("ORU") {
         Kind::Results
     } else {
