@@ -31,6 +31,19 @@ check() { # check NAME EXPECTED ACTUAL
 }
 ms() { date +%s%3N; }
 field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
+# start_server VAR NAME ARGS...: `serve --port 0 ARGS` in the background (its PID in VAR, its output in $tmp/NAME.out
+# and .err), back once it prints its listening line; exits when it dies first.
+start_server() {
+  local var=$1 name=$2
+  shift 2
+  java "${java_opts[@]}" -jar "$jar" serve --port 0 "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+  printf -v "$var" '%s' "$!"
+  for _ in $(seq 240); do
+    grep -q '^fhir-server listening port=' "$tmp/$name.out" && break
+    kill -0 "${!var}" 2>/dev/null || { cat "$tmp/$name.err" >&2; exit 1; }
+    sleep 0.5
+  done
+}
 
 # 1. validate, one JVM for both files (offline: when `unshare` can make a network namespace, it runs in one
 #    with no network at all, so a lookup would fail instead of being quietly made).
@@ -48,13 +61,7 @@ echo "     validate: $((t1 - t0)) ms for the JVM and 3 files ${net[*]:+(no netwo
 
 # 2. the server
 t0=$(ms)
-java "${java_opts[@]}" -jar "$jar" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
-server_pid=$!
-for _ in $(seq 240); do
-  grep -q '^fhir-server listening port=' "$tmp/serve.out" && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$tmp/serve.err" >&2; exit 1; }
-  sleep 0.5
-done
+start_server server_pid serve
 port=$(sed -n 's/^fhir-server listening port=//p' "$tmp/serve.out")
 t1=$(ms)
 echo "     serve: listening on $port after $((t1 - t0)) ms; $(tail -1 "$tmp/serve.err")"
@@ -141,15 +148,9 @@ mkdir -p "$k"
   echo ' static-selfcheck-token ' >token.txt
 ) 2>/dev/null
 t0=$(ms)
-java "${java_opts[@]}" -jar "$jar" serve --port 0 --types Patient --tls-cert "$k/server.pem" --tls-key "$k/server.key" \
+start_server server2_pid serve2 --types Patient --tls-cert "$k/server.pem" --tls-key "$k/server.key" \
   --client-ca "$k/ca.pem" --bearer-token-file "$k/token.txt" --smart-client "selfcheck=$k/rsa.pub" \
-  --smart-client "selfcheck=$k/ec.pub" --token-ttl-seconds 3 >"$tmp/serve2.out" 2>"$tmp/serve2.err" &
-server2_pid=$!
-for _ in $(seq 240); do
-  grep -q '^fhir-server listening port=' "$tmp/serve2.out" && break
-  kill -0 "$server2_pid" 2>/dev/null || { cat "$tmp/serve2.err" >&2; exit 1; }
-  sleep 0.5
-done
+  --smart-client "selfcheck=$k/ec.pub" --token-ttl-seconds 3
 t1=$(ms)
 check "TLS: the listening line ends with scheme=https" https "$(sed -n 's/^fhir-server listening port=[0-9]* scheme=//p' "$tmp/serve2.out")"
 port=$(sed -n 's/^fhir-server listening port=\([0-9]*\).*/\1/p' "$tmp/serve2.out")

@@ -1,18 +1,16 @@
 package io.hl7gw.fhir;
 
+import static io.hl7gw.fhir.Http.sendJson;
+import static io.hl7gw.fhir.Http.sendOutcome;
+
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import jakarta.servlet.Filter;
-import jakarta.servlet.FilterChain;
-import jakarta.servlet.ServletException;
-import jakarta.servlet.ServletRequest;
-import jakarta.servlet.ServletResponse;
+import io.hl7gw.fhir.Http.HttpFilter;
 import jakarta.servlet.http.HttpServlet;
 import jakarta.servlet.http.HttpServletRequest;
 import jakarta.servlet.http.HttpServletResponse;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 
 /**
@@ -79,16 +77,16 @@ final class Admin {
                         default -> null;
                     };
                 } catch (IllegalArgumentException e) {
-                    send(resp, 400, json.createObjectNode().put("error", e.getMessage()));
+                    sendJson(resp, 400, json.createObjectNode().put("error", e.getMessage()));
                     return;
                 }
                 if (body == null) {
-                    send(resp, 404, json.createObjectNode().put("error", "no such control: " + method + " /admin" + path
+                    sendJson(resp, 404, json.createObjectNode().put("error", "no such control: " + method + " /admin" + path
                             + " (GET counts, GET requests, GET auth, POST fail?status=&count=&retryAfter=&delayMs=, POST reset,"
                             + " POST revoke, POST token-fail?status=&count=, POST smart?tokenEndpoint=&expiresIn=)"));
                     return;
                 }
-                send(resp, 200, body);
+                sendJson(resp, 200, body);
             }
         };
     }
@@ -131,62 +129,46 @@ final class Admin {
         }
     }
 
-    private void send(HttpServletResponse resp, int status, Object body) throws IOException {
-        resp.setStatus(status);
-        resp.setContentType("application/json");
-        resp.getOutputStream().write(json.writeValueAsBytes(body));
-    }
-
     /** One entry per request to /fhir: method, path, query, status, ms, and the headers the tests check. */
-    Filter logFilter() {
-        return new Filter() {
-            @Override
-            public void doFilter(ServletRequest sreq, ServletResponse sresp, FilterChain chain)
-                    throws IOException, ServletException {
-                HttpServletRequest req = (HttpServletRequest) sreq;
-                HttpServletResponse resp = (HttpServletResponse) sresp;
-                if (!logging) {
-                    // Starting: only the warm-up's own requests go through. Anything else would land in the
-                    // store that the reset before `listening` empties: a client that connected early (a
-                    // retrying egress) is told to come back, as a server that is starting would.
-                    if (req.getHeader(WARMUP_HEADER) != null) {
-                        chain.doFilter(sreq, sresp);
-                    } else {
-                        resp.setHeader("Retry-After", "1");
-                        resp.setStatus(503);
-                        resp.setContentType("application/fhir+json");
-                        resp.getOutputStream().write(("{\"resourceType\":\"OperationOutcome\",\"issue\":[{\"severity\":"
-                                + "\"error\",\"code\":\"transient\",\"diagnostics\":\"the server is starting\"}]}")
-                                .getBytes(StandardCharsets.UTF_8));
-                    }
-                    return;
+    HttpFilter logFilter() {
+        return (req, resp, chain) -> {
+            if (!logging) {
+                // Starting: only the warm-up's own requests go through. Anything else would land in the
+                // store that the reset before `listening` empties: a client that connected early (a
+                // retrying egress) is told to come back, as a server that is starting would.
+                if (req.getHeader(WARMUP_HEADER) != null) {
+                    chain.doFilter(req, resp);
+                } else {
+                    resp.setHeader("Retry-After", "1");
+                    sendOutcome(resp, 503, "transient", "the server is starting");
                 }
-                long t0 = System.nanoTime();
-                long at = System.currentTimeMillis();
-                int status = 500;
-                try {
-                    chain.doFilter(sreq, sresp);
-                    status = resp.getStatus();
-                } finally {
-                    ObjectNode e = json.createObjectNode();
-                    e.put("at", at);
-                    e.put("method", req.getMethod());
-                    e.put("path", req.getRequestURI());
-                    e.put("query", req.getQueryString());
-                    e.put("status", status);
-                    e.put("ms", Math.round((System.nanoTime() - t0) / 1e4) / 100.0);
-                    e.put("protocol", req.getProtocol());
-                    e.put("contentType", req.getContentType());
-                    e.put("bytes", req.getContentLengthLong());
-                    e.put("ifNoneExist", req.getHeader("If-None-Exist"));
-                    e.put("authorization", req.getHeader("Authorization"));
-                    e.put("clientCn", Auth.clientCn(req));
-                    synchronized (Admin.this) {
-                        logged++;
-                        log.addLast(e);
-                        while (log.size() > LOG_LIMIT) {
-                            log.removeFirst();
-                        }
+                return;
+            }
+            long t0 = System.nanoTime();
+            long at = System.currentTimeMillis();
+            int status = 500;
+            try {
+                chain.doFilter(req, resp);
+                status = resp.getStatus();
+            } finally {
+                ObjectNode e = json.createObjectNode();
+                e.put("at", at);
+                e.put("method", req.getMethod());
+                e.put("path", req.getRequestURI());
+                e.put("query", req.getQueryString());
+                e.put("status", status);
+                e.put("ms", Math.round((System.nanoTime() - t0) / 1e4) / 100.0);
+                e.put("protocol", req.getProtocol());
+                e.put("contentType", req.getContentType());
+                e.put("bytes", req.getContentLengthLong());
+                e.put("ifNoneExist", req.getHeader("If-None-Exist"));
+                e.put("authorization", req.getHeader("Authorization"));
+                e.put("clientCn", Auth.clientCn(req));
+                synchronized (Admin.this) {
+                    logged++;
+                    log.addLast(e);
+                    while (log.size() > LOG_LIMIT) {
+                        log.removeFirst();
                     }
                 }
             }
@@ -194,48 +176,39 @@ final class Admin {
     }
 
     /** The next `count` requests get the status set by POST /admin/fail, with Retry-After when one was given. */
-    Filter failFilter() {
-        return new Filter() {
-            @Override
-            public void doFilter(ServletRequest sreq, ServletResponse sresp, FilterChain chain)
-                    throws IOException, ServletException {
-                int status;
-                long delay;
-                String retryAfter;
-                synchronized (Admin.this) {
-                    if (failCount <= 0) {
-                        status = -1;
-                        delay = 0;
-                        retryAfter = null;
-                    } else {
-                        failCount--;
-                        status = failStatus;
-                        delay = failDelayMs;
-                        retryAfter = failRetryAfter;
-                    }
+    HttpFilter failFilter() {
+        return (req, resp, chain) -> {
+            int status;
+            long delay;
+            String retryAfter;
+            synchronized (Admin.this) {
+                if (failCount <= 0) {
+                    status = -1;
+                    delay = 0;
+                    retryAfter = null;
+                } else {
+                    failCount--;
+                    status = failStatus;
+                    delay = failDelayMs;
+                    retryAfter = failRetryAfter;
                 }
-                if (delay > 0) {
-                    try {
-                        Thread.sleep(delay);
-                    } catch (InterruptedException e) {
-                        Thread.currentThread().interrupt();
-                    }
-                }
-                if (status <= 0) {
-                    chain.doFilter(sreq, sresp);
-                    return;
-                }
-                HttpServletResponse resp = (HttpServletResponse) sresp;
-                resp.setStatus(status);
-                if (retryAfter != null) {
-                    resp.setHeader("Retry-After", retryAfter);
-                }
-                resp.setContentType("application/fhir+json;charset=utf-8");
-                String oo = "{\"resourceType\":\"OperationOutcome\",\"issue\":[{\"severity\":\"error\",\"code\":\""
-                        + (status == 429 ? "throttled" : "transient")
-                        + "\",\"diagnostics\":\"injected by POST /admin/fail (status " + status + ")\"}]}";
-                resp.getOutputStream().write(oo.getBytes(StandardCharsets.UTF_8));
             }
+            if (delay > 0) {
+                try {
+                    Thread.sleep(delay);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            }
+            if (status <= 0) {
+                chain.doFilter(req, resp);
+                return;
+            }
+            if (retryAfter != null) {
+                resp.setHeader("Retry-After", retryAfter);
+            }
+            sendOutcome(resp, status, status == 429 ? "throttled" : "transient",
+                    "injected by POST /admin/fail (status " + status + ")");
         };
     }
 }

@@ -1,14 +1,13 @@
 package io.hl7gw.fhir;
 
+import static io.hl7gw.fhir.Http.sendJson;
+import static io.hl7gw.fhir.Http.sendOutcome;
+
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import jakarta.servlet.Filter;
-import jakarta.servlet.FilterChain;
-import jakarta.servlet.ServletException;
-import jakarta.servlet.ServletRequest;
-import jakarta.servlet.ServletResponse;
+import io.hl7gw.fhir.Http.HttpFilter;
 import jakarta.servlet.http.HttpServlet;
 import jakarta.servlet.http.HttpServletRequest;
 import jakarta.servlet.http.HttpServletResponse;
@@ -236,45 +235,34 @@ final class Auth {
     // ---- /fhir: the bearer token ----
 
     /** In front of /fhir (after the request log): 401 with an OperationOutcome unless a valid bearer token is sent. */
-    Filter fhirFilter() {
-        return new Filter() {
-            @Override
-            public void doFilter(ServletRequest sreq, ServletResponse sresp, FilterChain chain)
-                    throws IOException, ServletException {
-                HttpServletRequest req = (HttpServletRequest) sreq;
-                if (!required() || !enforcing || req.getRequestURI().startsWith("/fhir/.well-known/")) {
-                    chain.doFilter(sreq, sresp);
-                    return;
-                }
-                String refusal = check(req.getHeader("Authorization"));
-                synchronized (Auth.this) {
-                    if (refusal == null) {
-                        fhirAuthorized++;
-                    } else {
-                        fhirRefused.merge(refusal, 1L, Long::sum);
-                    }
-                }
-                if (refusal == null) {
-                    chain.doFilter(sreq, sresp);
-                    return;
-                }
-                HttpServletResponse resp = (HttpServletResponse) sresp;
-                String description = switch (refusal) {
-                    case "missing" -> "no Authorization header";
-                    case "malformed" -> "the Authorization header is not 'Bearer <token>'";
-                    case "unknown" -> "unknown bearer token";
-                    case "expired" -> "the bearer token has expired";
-                    default -> "the bearer token was revoked (POST /admin/revoke)";
-                };
-                resp.setStatus(401);
-                resp.setHeader("WWW-Authenticate", refusal.equals("missing") ? "Bearer realm=\"fhir\""
-                        : "Bearer realm=\"fhir\", error=\"invalid_token\", error_description=\"" + description + "\"");
-                resp.setContentType("application/fhir+json;charset=utf-8");
-                ObjectNode oo = json.createObjectNode().put("resourceType", "OperationOutcome");
-                oo.putArray("issue").addObject().put("severity", "error").put("code", "login")
-                        .put("diagnostics", "401 Unauthorized: " + description);
-                resp.getOutputStream().write(json.writeValueAsBytes(oo));
+    HttpFilter fhirFilter() {
+        return (req, resp, chain) -> {
+            if (!required() || !enforcing || req.getRequestURI().startsWith("/fhir/.well-known/")) {
+                chain.doFilter(req, resp);
+                return;
             }
+            String refusal = check(req.getHeader("Authorization"));
+            synchronized (Auth.this) {
+                if (refusal == null) {
+                    fhirAuthorized++;
+                } else {
+                    fhirRefused.merge(refusal, 1L, Long::sum);
+                }
+            }
+            if (refusal == null) {
+                chain.doFilter(req, resp);
+                return;
+            }
+            String description = switch (refusal) {
+                case "missing" -> "no Authorization header";
+                case "malformed" -> "the Authorization header is not 'Bearer <token>'";
+                case "unknown" -> "unknown bearer token";
+                case "expired" -> "the bearer token has expired";
+                default -> "the bearer token was revoked (POST /admin/revoke)";
+            };
+            resp.setHeader("WWW-Authenticate", refusal.equals("missing") ? "Bearer realm=\"fhir\""
+                    : "Bearer realm=\"fhir\", error=\"invalid_token\", error_description=\"" + description + "\"");
+            sendOutcome(resp, 401, "login", "401 Unauthorized: " + description);
         };
     }
 
@@ -312,7 +300,7 @@ final class Auth {
             @Override
             protected void service(HttpServletRequest req, HttpServletResponse resp) throws IOException {
                 if (!smart() || !"/smart-configuration".equals(req.getPathInfo()) || !"GET".equals(req.getMethod())) {
-                    send(resp, 404, json.createObjectNode().put("error", smart()
+                    sendJson(resp, 404, json.createObjectNode().put("error", smart()
                             ? "only GET /fhir/.well-known/smart-configuration"
                             : "SMART is off (serve --smart-client ID=PUBLIC-KEY.pem turns it on)"));
                     return;
@@ -324,7 +312,7 @@ final class Auth {
                 o.putArray("token_endpoint_auth_signing_alg_values_supported").add("RS384").add("ES384");
                 o.putArray("grant_types_supported").add("client_credentials");
                 o.putArray("capabilities").add("client-confidential-asymmetric");
-                send(resp, 200, o);
+                sendJson(resp, 200, o);
             }
         };
     }
@@ -352,8 +340,8 @@ final class Auth {
             @Override
             protected void service(HttpServletRequest req, HttpServletResponse resp) throws IOException {
                 if (!smart() || !"/token".equals(req.getPathInfo())) {
-                    send(resp, 404, json.createObjectNode().put("error", "not_found").put("error_description", smart()
-                            ? "the token endpoint is POST /auth/token"
+                    sendJson(resp, 404, json.createObjectNode().put("error", "not_found").put("error_description",
+                            smart() ? "the token endpoint is POST /auth/token"
                             : "SMART is off (serve --smart-client ID=PUBLIC-KEY.pem turns it on)"));
                     return;
                 }
@@ -375,7 +363,7 @@ final class Auth {
                 }
                 if (injected > 0) {
                     resp.setHeader("Cache-Control", "no-store");
-                    send(resp, injected, json.createObjectNode().put("error", "temporarily_unavailable")
+                    sendJson(resp, injected, json.createObjectNode().put("error", "temporarily_unavailable")
                             .put("error_description", "injected by POST /admin/token-fail (status " + injected + ")"));
                     return;
                 }
@@ -408,7 +396,7 @@ final class Auth {
                 if (status == 405) {
                     resp.setHeader("Allow", "POST");
                 }
-                send(resp, status, body);
+                sendJson(resp, status, body);
             }
         };
     }
@@ -586,12 +574,6 @@ final class Auth {
             throw new TokenError(400, "invalid_request", "the assertion's " + what + " is not base64url JSON: "
                     + e.getMessage());
         }
-    }
-
-    private void send(HttpServletResponse resp, int status, Object body) throws IOException {
-        resp.setStatus(status);
-        resp.setContentType("application/json");
-        resp.getOutputStream().write(json.writeValueAsBytes(body));
     }
 
     /** --smart-client ID=FILE: the client's key (repeat the ID for several keys, e.g. a rotation). */
