@@ -74,15 +74,19 @@ macro_rules! kafka_span {
 }
 
 /// Records where the Kafka record of a [`kafka_span!`] is: its topic, and its partition and offset once known
-/// (a negative offset, as a delivery report without one, is not recorded).
+/// (a negative offset, as a delivery report without one, is not recorded). Nothing is formatted for a span no
+/// subscriber takes: it is called once per message.
 pub fn record_placement(span: &tracing::Span, topic: Option<&str>, at: Option<(i32, i64)>) {
+    if span.is_disabled() {
+        return;
+    }
     if let Some(topic) = topic {
         span.record(semconv::MESSAGING_DESTINATION_NAME, topic);
     }
     if let Some((partition, offset)) = at.filter(|&(_, offset)| offset >= 0) {
         span.record(
             semconv::MESSAGING_DESTINATION_PARTITION_ID,
-            partition.to_string(),
+            tracing::field::display(partition),
         );
         span.record(semconv::MESSAGING_KAFKA_OFFSET, offset);
     }
