@@ -632,43 +632,22 @@ def write_report(path, results, rules, ports):
     print("\n".join(out))
 
 
-ROUTES = """\
-apiVersion: hl7gw.io/v1alpha1
-kind: HL7Route
-metadata: {name: adt-to-lab}
-spec:
-  match: {messageTypes: ["ADT^*"]}
-  transforms:
-    - set: {path: MSH-5, value: LAB}
-  destinations: [lab]
----
-apiVersion: hl7gw.io/v1alpha1
-kind: HL7Route
-metadata: {name: adt-to-fhir}
-spec:
-  match: {messageTypes: ["ADT^*"]}
-  transforms:
-    - toFhir: {bundleType: transaction, timezone: Europe/Berlin, onUnsupported: skip}
-  destinations: [fhir]
----
-apiVersion: hl7gw.io/v1alpha1
-kind: HL7Route
-metadata: {name: results-to-reject}
-spec:
-  match: {messageTypes: ["ORU^R01"]}
-  destinations: [reject]
-"""
-BROKEN_ROUTE = """\
----
-apiVersion: hl7gw.io/v1alpha1
-kind: HL7Route
-metadata: {name: broken}
-spec:
-  match: {messageTypes: ["ADT^A01"]}
-  transforms:
-    - set: {path: NOT-A-PATH, value: x}
-  destinations: [lab]
-"""
+def route(name, types, destinations, *transforms):
+    """One HL7Route document: `name` matches message `types` and sends them, through `transforms` (each a YAML
+    flow mapping), to `destinations`."""
+    steps = "".join(f"\n    - {t}" for t in transforms)
+    return (f"apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {{name: {name}}}\nspec:\n"
+            f"  match: {{messageTypes: {types}}}\n" + (f"  transforms:{steps}\n" if transforms else "")
+            + f"  destinations: {destinations}\n")
+
+
+ROUTES = "---\n".join([
+    route("adt-to-lab", '["ADT^*"]', "[lab]", "set: {path: MSH-5, value: LAB}"),
+    route("adt-to-fhir", '["ADT^*"]', "[fhir]",
+          "toFhir: {bundleType: transaction, timezone: Europe/Berlin, onUnsupported: skip}"),
+    route("results-to-reject", '["ORU^R01"]', "[reject]"),
+])
+BROKEN_ROUTE = "---\n" + route("broken", '["ADT^A01"]', "[lab]", "set: {path: NOT-A-PATH, value: x}")
 EGRESS = """\
 destinations:
   lab:
