@@ -17,11 +17,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 req=$root/scripts/chart/checkov-requirements.txt
 base=${PYTHON:-python3}
 
-log() { printf 'checkov-env: %s\n' "$*" >&2; }
-fail() {
-  log "$*"
-  exit 1
-}
 # shellcheck source=scripts/lib/venv.sh
 . "$root/scripts/lib/venv.sh"
 

@@ -17,11 +17,6 @@ req=$root/examples/consumer-python/requirements.txt
 protos=$root/proto
 base=${PYTHON:-python3}
 
-log() { printf 'python-env: %s\n' "$*" >&2; }
-fail() {
-  log "$*"
-  exit 1
-}
 # shellcheck source=scripts/lib/venv.sh
 . "$root/scripts/lib/venv.sh"
 

@@ -1,5 +1,12 @@
 # The setup of a Python venv under .cache/ (sourced by scripts/checkov-env.sh and scripts/python-env.sh, after
-# they set `root`, the repository, and define `fail MESSAGE`).
+# they set `root`, the repository).
+
+# log MESSAGE, fail MESSAGE: to stderr, after the sourcing script's name (`checkov-env: ...`); fail exits 1.
+log() { printf '%s: %s\n' "$(basename "$0" .sh)" "$*" >&2; }
+fail() {
+  log "$*"
+  exit 1
+}
 
 # python_id BASE MINOR NEEDS: prints "VERSION EXECUTABLE" of the interpreter BASE; fails unless it is Python 3.MINOR
 # or newer (NEEDS says who needs that: "checkov needs").
