@@ -14,9 +14,7 @@ secs=${BENCH_SECONDS:-15} settle=${BENCH_SETTLE:-3} delays=${BENCH_DELAYS:-5 50 
 messages=${BENCH_MESSAGES:-60000} partitions=${BENCH_PARTITIONS:-3} connections=${BENCH_CONNECTIONS:-16}
 export KAFKA_NODES=1 KAFKA_PORT=${BENCH_KAFKA_PORT:-29892} KAFKA_DATA_DIR="$PWD/target/kafka-bench-egress"
 cargo build --release -p hl7gw-ingress -p hl7gw-transformer -p hl7gw-egress -p hl7gw-cli -p hl7gw-load --bins >&2
-scripts/kafka.sh down >/dev/null 2>&1 || true
-rm -rf "$KAFKA_DATA_DIR"
-scripts/kafka.sh up
+scripts/kafka.sh fresh
 out=target/bench-egress
 rm -rf "$out"
 mkdir -p "$out"

@@ -33,9 +33,7 @@ export KAFKA_PORT=${BENCH_KAFKA_PORT:-29692} KAFKA_DATA_DIR="$PWD/target/kafka-b
 port=22575
 cargo build --release -p hl7gw-ingress -p hl7gw-load --bins --examples >&2
 (cd loadtest/peers/camel && mvn -q -B -Dstyle.color=never --no-transfer-progress package) >&2
-scripts/kafka.sh down >/dev/null 2>&1 || true
-rm -rf "$KAFKA_DATA_DIR"
-scripts/kafka.sh up
+scripts/kafka.sh fresh
 broker_pid=$(cat "$KAFKA_DATA_DIR/kafka.pid")
 server_pid=""
 stop_server() {

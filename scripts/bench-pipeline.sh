@@ -65,9 +65,7 @@ keep=${BENCH_KEEP_BROKER:-0}
 if [ "$keep" = 1 ] && scripts/kafka.sh status >/dev/null 2>&1; then
   echo "bench-pipeline: BENCH_KEEP_BROKER=1, the running broker is used as it is (and left running)" >&2
 else
-  scripts/kafka.sh down >/dev/null 2>&1 || true
-  rm -rf "$KAFKA_DATA_DIR"
-  scripts/kafka.sh up
+  scripts/kafka.sh fresh
 fi
 out=target/bench-pipeline
 rm -rf "$out"

@@ -7,6 +7,7 @@
 #
 #   up          start every node that is not running; wait until each listens and (N>1) is an unfenced broker
 #   down        stop every node (SIGTERM, SIGKILL after 30 s)
+#   fresh       stop every node, delete KAFKA_DATA_DIR and start as `up` does: an empty cluster (the benches)
 #   status      one line per node; exit 1 when one is not running
 #   wait        wait as `up` does, starting nothing
 #   kill N      SIGKILL node N (a crash)
@@ -490,6 +491,12 @@ config() {
   log "set on the running brokers: $*"
 }
 
+fresh() {
+  down >/dev/null 2>&1 || true
+  rm -rf "$KAFKA_DATA_DIR"
+  up
+}
+
 settings() {
   at 1
   grep -v -E '^(#|$)|password|pem' "$dir/server.properties"
@@ -499,6 +506,7 @@ settings() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
+  fresh) fresh ;;
   status) status ;;
   wait) wait_ready "${2:-90}" ;;
   fetch) fetch ;;
@@ -514,5 +522,5 @@ case "${1:-}" in
     --command-config "$KAFKA_DATA_DIR/tools.properties" --describe --entity-type brokers --entity-default 2>/dev/null |
     sed -n 's/^ *\([a-z.]*=[^ ]*\) sensitive=.*/\1 (dynamic)/p' ;;
   config) shift; config "$@" ;;
-  *) echo "usage: $0 up|down|status|wait|fetch|kill N|stop N|start N|brokers|controller|scram-user NAME PASSWORD|create-topic NAME PARTITIONS|topics [PREFIX]|config KEY=VALUE...|settings" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|fresh|status|wait|fetch|kill N|stop N|start N|brokers|controller|scram-user NAME PASSWORD|create-topic NAME PARTITIONS|topics [PREFIX]|config KEY=VALUE...|settings" >&2; exit 2 ;;
 esac
