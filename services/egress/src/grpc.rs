@@ -315,6 +315,7 @@ impl Egress for EgressService {
                 let s = &d.state;
                 let connected = self
                     .metrics
+                    .per_destination
                     .connections_active
                     .get_or_create(&DestLabels {
                         destination: d.name.clone(),

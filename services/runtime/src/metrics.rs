@@ -27,7 +27,8 @@ pub fn render(registry: &Registry) -> String {
 /// Declares a service's metrics struct and its `register` from one table, so a metric is named, described and
 /// registered in one place. Each row: the field (`as "name"` when the metric is named otherwise), its type,
 /// its help text, then optionally `unit Seconds` (a [`Unit`] variant) and `new <expr>` (how it is made;
-/// default: `Default`). `register` puts every metric under `hl7gw_<prefix>_`.
+/// default: `Default`). `register` puts every metric under `hl7gw_<prefix>_`. A `with { field: OtherSet }` after
+/// the table holds other sets made by this macro, registered with this one (each under its own prefix).
 #[macro_export]
 macro_rules! metric_set {
     (
@@ -39,11 +40,13 @@ macro_rules! metric_set {
                     $(, unit $unit:ident)? $(, new $make:expr)?;
             )*
         }
+        $(with { $($(#[$nmeta:meta])* $nvis:vis $nested:ident: $nty:ty),* $(,)? })?
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone)]
         $vis struct $name {
             $( $(#[$fmeta])* $fvis $field: $ty, )*
+            $($( $(#[$nmeta])* $nvis $nested: $nty, )*)?
         }
 
         impl $name {
@@ -58,6 +61,7 @@ macro_rules! metric_set {
             pub fn register(r: &mut $crate::metrics::Registry) -> Self {
                 let m = Self {
                     $( $field: $crate::metric_set!(@make $ty $(, $make)?), )*
+                    $($( $nested: <$nty>::register(r), )*)?
                 };
                 let r = r.sub_registry_with_prefix($prefix);
                 $(
@@ -233,5 +237,31 @@ mod tests {
         assert!(text.contains(r#"message_type="other",outcome="rejected""#));
         assert_eq!(MsgType::new(b"ORU").as_str(), "ORU");
         assert_eq!(MsgType::new(b"ZZZ").as_str(), "other");
+    }
+
+    crate::metric_set! {
+        struct Inner under "inner" {
+            lines: Counter = "Lines", unit Bytes;
+        }
+    }
+
+    crate::metric_set! {
+        struct Outer under "outer" {
+            calls: Counter = "Calls";
+        }
+        with { inner: Inner }
+    }
+
+    /// A set held `with` another is registered with it, under its own prefix, and shares its handles.
+    #[test]
+    fn a_nested_metric_set_is_registered_under_its_own_prefix() {
+        let (r, m) = Outer::registered();
+        m.calls.inc();
+        m.inner.lines.inc_by(3);
+        let text = render(&r);
+        assert!(text.contains("hl7gw_outer_calls_total 1"), "{text}");
+        assert!(text.contains("hl7gw_inner_lines_bytes_total 3"), "{text}");
+        let (alone, _) = Inner::registered();
+        assert!(!render(&alone).contains("outer"));
     }
 }
