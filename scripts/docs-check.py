@@ -20,6 +20,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+import metric_tables  # noqa: E402 (scripts/lib, found through the path set above)
 DOCS = ["README.md", "docs/runbook.md", "docs/troubleshooting.md"]
 # Metric names are also quoted by the chart's values (examples of relabelings) and its README.
 METRIC_DOCS = DOCS + ["docs/observability.md", "helm/hl7-gateway/values.yaml", "helm/hl7-gateway/README.md"]
@@ -112,8 +114,6 @@ def declared_names():
     with _total): a family with no series yet is not in a scrape (the client writes nothing for it), so a name
     a scrape lacks counts as served when a table declares it."""
     names = set()
-    entry = re.compile(r'(?:pub(?:\([^)]*\))?\s+)?(\w+)(?:\s+as\s+"(\w+)")?\s*:\s*([^=;]+?)\s*=\s*'
-                       r'"(?:[^"\\]|\\[\s\S])*"(?:\s*,\s*unit\s+(\w+))?')
     for base in ("services", "loadtest"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
             if "/target" in dirpath or "/tests" in dirpath:
@@ -121,16 +121,10 @@ def declared_names():
             for f in files:
                 if not f.endswith(".rs"):
                     continue
-                text = open(os.path.join(dirpath, f), encoding="utf-8").read()
-                for m in re.finditer(r'metric_set!\s*\{.*?struct\s+\w+\s+under\s+"(\w+)"\s*\{(.*?)\n\s*\}\s*\n\s*\}', text, re.S):
-                    prefix, body = m.group(1), re.sub(r"//[^\n]*", "", m.group(2))
-                    for e in entry.finditer(body):
-                        name = f"hl7gw_{prefix}_{e.group(2) or e.group(1)}"
-                        if e.group(4):
-                            name += "_" + e.group(4).lower()
-                        names.add(name)
-                        if "Counter" in e.group(3):
-                            names.add(name + "_total")
+                for name, kind, _ in metric_tables.declared(open(os.path.join(dirpath, f), encoding="utf-8").read()):
+                    names.add(name)
+                    if kind == "counter":
+                        names.add(name + "_total")
     return names
 
 

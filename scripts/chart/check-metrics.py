@@ -3,8 +3,9 @@
 
     check-metrics.py --rendered MANIFESTS.yaml [--dashboard FILE.json] [--source metrics.rs...] [--scrape FILE...]
 
-Known names come from the services' metric definitions (--source: the `metric_set!` table of each
-services/*/src/metrics.rs, and services/runtime/src/certs.rs's, read the way prometheus_client names them: hl7gw_<service>_<name>[_<unit>], `_total` for counters, `_bucket`/`_sum`/`_count` for
+Known names come from the services' metric definitions (--source: the `metric_set!` tables of each
+services/*/src/metrics.rs, and services/runtime/src/certs.rs's, read by scripts/lib/metric_tables.py the way
+prometheus_client names them: hl7gw_<service>_<name>[_<unit>], `_total` for counters, `_bucket`/`_sum`/`_count` for
 histograms) and/or from Prometheus text scrapes of running services (--scrape: a `curl .../metrics` output; a scrape
 lists a labelled family only once it has a sample, so a scrape after traffic is the stronger check). Queried names
 are every `hl7gw_...` identifier in the dashboard's expressions, the PrometheusRules' expressions, the HPAs' metric
@@ -15,39 +16,30 @@ Exit 1 with a list when anything is missing.
 """
 import argparse
 import json
+import os
 import re
 import sys
 
 import yaml
 
 NAME = re.compile(r"\bhl7gw_[a-z0-9_]+\b")
-# A row of a `hl7gw_runtime::metric_set!` table: `pub field [as "name"]: Type = "help"[, unit Unit][, new ...];`
-ROW = re.compile(
-    r'^\s*pub (\w+)(?: as "([a-z0-9_]+)")?:\s*([^=\n]+?)\s*=\s*"(?:[^"\\]|\\.)*"\s*(?:,\s*unit (\w+))?',
-    re.M | re.S,
-)
-UNITS = {"Seconds": "seconds", "Bytes": "bytes"}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+import metric_tables  # noqa: E402 (scripts/lib, found through the path set above)
 
 
 def from_source(path):
-    text = open(path, encoding="utf-8").read()
-    table = re.search(r'metric_set! \{.*?struct \w+ under "([a-z0-9_]+)" \{(.*?)\n    \}\n\}', text, re.S)
-    if not table:
-        sys.exit(f"{path}: no metric_set! table")
-    prefix, rows = table.groups()
     names = set()
-    for field, name, kind, unit in ROW.findall(rows):
-        base = f"hl7gw_{prefix}_{name or field}" + (f"_{UNITS[unit]}" if unit else "")
-        if "Histogram" in kind:
+    for base, kind, field in metric_tables.declared(open(path, encoding="utf-8").read()):
+        if kind == "histogram":
             names |= {base + s for s in ("_bucket", "_sum", "_count")}
-        elif "Counter" in kind:
+        elif kind == "counter":
             names |= {base + "_total", base + "_created"}
-        elif "Gauge" in kind:
+        elif kind == "gauge":
             names.add(base)
         else:
             sys.exit(f"{path}: cannot tell the type of metric {field}")
     if not names:
-        sys.exit(f"{path}: no metrics found")
+        sys.exit(f"{path}: no metric_set! table")
     return names
 
 

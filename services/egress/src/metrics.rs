@@ -13,59 +13,70 @@ hl7gw_runtime::label_sets! {
     pub struct ScanLabels { pub method: &'static str, pub limit: &'static str }
 }
 
-/// Declares the metrics every destination has with the label `destination` alone, once: their families
-/// (`DestFamilies`, a metric set under `hl7gw_egress_`) and one destination's handles (`DestHandles`, what
-/// [`DestFamilies::resolve`] gives).
+/// Declares the metrics every destination has with the label `destination` alone, once: their families (a
+/// metric set, `struct Families under "prefix"`) and one destination's handles (`handles Handles`, what
+/// `Families::resolve` gives).
 macro_rules! per_destination {
-    ($( $field:ident $(as $metric:literal)? : $ty:ty = $help:literal $(, unit $unit:ident)? $(, new $make:expr)?; )*) => {
+    (
+        $(#[$meta:meta])*
+        pub struct $families:ident under $prefix:literal, handles $handles:ident {
+            $(
+                $field:ident $(as $metric:literal)? : $ty:ty = $help:literal
+                    $(, unit $unit:ident)? $(, new $make:expr)?;
+            )*
+        }
+    ) => {
         hl7gw_runtime::metric_set! {
-            /// The families of the per-destination metrics (label `destination`).
-            pub struct DestFamilies under "egress" {
+            $(#[$meta])*
+            pub struct $families under $prefix {
                 $( pub $field $(as $metric)?: Family<DestLabels, $ty> = $help $(, unit $unit)? $(, new $make)?; )*
             }
         }
 
         /// One destination's handles of the per-destination metrics.
         #[derive(Debug, Clone)]
-        pub struct DestHandles {
+        pub struct $handles {
             $( pub $field: $ty, )*
         }
 
-        impl DestFamilies {
+        impl $families {
             /// The handles of the destination `d`.
-            pub fn resolve(&self, d: &DestLabels) -> DestHandles {
-                DestHandles { $( $field: self.$field.get_or_create(d).clone(), )* }
+            pub fn resolve(&self, d: &DestLabels) -> $handles {
+                $handles { $( $field: self.$field.get_or_create(d).clone(), )* }
             }
         }
     };
 }
 
 per_destination! {
-    delivered: Counter = "Messages the receiver accepted (AA/CA)";
-    duplicates_suppressed: Counter =
-        "Messages not sent again because they were delivered within the duplicate window, or (after a crash or \
-         a rebalance) the ledger has their delivery";
-    unmatched_acks: Counter =
-        "Receivers' answers whose MSA-2 named another message than the one sent: discarded";
-    partition_pauses: Counter =
-        "Partitions paused because more than queue_bytes_per_partition waited for a slow receiver";
-    connections_active: Gauge = "Open connections to receivers";
-    in_flight: Gauge = "Deliveries in the air (sent or being retried), at most the destination's max_in_flight";
-    in_flight_bytes as "in_flight": Gauge =
-        "Payload bytes of the deliveries in the air (counted with the records read ahead against the \
-         destination's queue_bytes_per_partition)", unit Bytes;
-    waiting_for_key: Gauge =
-        "Messages read and waiting behind an earlier message of their key (patient) that is still being delivered";
-    delivery_duration: Histogram = "Time from sending a message to the receiver's ACK (last attempt)",
-        unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::latency_histogram);
-    end_to_end: Histogram = "Time from the ingress receiving a message to the receiver's ACK",
-        unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::end_to_end_histogram);
-    oldest_undelivered_age: Gauge<f64, std::sync::atomic::AtomicU64> =
-        "How long the oldest message this pod has read but not yet delivered or dead-lettered has waited since \
-         the ingress read it (0: none waiting); compare with the destination topic's retention",
-        unit Seconds;
-    ledger_write_retries: Counter =
-        "Ledger events (hl7.events) Kafka did not take at once, written again before the offset is stored";
+    /// The families of the per-destination metrics (label `destination`).
+    pub struct DestFamilies under "egress", handles DestHandles {
+        delivered: Counter = "Messages the receiver accepted (AA/CA)";
+        duplicates_suppressed: Counter =
+            "Messages not sent again because they were delivered within the duplicate window, or (after a crash or \
+             a rebalance) the ledger has their delivery";
+        unmatched_acks: Counter =
+            "Receivers' answers whose MSA-2 named another message than the one sent: discarded";
+        partition_pauses: Counter =
+            "Partitions paused because more than queue_bytes_per_partition waited for a slow receiver";
+        connections_active: Gauge = "Open connections to receivers";
+        in_flight: Gauge = "Deliveries in the air (sent or being retried), at most the destination's max_in_flight";
+        in_flight_bytes as "in_flight": Gauge =
+            "Payload bytes of the deliveries in the air (counted with the records read ahead against the \
+             destination's queue_bytes_per_partition)", unit Bytes;
+        waiting_for_key: Gauge =
+            "Messages read and waiting behind an earlier message of their key (patient) that is still being delivered";
+        delivery_duration: Histogram = "Time from sending a message to the receiver's ACK (last attempt)",
+            unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::latency_histogram);
+        end_to_end: Histogram = "Time from the ingress receiving a message to the receiver's ACK",
+            unit Seconds, new Family::new_with_constructor(hl7gw_runtime::metrics::end_to_end_histogram);
+        oldest_undelivered_age: Gauge<f64, std::sync::atomic::AtomicU64> =
+            "How long the oldest message this pod has read but not yet delivered or dead-lettered has waited since \
+             the ingress read it (0: none waiting); compare with the destination topic's retention",
+            unit Seconds;
+        ledger_write_retries: Counter =
+            "Ledger events (hl7.events) Kafka did not take at once, written again before the offset is stored";
+    }
 }
 
 hl7gw_runtime::metric_set! {
