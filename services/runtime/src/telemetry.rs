@@ -53,11 +53,39 @@ pub mod semconv {
 /// `messaging.system` and `messaging.operation.type` (`send`, `process`), declares the record's place
 /// (`messaging.destination.name`, `messaging.destination.partition.id`, `messaging.kafka.offset`) for
 /// [`record_placement`], then takes what `tracing::info_span!` takes (an optional `parent: ...,`, the name,
-/// the span's other fields).
+/// the span's other fields). What is known when the span is made is set then, not recorded after: `topic: t,`
+/// (a producer's topic) or `record: (topic, partition, offset),` (a consumer's record) before the name.
 #[macro_export]
 macro_rules! kafka_span {
     (producer, $($rest:tt)+) => { $crate::kafka_span!(@ "producer", "send", $($rest)+) };
     (consumer, $($rest:tt)+) => { $crate::kafka_span!(@ "consumer", "process", $($rest)+) };
+    (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? record: ($topic:expr, $partition:expr, $offset:expr),
+        $name:literal, $($fields:tt)+) => {
+        tracing::info_span!(
+            $(parent: $parent,)?
+            $name,
+            otel.kind = $kind,
+            messaging.system = "kafka",
+            messaging.operation.type = $op,
+            messaging.destination.name = %$topic,
+            messaging.destination.partition.id = %$partition,
+            messaging.kafka.offset = $offset,
+            $($fields)+
+        )
+    };
+    (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? topic: $topic:expr, $name:literal, $($fields:tt)+) => {
+        tracing::info_span!(
+            $(parent: $parent,)?
+            $name,
+            otel.kind = $kind,
+            messaging.system = "kafka",
+            messaging.operation.type = $op,
+            messaging.destination.name = %$topic,
+            messaging.destination.partition.id = tracing::field::Empty,
+            messaging.kafka.offset = tracing::field::Empty,
+            $($fields)+
+        )
+    };
     (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? $name:literal, $($fields:tt)+) => {
         tracing::info_span!(
             $(parent: $parent,)?
@@ -495,9 +523,15 @@ mod tests {
             span.in_scope(|| tracing::info!("offset known"));
             let consumer = crate::kafka_span!(consumer, "deliver", hl7.destination = "lab");
             consumer.in_scope(|| tracing::info!("consumer"));
+            let topic = String::from("hl7.out.lab");
+            let read =
+                crate::kafka_span!(consumer, record: (topic, 1, 42), "deliver", hl7.route = "r");
+            read.in_scope(|| tracing::info!("a record read"));
+            let dead = crate::kafka_span!(producer, parent: &read, topic: "hl7.dlq", "dead_letter", hl7.reason = "x");
+            dead.in_scope(|| tracing::info!("a dead letter"));
         });
         let lines = out.lines();
-        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert_eq!(lines.len(), 5, "{lines:?}");
         let span = &lines[0]["span"];
         assert_eq!(span["name"], "publish");
         assert_eq!(span["otel.kind"], "producer");
@@ -518,6 +552,16 @@ mod tests {
         assert_eq!(span["otel.kind"], "consumer");
         assert_eq!(span["messaging.operation.type"], "process");
         assert!(span.get("messaging.destination.name").is_none(), "{span}");
+        let span = &lines[3]["span"];
+        assert_eq!(span["messaging.destination.name"], "hl7.out.lab");
+        assert_eq!(span["messaging.destination.partition.id"], "1");
+        assert_eq!(span["messaging.kafka.offset"], 42);
+        assert_eq!(span["hl7.route"], "r");
+        let span = &lines[4]["span"];
+        assert_eq!(span["otel.kind"], "producer");
+        assert_eq!(span["messaging.destination.name"], "hl7.dlq");
+        assert!(span.get("messaging.kafka.offset").is_none(), "{span}");
+        assert_eq!(lines[4]["spans"][0]["name"], "deliver", "the parent");
     }
 
     /// `OTEL_SERVICE_NAME` wins, then `service.name` from `OTEL_RESOURCE_ATTRIBUTES`, then the binary's name;

@@ -42,13 +42,13 @@ impl DestCtx {
             hl7gw_runtime::kafka_span!(
                 producer,
                 parent: parent,
+                topic: self.cfg.dlq_topic,
                 "dead_letter",
                 hl7.destination = %self.name,
                 hl7.control_id = env.header.as_ref().map_or("", |h| h.control_id.as_str()),
                 hl7.reason = reason,
             )
         };
-        hl7gw_runtime::telemetry::record_placement(&span, Some(&self.cfg.dlq_topic), None);
         let (traceparent, tracestate) = hl7gw_runtime::telemetry::trace_context(&span);
         if !traceparent.is_empty() {
             env.trace = Some(hl7gw_runtime::proto::v1::TraceContext {

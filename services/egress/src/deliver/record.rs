@@ -59,6 +59,7 @@ impl DestCtx {
         // `messaging.kafka.message.key`: the key is made of the patient id by default.
         let span = hl7gw_runtime::kafka_span!(
             consumer,
+            record: (self.topic, m.partition(), m.offset()),
             "deliver",
             messaging.consumer.group.name = %self.cfg.group(&self.name),
             hl7.destination = %self.name,
@@ -70,8 +71,6 @@ impl DestCtx {
             http.response.status_code = tracing::field::Empty,
             hl7.attempts = tracing::field::Empty,
         );
-        let at = Some((m.partition(), m.offset()));
-        hl7gw_runtime::telemetry::record_placement(&span, Some(&self.topic), at);
         if let Some(tc) = &env.trace {
             hl7gw_runtime::telemetry::set_parent(&span, &tc.traceparent, &tc.tracestate);
         }

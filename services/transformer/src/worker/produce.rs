@@ -81,12 +81,12 @@ pub(super) fn publish_span(r: &OutRecord) -> tracing::Span {
     let span = hl7gw_runtime::kafka_span!(
         producer,
         parent: &r.parent,
+        topic: r.topic,
         "publish",
         hl7.control_id = r.envelope.header.as_ref().map_or("", |h| h.control_id.as_str()),
         hl7.route = %r.envelope.route,
         hl7.destination = %r.envelope.destination,
     );
-    hl7gw_runtime::telemetry::record_placement(&span, Some(&r.topic), None);
     span
 }
 
