@@ -47,7 +47,13 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "hl7gw: {e:#}");
+            // Each cause once (as the services print theirs): a typed error that writes its source into its own
+            // text would be said twice by `{e:#}`.
+            let _ = writeln!(
+                std::io::stderr(),
+                "hl7gw: {}",
+                hl7gw_runtime::error_line(e.as_ref())
+            );
             ExitCode::from(2)
         }
     }

@@ -99,3 +99,21 @@ fn converts_files_with_a_routes_settings_or_flags() {
     let (code, _, _) = run(&["--unscoped-global", anonymous.to_str().expect("utf-8")]);
     assert_eq!(code, 0);
 }
+
+/// A routes file whose toFhir step cannot be compiled is refused with exit 2, the reason said once (the typed
+/// error and its cause, not the cause again after it).
+#[test]
+fn a_bad_sender_setting_is_said_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        "apiVersion: hl7gw.io/v1alpha1\nkind: HL7Route\nmetadata: {name: adt-to-fhir}\nspec:\n  transforms:\n    \
+         - toFhir:\n        senders: {OLD_LAB: {timezone: Mars/Olympus_Mons}}\n  destinations: [fhir]\n",
+    )
+    .expect("write");
+    let (code, _, stderr) = run(&["--route", routes.to_str().expect("utf-8"), "none.hl7"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("senders.OLD_LAB: toFhir"), "{stderr}");
+    assert_eq!(stderr.matches("Mars/Olympus_Mons").count(), 1, "{stderr}");
+}
