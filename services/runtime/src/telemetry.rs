@@ -59,45 +59,32 @@ pub mod semconv {
 macro_rules! kafka_span {
     (producer, $($rest:tt)+) => { $crate::kafka_span!(@ "producer", "send", $($rest)+) };
     (consumer, $($rest:tt)+) => { $crate::kafka_span!(@ "consumer", "process", $($rest)+) };
+    (@span $kind:literal, $op:literal, [$($parent:tt)*] $name:literal, [$($topic:tt)+], [$($partition:tt)+],
+        [$($offset:tt)+], $($fields:tt)+) => {
+        tracing::info_span!(
+            $($parent)*
+            $name,
+            otel.kind = $kind,
+            messaging.system = "kafka",
+            messaging.operation.type = $op,
+            messaging.destination.name = $($topic)+,
+            messaging.destination.partition.id = $($partition)+,
+            messaging.kafka.offset = $($offset)+,
+            $($fields)+
+        )
+    };
     (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? record: ($topic:expr, $partition:expr, $offset:expr),
         $name:literal, $($fields:tt)+) => {
-        tracing::info_span!(
-            $(parent: $parent,)?
-            $name,
-            otel.kind = $kind,
-            messaging.system = "kafka",
-            messaging.operation.type = $op,
-            messaging.destination.name = %$topic,
-            messaging.destination.partition.id = %$partition,
-            messaging.kafka.offset = $offset,
-            $($fields)+
-        )
+        $crate::kafka_span!(@span $kind, $op, [$(parent: $parent,)?] $name, [%$topic], [%$partition], [$offset],
+            $($fields)+)
     };
     (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? topic: $topic:expr, $name:literal, $($fields:tt)+) => {
-        tracing::info_span!(
-            $(parent: $parent,)?
-            $name,
-            otel.kind = $kind,
-            messaging.system = "kafka",
-            messaging.operation.type = $op,
-            messaging.destination.name = %$topic,
-            messaging.destination.partition.id = tracing::field::Empty,
-            messaging.kafka.offset = tracing::field::Empty,
-            $($fields)+
-        )
+        $crate::kafka_span!(@span $kind, $op, [$(parent: $parent,)?] $name, [%$topic], [tracing::field::Empty],
+            [tracing::field::Empty], $($fields)+)
     };
     (@ $kind:literal, $op:literal, $(parent: $parent:expr,)? $name:literal, $($fields:tt)+) => {
-        tracing::info_span!(
-            $(parent: $parent,)?
-            $name,
-            otel.kind = $kind,
-            messaging.system = "kafka",
-            messaging.operation.type = $op,
-            messaging.destination.name = tracing::field::Empty,
-            messaging.destination.partition.id = tracing::field::Empty,
-            messaging.kafka.offset = tracing::field::Empty,
-            $($fields)+
-        )
+        $crate::kafka_span!(@span $kind, $op, [$(parent: $parent,)?] $name, [tracing::field::Empty],
+            [tracing::field::Empty], [tracing::field::Empty], $($fields)+)
     };
 }
 
