@@ -2,7 +2,7 @@
 # A real Apache Kafka (KRaft, no ZooKeeper, no Docker) on 127.0.0.1 for `make run` and the tests: a single node
 # by default, or KAFKA_NODES combined broker+controller nodes for failover tests.
 #
-#   scripts/kafka.sh up | down | status | wait [SECONDS] | fetch
+#   scripts/kafka.sh up | down | fresh | status | wait [SECONDS] | fetch
 #   scripts/kafka.sh kill N | stop N | start N | brokers | controller
 #
 #   up          start every node that is not running; wait until each listens and (N>1) is an unfenced broker

@@ -9,11 +9,11 @@ match); kind: "counter", "gauge", "histogram", or None when the type names none 
 """
 import re
 
-# The table: the macro's name, its doc comments or attributes, `[pub] struct Name under "prefix"[, ...] {`, the rows,
+# The table: the macro's name, its comments or one-line attributes, `[pub] struct Name under "prefix"[, ...] {`, the rows,
 # the closing brace (and metric_set!'s optional `with { ... }`).
 TABLE = re.compile(
-    r'\b(?:metric_set|per_destination)!\s*\{\s*(?:(?:///|#\[)[^\n]*\n\s*)*'
-    r'(?:pub(?:\([^)]*\))?\s+)?struct\s+\w+\s+under\s+"(\w+)"[^{\n]*\{(.*?)\n\s*\}\s*\n(?:\s*with\s*\{[^}]*\}\s*\n)?\s*\}',
+    r'\b(?:metric_set|per_destination)!\s*\{\s*(?:(?://|#\[)[^\n]*\n\s*)*'
+    r'(?:pub(?:\([^)]*\))?\s+)?struct\s+\w+\s+under\s+"(\w+)"[^{\n]*\{(.*?)\n\s*\}\s*(?:with\s*\{[^}]*\}\s*)?\}',
     re.S)
 # A row: `[pub] field [as "alias"]: Type = "help"[, unit Unit][, new ...];`
 ROW = re.compile(
@@ -32,8 +32,8 @@ def kind_of(ty):
 
 def declared(text):
     out = []
-    # a test module's tables (at the end of a file, as rustfmt keeps it) are not the service's
-    text = text.split("\n#[cfg(test)]")[0]
+    # a test module's tables are not the service's
+    text = re.split(r"\n#\[cfg\(test\)\]\s*\n\s*mod\s", text)[0]
     for table in TABLE.finditer(text):
         prefix, body = table.groups()
         body = re.sub(r"(?m)^\s*//[^\n]*$", "", body)

@@ -52,7 +52,7 @@ fn main() -> ExitCode {
             let _ = writeln!(
                 std::io::stderr(),
                 "hl7gw: {}",
-                hl7gw_runtime::error_line(e.as_ref())
+                hl7gw_runtime::error_chain(e.as_ref())
             );
             ExitCode::from(2)
         }

@@ -100,8 +100,8 @@ fn converts_files_with_a_routes_settings_or_flags() {
     assert_eq!(code, 0);
 }
 
-/// A routes file whose toFhir step cannot be compiled is refused with exit 2, the reason said once (the typed
-/// error and its cause, not the cause again after it).
+/// A routes file whose toFhir step cannot be compiled, or that is not YAML, is refused with exit 2, the reason
+/// said once (the typed error and its cause, not the cause again after it) and drawn as the parser draws it.
 #[test]
 fn a_bad_sender_setting_is_said_once() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -116,4 +116,14 @@ fn a_bad_sender_setting_is_said_once() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("senders.OLD_LAB: toFhir"), "{stderr}");
     assert_eq!(stderr.matches("Mars/Olympus_Mons").count(), 1, "{stderr}");
+    // A routes file that is not YAML: the parser's snippet as it draws it, the caret under the column.
+    std::fs::write(&routes, "apiVersion: v1\nkind: [oops\n  : :\n").expect("write");
+    let (code, _, stderr) = run(&["--route", routes.to_str().expect("utf-8"), "none.hl7"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("line 3 column 3"), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.trim_start().starts_with('|')
+            && l.ends_with("^ illegal placement of ':' indicator")),
+        "{stderr}"
+    );
 }

@@ -40,20 +40,26 @@ pub fn exit<E: std::error::Error>(result: Result<(), E>) -> std::process::ExitCo
     }
 }
 
-/// An error and its causes on one line, joined by `: `. A cause whose text the line already holds (an error
-/// that writes its source into its own message, as `config file {path}: {source}` does) is not repeated.
+/// An error and its causes on one line (for a log), as [`error_chain`] joins them.
 pub fn error_line(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
+    error_chain(e).replace('\n', " ")
+}
+
+/// An error and its causes joined by `: `, line breaks kept (a parser's snippet with its caret, for a terminal).
+/// A cause whose text is already there (an error that writes its source into its own message, as `config file
+/// {path}: {source}` does) is not repeated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
         }
         cause = c.source();
     }
-    line.replace('\n', " ")
+    text
 }
 
 #[cfg(test)]
@@ -75,5 +81,10 @@ mod tests {
         struct Outer(#[source] config::ConfigError);
         let e = Outer(config::ConfigError::Rule("two\nlines".into()));
         assert_eq!(error_line(&e), "starting: invalid configuration: two lines");
+        // For a terminal, the line break stays (a parser's snippet and its caret).
+        assert_eq!(
+            error_chain(&e),
+            "starting: invalid configuration: two\nlines"
+        );
     }
 }
